@@ -1,0 +1,68 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+const (
+	pollMin = 5 * time.Millisecond
+	pollMax = 50 * time.Millisecond
+)
+
+// Eventually polls cond, starting every 5ms and backing off to every 50ms,
+// until it returns true; after timeout the test fails with the message.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	err := poll(timeout, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	})
+	if err != nil {
+		t.Fatalf("testenv: not true after %v: %s", timeout, fmt.Sprintf(format, args...))
+	}
+}
+
+// WaitFor polls f like Eventually until it returns nil; after timeout the
+// test fails with the last error f returned.
+func WaitFor(t testing.TB, timeout time.Duration, f func() error) {
+	t.Helper()
+	if err := poll(timeout, f); err != nil {
+		t.Fatalf("testenv: still failing after %v: %v", timeout, err)
+	}
+}
+
+var errNotYet = errors.New("testenv: condition not met")
+
+// permanent wraps an error that poll returns at once instead of retrying.
+type permanent struct{ err error }
+
+func (p *permanent) Error() string { return p.err.Error() }
+func (p *permanent) Unwrap() error { return p.err }
+
+// poll calls f until it returns nil or timeout has passed, and returns the
+// last error. f always runs at least once.
+func poll(timeout time.Duration, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	delay := pollMin
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		var perm *permanent
+		if errors.As(err, &perm) {
+			return perm.err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return err
+		}
+		time.Sleep(min(delay, left))
+		delay = min(2*delay, pollMax)
+	}
+}

@@ -1,0 +1,251 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const (
+	// pgStartTimeout bounds a start, including crash recovery after Kill.
+	pgStartTimeout = 60 * time.Second
+	// pgRelaunchDelay spaces attempts to start while the killed postmaster's
+	// children still hold its shared memory.
+	pgRelaunchDelay = 20 * time.Millisecond
+)
+
+// Postgres is a private PostgreSQL cluster in a temp dir, for tests that kill
+// and restart the database. It listens on 127.0.0.1 only, with trust auth
+// for user postgres, and fsync off: it survives a process crash, not a
+// machine crash.
+type Postgres struct {
+	bin  string // directory holding initdb and postgres
+	dir  string // temp dir: socket dir, log and data dir parent
+	data string
+	log  string
+	as   *runAs // nil unless the tests run as root
+
+	mu   sync.Mutex
+	port int
+	proc *process // the postmaster; nil before the first start
+}
+
+// StartPostgres creates a cluster with initdb, starts it on a free port and
+// waits until it accepts connections. It is stopped and its dir removed when
+// the test ends. Binaries come from the highest /usr/lib/postgresql/*/bin,
+// else PATH.
+func StartPostgres(t testing.TB) *Postgres {
+	t.Helper()
+	bin, err := postgresBin()
+	if err != nil {
+		unavailable(t, "%v", err)
+	}
+	// PostgreSQL refuses to run as root; then it runs as user postgres.
+	as, err := lookupRunAs("postgres")
+	if err != nil {
+		unavailable(t, "%v", err)
+	}
+	dir, err := os.MkdirTemp("", "weft-pg-")
+	if err != nil {
+		t.Fatalf("testenv: postgres temp dir: %v", err)
+	}
+	p := &Postgres{
+		bin:  bin,
+		dir:  dir,
+		data: filepath.Join(dir, "data"),
+		log:  filepath.Join(dir, "postgres.log"),
+		as:   as,
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		os.RemoveAll(dir)
+	})
+	if as != nil {
+		// MkdirTemp makes the dir 0700 for us; its parent (/tmp) lets anyone
+		// pass through.
+		if err := os.Chown(dir, as.uid, as.gid); err != nil {
+			t.Fatalf("testenv: chown %s for user postgres: %v", dir, err)
+		}
+	}
+	err = run(dir, p.log, as, filepath.Join(bin, "initdb"),
+		"-D", p.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	if err != nil {
+		t.Fatalf("testenv: %v%s", err, logTail(p.log))
+	}
+	for attempt := 1; ; attempt++ {
+		p.port = FreePort(t)
+		err := p.launch()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortInUse) || attempt == portAttempts {
+			t.Fatalf("testenv: start postgres on port %d: %v%s", p.port, err, logTail(p.log))
+		}
+	}
+	t.Logf("testenv: postgres at %s, log %s", p.URL("postgres"), p.log)
+	return p
+}
+
+// postgresBin finds the directory holding initdb and postgres.
+func postgresBin() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	best, bestVersion := "", -1
+	for _, d := range dirs {
+		v, err := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+		if err != nil || v <= bestVersion {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			best, bestVersion = d, v
+		}
+	}
+	if best != "" {
+		return best, nil
+	}
+	initdb, err := exec.LookPath("initdb")
+	if err != nil {
+		return "", fmt.Errorf("postgres binaries: none in /usr/lib/postgresql/*/bin and %w", err)
+	}
+	return filepath.Dir(initdb), nil
+}
+
+// URL is postgres://postgres@127.0.0.1:port/db?sslmode=disable; the port
+// stays the same across restarts.
+func (p *Postgres) URL(db string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.url(db)
+}
+
+func (p *Postgres) url(db string) string {
+	host := net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))
+	return "postgres://postgres@" + host + "/" + db + "?sslmode=disable"
+}
+
+// NewDatabase creates an empty, uniquely named database on this cluster and
+// returns its URL. It is not dropped: the whole cluster goes when the test
+// ends, and the cluster may well be down by then.
+func (p *Postgres) NewDatabase(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+	defer cancel()
+	base := p.URL("postgres")
+	conn, err := connect(ctx, base)
+	if err != nil {
+		t.Fatalf("testenv: connect to private postgres: %v%s", err, logTail(p.log))
+	}
+	defer conn.Close(ctx)
+	name, err := createDatabase(ctx, conn)
+	if err != nil {
+		t.Fatalf("testenv: private postgres: %v", err)
+	}
+	return p.URL(name)
+}
+
+// Kill SIGKILLs the postmaster, as in a crash, and waits for it to exit.
+// The data dir stays, so Start recovers it.
+func (p *Postgres) Kill(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc == nil || p.proc.exited() {
+		t.Fatalf("testenv: kill postgres on port %d: not running", p.port)
+	}
+	if err := p.proc.signalAndWait(os.Kill, stopTimeout); err != nil {
+		t.Fatalf("testenv: kill postgres on port %d: %v", p.port, err)
+	}
+}
+
+// Start starts the cluster again on the same port and data dir after Kill
+// or Stop, and waits until it accepts connections, which after Kill means
+// until crash recovery has finished.
+func (p *Postgres) Start(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc != nil && !p.proc.exited() {
+		t.Fatalf("testenv: start postgres on port %d: already running", p.port)
+	}
+	if err := p.launch(); err != nil {
+		t.Fatalf("testenv: restart postgres on port %d: %v%s", p.port, err, logTail(p.log))
+	}
+}
+
+// Stop shuts the cluster down with a fast shutdown (SIGINT: disconnect
+// clients, checkpoint), or SIGKILL if that hangs, and waits for it. Stopping
+// a cluster that is not running does nothing.
+func (p *Postgres) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc != nil {
+		p.proc.stop(os.Interrupt)
+	}
+}
+
+// launch starts the postmaster on p.port and waits until it accepts
+// connections. The caller holds p.mu or owns p exclusively.
+func (p *Postgres) launch() error {
+	args := []string{
+		"-D", p.data,
+		"-p", strconv.Itoa(p.port),
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories=" + p.dir,
+		"-c", "fsync=off",
+		"-c", "shared_buffers=16MB",
+	}
+	deadline := time.Now().Add(pgStartTimeout)
+	for {
+		offset := logSize(p.log)
+		proc, err := startProcess(p.dir, p.log, p.as, filepath.Join(p.bin, "postgres"), args...)
+		if err != nil {
+			return err
+		}
+		p.proc = proc
+		err = p.waitReady(proc, deadline)
+		if err == nil {
+			return nil
+		}
+		if !proc.exited() {
+			proc.stop(os.Kill)
+			return err
+		}
+		out := logSince(p.log, offset)
+		switch {
+		case strings.Contains(out, "Address already in use"):
+			return errPortInUse
+		case strings.Contains(out, "is still in use") && time.Now().Before(deadline):
+			// The killed postmaster's backends have not all noticed its
+			// death yet and still hold its shared memory.
+			time.Sleep(pgRelaunchDelay)
+		default:
+			return fmt.Errorf("postgres exited: %v", proc.err)
+		}
+	}
+}
+
+// waitReady polls until the cluster accepts a connection, the postmaster
+// exits, or deadline passes.
+func (p *Postgres) waitReady(proc *process, deadline time.Time) error {
+	u := p.url("postgres")
+	return poll(time.Until(deadline), func() error {
+		if proc.exited() {
+			return &permanent{fmt.Errorf("postgres exited: %v", proc.err)}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+		defer cancel()
+		conn, err := connect(ctx, u)
+		if err != nil {
+			return err
+		}
+		return conn.Close(ctx)
+	})
+}

@@ -1,0 +1,24 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"testing"
+)
+
+// InCI reports whether the tests run in CI (CI=true), where a missing server
+// is a failure rather than a reason to skip.
+func InCI() bool {
+	return os.Getenv("CI") == "true"
+}
+
+// unavailable ends the test because a server it needs is missing: skip
+// locally, fail in CI.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if InCI() {
+		t.Fatalf("testenv: %s (CI=true, so integration servers are required)", msg)
+	}
+	t.Skipf("testenv: %s (skipped; under CI=true this fails)", msg)
+}
