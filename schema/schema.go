@@ -1,0 +1,97 @@
+// Package schema owns weft's PostgreSQL schema: the embedded migrations and
+// the one call that applies them.
+//
+// Migrations run through pressly/goose under a PostgreSQL session advisory
+// lock, so any number of instances may call Migrate at once on start.
+package schema
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed migrations/*.sql
+var embedded embed.FS
+
+// versionTable is goose's bookkeeping table, named so it is clearly weft's.
+const versionTable = "weft_schema_version"
+
+// Migrate applies every pending migration and returns the schema version.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int64, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := provider(db, log)
+	if err != nil {
+		return 0, err
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("schema: migrate: %w", err)
+	}
+	for _, r := range results {
+		if log != nil {
+			log.Info("schema migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+		}
+	}
+	v, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("schema: read version: %w", err)
+	}
+	return v, nil
+}
+
+// Pending reports how many migrations have not been applied.
+func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := provider(db, nil)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("schema: status: %w", err)
+	}
+	n := 0
+	for _, s := range st {
+		if s.State == goose.StatePending {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func provider(db *sql.DB, log *slog.Logger) (*goose.Provider, error) {
+	fsys, err := fs.Sub(embedded, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	// Probe the lock every second (goose's default is 5 s) for up to 5 minutes:
+	// instances starting together should not wait long on each other.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+	if err != nil {
+		return nil, fmt.Errorf("schema: locker: %w", err)
+	}
+	opts := []goose.ProviderOption{
+		goose.WithSessionLocker(locker),
+		goose.WithTableName(versionTable),
+		goose.WithDisableGlobalRegistry(true),
+	}
+	if log != nil {
+		opts = append(opts, goose.WithSlog(log))
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	return p, nil
+}

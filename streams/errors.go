@@ -1,0 +1,22 @@
+package streams
+
+import "errors"
+
+// Errors returned by this package, matched with errors.Is. Messages that
+// wrap them name the stream, writer, table and positions involved.
+var (
+	// ErrNotInFlight: an ID was finished that was never allocated here, or
+	// was finished twice.
+	ErrNotInFlight = errors.New("streams: id not in flight")
+	// ErrNotWriter: an instance that does not write a stream tried to
+	// allocate on it.
+	ErrNotWriter = errors.New("streams: not a writer of this stream")
+	// ErrSequenceBehind: the sequence would hand out IDs at or below rows
+	// already stored (startup check a).
+	ErrSequenceBehind = errors.New("streams: sequence behind table")
+	// ErrPositionAhead: a stored writer position is above the sequence
+	// (startup check b).
+	ErrPositionAhead = errors.New("streams: stored position ahead of sequence")
+	// ErrBadConfig: a stream configuration is invalid.
+	ErrBadConfig = errors.New("streams: bad config")
+)

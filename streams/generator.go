@@ -1,0 +1,441 @@
+package streams
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Generator hands out stream IDs for one stream and keeps this instance's
+// view of every writer's position. It is safe for concurrent use.
+//
+// A writer allocates IDs with Alloc (or InTx), writes its rows, and
+// finishes the allocation once its transaction has ended either way; its
+// position then moves over every contiguous finished ID. A reader (opened
+// with no writer name) only observes positions.
+type Generator struct {
+	db   DB
+	cfg  Config
+	self string
+	id   WriterID
+
+	mu       sync.Mutex
+	tr       *Tracker
+	counter  int64 // in-process streams: the last ID handed out
+	names    map[WriterID]string
+	ids      map[string]WriterID
+	advanced chan struct{}
+}
+
+// Open loads a stream's positions and runs its startup checks. self is the
+// writer name this instance writes the stream as, or "" for a reader.
+//
+// Loading reads stream_positions, then scans the stream's tables for rows
+// of self above its stored position: a crash can leave committed rows that
+// were never recorded there.
+func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, error) {
+	if err := Check(ctx, db, cfg); err != nil {
+		return nil, err
+	}
+	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1)}
+	if self != "" {
+		id, err := RegisterWriter(ctx, db, self)
+		if err != nil {
+			return nil, err
+		}
+		g.id = id
+		g.names[id], g.ids[self] = self, id
+	}
+	if err := g.refreshNames(ctx); err != nil {
+		return nil, err
+	}
+	// The sequence is read before the positions: a writer registered after
+	// this read can only hold IDs above it, so capping persisted-upto at it
+	// keeps unknown writers safe until the next Refresh.
+	var seq int64
+	if cfg.Sequence != "" {
+		var err error
+		if seq, err = sequenceValue(ctx, db, cfg.Sequence); err != nil {
+			return nil, fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
+		}
+	}
+	stored, err := loadPositions(ctx, db, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	_, registered := stored[self]
+	if self != "" {
+		for _, t := range cfg.Tables {
+			m, err := tableMax(ctx, db, t, self, stored[self])
+			if err != nil {
+				return nil, fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
+			}
+			stored[self] = max(stored[self], m)
+		}
+		if !registered && cfg.Sequence != "" {
+			// A new writer owns no ID at or below the sequence value.
+			stored[self] = max(stored[self], seq)
+		}
+	}
+	if cfg.Sequence == "" {
+		// In-process counter: start above every table and every stored
+		// position, so a restart never reuses an ID (background/2). The
+		// stream has one writer, so everything at or below is persisted.
+		for _, p := range stored {
+			g.counter = max(g.counter, p)
+		}
+		for _, t := range cfg.Tables {
+			m, err := tableMax(ctx, db, t, "", g.counter)
+			if err != nil {
+				return nil, fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
+			}
+			g.counter = max(g.counter, m)
+		}
+		if self != "" {
+			stored[self] = g.counter
+		}
+	}
+	positions := make(map[WriterID]int64, len(stored))
+	for n, p := range stored {
+		id, err := g.writerID(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		positions[id] = p
+	}
+	g.tr = NewTracker(g.id, positions)
+	if cfg.Sequence != "" {
+		g.tr.SetCap(seq)
+	}
+	if self != "" {
+		// Register for the stream before the first allocation, so every
+		// reader that loads positions from now on counts this writer.
+		if err := g.SavePosition(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+func loadPositions(ctx context.Context, db DB, stream string) (map[string]int64, error) {
+	stored := map[string]int64{}
+	rows, err := db.Query(ctx, `SELECT writer, position FROM stream_positions WHERE stream = $1`, stream)
+	if err != nil {
+		return nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+	}
+	var name string
+	var pos int64
+	if _, err := pgx.ForEachRow(rows, []any{&name, &pos}, func() error { stored[name] = pos; return nil }); err != nil {
+		return nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+	}
+	return stored, nil
+}
+
+// Refresh re-reads the sequence and then the stored writer positions: it
+// learns writers that registered since the last read, and lifts the cap on
+// persisted-upto to the sequence value read first.
+func (g *Generator) Refresh(ctx context.Context) error {
+	var seq int64
+	if g.cfg.Sequence != "" {
+		var err error
+		if seq, err = sequenceValue(ctx, g.db, g.cfg.Sequence); err != nil {
+			return fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
+		}
+	}
+	stored, err := loadPositions(ctx, g.db, g.cfg.Name)
+	if err != nil {
+		return err
+	}
+	ids := make(map[WriterID]int64, len(stored))
+	for n, p := range stored {
+		id, err := g.writerID(ctx, n)
+		if err != nil {
+			return err
+		}
+		ids[id] = p
+	}
+	g.mu.Lock()
+	for id, p := range ids {
+		g.tr.Observe(id, p)
+	}
+	if g.cfg.Sequence != "" {
+		g.tr.SetCap(seq)
+	}
+	g.mu.Unlock()
+	return nil
+}
+
+// RegisterWriter maps a writer name to its small integer ID, creating it
+// on first use.
+func RegisterWriter(ctx context.Context, db DB, name string) (WriterID, error) {
+	var id WriterID
+	err := db.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO weft_writers (name) VALUES ($1)
+			ON CONFLICT (name) DO NOTHING RETURNING id
+		)
+		SELECT id FROM ins UNION ALL SELECT id FROM weft_writers WHERE name = $1
+		LIMIT 1`, name).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("streams: register writer %s: %w", name, err)
+	}
+	return id, nil
+}
+
+// Stream is the stream's configuration.
+func (g *Generator) Stream() Config { return g.cfg }
+
+// Self is the writer name, "" for a reader.
+func (g *Generator) Self() string { return g.self }
+
+// SelfID is the writer's small integer ID, 0 for a reader.
+func (g *Generator) SelfID() WriterID { return g.id }
+
+// Advanced signals (without blocking, coalesced) that the local writer's
+// position moved, so an announcer can publish it.
+func (g *Generator) Advanced() <-chan struct{} { return g.advanced }
+
+// Allocation is a set of IDs whose transaction is in progress.
+type Allocation struct {
+	g    *Generator
+	ids  []int64
+	once sync.Once
+}
+
+// IDs are the allocated stream IDs, ascending.
+func (a *Allocation) IDs() []int64 { return a.ids }
+
+// Finish records that the IDs' transaction ended, committed or rolled back:
+// either way no row will appear at them later. It is idempotent.
+func (a *Allocation) Finish() {
+	a.once.Do(func() { a.g.finish(a.ids) })
+}
+
+// Alloc allocates n IDs in one round trip. The caller must Finish the
+// allocation when the transaction that uses them ends.
+func (g *Generator) Alloc(ctx context.Context, n int) (*Allocation, error) {
+	return g.alloc(ctx, g.db, n)
+}
+
+func (g *Generator) alloc(ctx context.Context, q DB, n int) (*Allocation, error) {
+	if g.id == 0 {
+		return nil, fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("streams: stream %s: allocate %d IDs: want at least 1", g.cfg.Name, n)
+	}
+	ids := make([]int64, n)
+	if g.cfg.Sequence == "" {
+		g.mu.Lock()
+		tk := g.tr.BeginAlloc()
+		for i := range ids {
+			g.counter++
+			ids[i] = g.counter
+		}
+		g.tr.Allocated(tk, ids...)
+		g.mu.Unlock()
+		return &Allocation{g: g, ids: ids}, nil
+	}
+	g.mu.Lock()
+	tk := g.tr.BeginAlloc()
+	g.mu.Unlock()
+	var err error
+	if n == 1 {
+		err = q.QueryRow(ctx, "SELECT nextval($1::regclass)", g.cfg.Sequence).Scan(&ids[0])
+	} else {
+		var rows pgx.Rows
+		rows, err = q.Query(ctx, "SELECT nextval($1::regclass) FROM generate_series(1, $2)", g.cfg.Sequence, n)
+		if err == nil {
+			i := 0
+			var v int64
+			_, err = pgx.ForEachRow(rows, []any{&v}, func() error {
+				if i < n {
+					ids[i] = v
+				}
+				i++
+				return nil
+			})
+			if err == nil && i != n {
+				err = fmt.Errorf("got %d IDs", i)
+			}
+		}
+		slices.Sort(ids)
+	}
+	g.mu.Lock()
+	if err != nil {
+		g.tr.AbortAlloc(tk)
+	} else {
+		g.tr.Allocated(tk, ids...)
+	}
+	g.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("streams: stream %s: allocate %d IDs from %s: %w", g.cfg.Name, n, g.cfg.Sequence, err)
+	}
+	return &Allocation{g: g, ids: ids}, nil
+}
+
+func (g *Generator) finish(ids []int64) {
+	g.mu.Lock()
+	moved := false
+	for _, id := range ids {
+		m, _ := g.tr.Finish(id) // only IDs of this allocation: never unknown
+		moved = moved || m
+	}
+	g.mu.Unlock()
+	if moved {
+		g.signal()
+	}
+}
+
+func (g *Generator) signal() {
+	select {
+	case g.advanced <- struct{}{}:
+	default:
+	}
+}
+
+// InTx allocates n IDs inside a new transaction, runs fn with them, and
+// commits if fn returns nil, rolling back otherwise. The IDs finish when the
+// transaction has ended, whichever way.
+func (g *Generator) InTx(ctx context.Context, n int, fn func(tx pgx.Tx, ids []int64) error) error {
+	tx, err := g.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("streams: stream %s: begin: %w", g.cfg.Name, err)
+	}
+	a, err := g.alloc(ctx, tx, n)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	defer a.Finish()
+	if err := fn(tx, a.ids); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("streams: stream %s: commit: %w", g.cfg.Name, err)
+	}
+	return nil
+}
+
+// Observe records a writer's announced position.
+func (g *Generator) Observe(w WriterID, pos int64) {
+	g.mu.Lock()
+	before := g.tr.SelfPosition()
+	g.tr.Observe(w, pos)
+	moved := g.tr.SelfPosition() != before
+	g.mu.Unlock()
+	if moved {
+		g.signal()
+	}
+}
+
+// ObservePersisted records that a row at pos is persisted.
+func (g *Generator) ObservePersisted(pos int64) {
+	g.mu.Lock()
+	before := g.tr.SelfPosition()
+	g.tr.ObservePersisted(pos)
+	moved := g.tr.SelfPosition() != before
+	g.mu.Unlock()
+	if moved {
+		g.signal()
+	}
+}
+
+// Position is the local writer's position (0 for a reader).
+func (g *Generator) Position() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.SelfPosition()
+}
+
+// WriterPosition is writer w's position as known here.
+func (g *Generator) WriterPosition(w WriterID) (int64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.Position(w)
+}
+
+// PersistedUpto is the position at or below which every ID is persisted.
+func (g *Generator) PersistedUpto() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.PersistedUpto()
+}
+
+// Token is the current view as a vector clock.
+func (g *Generator) Token() Token {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.Token()
+}
+
+// SavePosition stores the local writer's position in stream_positions. The
+// row only ever moves up, and an unchanged position writes nothing (no dead
+// tuple).
+func (g *Generator) SavePosition(ctx context.Context) error {
+	if g.id == 0 {
+		return fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)
+	}
+	pos := g.Position()
+	_, err := g.db.Exec(ctx, `
+		INSERT INTO stream_positions AS sp (stream, writer, position) VALUES ($1, $2, $3)
+		ON CONFLICT (stream, writer) DO UPDATE SET position = EXCLUDED.position
+		WHERE sp.position < EXCLUDED.position`, g.cfg.Name, g.self, pos)
+	if err != nil {
+		return fmt.Errorf("streams: stream %s: save position %d of %s: %w", g.cfg.Name, pos, g.self, err)
+	}
+	return nil
+}
+
+// WriterID resolves a writer name to its ID, from memory or the database.
+func (g *Generator) WriterID(ctx context.Context, name string) (WriterID, error) {
+	return g.writerID(ctx, name)
+}
+
+// WriterName is the name of writer w, if known.
+func (g *Generator) WriterName(w WriterID) (string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n, ok := g.names[w]
+	return n, ok
+}
+
+func (g *Generator) writerID(ctx context.Context, name string) (WriterID, error) {
+	g.mu.Lock()
+	id, ok := g.ids[name]
+	g.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	id, err := RegisterWriter(ctx, g.db, name)
+	if err != nil {
+		return 0, err
+	}
+	g.mu.Lock()
+	g.ids[name], g.names[id] = id, name
+	g.mu.Unlock()
+	return id, nil
+}
+
+func (g *Generator) refreshNames(ctx context.Context) error {
+	rows, err := g.db.Query(ctx, `SELECT id, name FROM weft_writers`)
+	if err != nil {
+		return fmt.Errorf("streams: load writers: %w", err)
+	}
+	var id WriterID
+	var name string
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, err = pgx.ForEachRow(rows, []any{&id, &name}, func() error {
+		g.ids[name], g.names[id] = id, name
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("streams: load writers: %w", err)
+	}
+	return nil
+}

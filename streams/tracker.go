@@ -1,0 +1,239 @@
+package streams
+
+import (
+	"fmt"
+	"slices"
+)
+
+// maxDone bounds the set of known-persisted IDs above persisted-upto. The set
+// only lets persisted-upto skip forward early; forgetting entries is safe.
+const maxDone = 1 << 16
+
+// Tracker is the position state of one stream as one instance sees it: the
+// positions of every writer it knows, the IDs this instance allocated that
+// are not yet persisted, and the stream's persisted-upto.
+//
+// Tracker does no I/O and is not safe for concurrent use; the Generator
+// wraps it with a lock. Its rules:
+//
+//   - The local writer's position is the highest p such that every ID it
+//     allocated at or below p is finished (committed or rolled back).
+//   - With nothing in flight, the local position follows the highest
+//     position seen from anyone: its next ID will come from the sequence
+//     and so lie above it (the idle advance).
+//   - Between asking the sequence for IDs and recording them (BeginAlloc
+//     to Allocated), the local position may not pass what was known when
+//     the request started: the IDs on their way back may be just above it.
+//   - Persisted-upto is the minimum over known writers, then skips forward
+//     over IDs known to be persisted, and never passes the cap (the
+//     sequence value read with the writer registry) nor goes backwards.
+type Tracker struct {
+	self    WriterID
+	writers map[WriterID]int64
+
+	unfinished []int64 // own IDs allocated and not finished, sorted
+	tickets    map[uint64]int64
+	nextTicket uint64
+
+	done    []int64 // IDs above persistedUpto known persisted, sorted
+	maxSeen int64
+	upto    int64
+	sound   int64 // persisted-upto before the cap; only moves up
+	cap     int64
+	capped  bool
+}
+
+// Ticket marks one allocation in flight between BeginAlloc and Allocated.
+type Ticket struct{ id uint64 }
+
+// NewTracker starts a tracker for an instance that writes as self (0 for a
+// reader) from the given writer positions. A writer present in positions is
+// counted in persisted-upto from the start; self is always counted.
+func NewTracker(self WriterID, positions map[WriterID]int64) *Tracker {
+	t := &Tracker{self: self, writers: make(map[WriterID]int64, len(positions)+1), tickets: map[uint64]int64{}}
+	for w, p := range positions {
+		if w <= 0 || p < 0 {
+			continue
+		}
+		t.writers[w] = p
+		t.maxSeen = max(t.maxSeen, p)
+	}
+	if self > 0 {
+		if _, ok := t.writers[self]; !ok {
+			t.writers[self] = 0
+		}
+	}
+	t.sound = t.minWriter()
+	t.upto = t.sound
+	return t
+}
+
+// Self is the local writer, 0 for a reader.
+func (t *Tracker) Self() WriterID { return t.self }
+
+// Position is writer w's position and whether w is known.
+func (t *Tracker) Position(w WriterID) (int64, bool) {
+	p, ok := t.writers[w]
+	return p, ok
+}
+
+// SelfPosition is the local writer's position (0 for a reader).
+func (t *Tracker) SelfPosition() int64 { return t.writers[t.self] }
+
+// PersistedUpto is the position at or below which every ID is persisted.
+func (t *Tracker) PersistedUpto() int64 { return t.upto }
+
+// MaxSeen is the highest ID or position this tracker has heard of.
+func (t *Tracker) MaxSeen() int64 { return t.maxSeen }
+
+// InFlight is the number of local IDs allocated and not yet finished.
+func (t *Tracker) InFlight() int { return len(t.unfinished) }
+
+// Writers returns the known writers and their positions.
+func (t *Tracker) Writers() map[WriterID]int64 {
+	m := make(map[WriterID]int64, len(t.writers))
+	for w, p := range t.writers {
+		m[w] = p
+	}
+	return m
+}
+
+// Token is the tracker's view as a vector clock: persisted-upto as the
+// minimum and every writer that is ahead of it.
+func (t *Tracker) Token() Token {
+	return NewToken(t.upto, t.writers)
+}
+
+// BeginAlloc must be called before asking the sequence for IDs. Until the
+// returned ticket is passed to Allocated or AbortAlloc the local position
+// stays at or below what is known now.
+func (t *Tracker) BeginAlloc() Ticket {
+	t.nextTicket++
+	t.tickets[t.nextTicket] = t.maxSeen
+	return Ticket{t.nextTicket}
+}
+
+// Allocated records IDs the sequence returned for tk as unfinished.
+func (t *Tracker) Allocated(tk Ticket, ids ...int64) {
+	for _, id := range ids {
+		i, found := slices.BinarySearch(t.unfinished, id)
+		if !found {
+			t.unfinished = slices.Insert(t.unfinished, i, id)
+		}
+		t.maxSeen = max(t.maxSeen, id)
+	}
+	delete(t.tickets, tk.id)
+	t.update()
+}
+
+// AbortAlloc ends a ticket whose sequence call failed.
+func (t *Tracker) AbortAlloc(tk Ticket) {
+	delete(t.tickets, tk.id)
+	t.update()
+}
+
+// Finish marks a local ID persisted (its transaction committed or rolled
+// back) and reports whether the local position moved.
+func (t *Tracker) Finish(id int64) (bool, error) {
+	i, found := slices.BinarySearch(t.unfinished, id)
+	if !found {
+		return false, fmt.Errorf("%w: id %d", ErrNotInFlight, id)
+	}
+	t.unfinished = slices.Delete(t.unfinished, i, i+1)
+	t.markDone(id)
+	before := t.writers[t.self]
+	t.update()
+	return t.writers[t.self] != before, nil
+}
+
+// Observe records that writer w reached pos. Lower positions than known are
+// ignored, as are claims about the local writer (its position is computed
+// here, never learned).
+func (t *Tracker) Observe(w WriterID, pos int64) {
+	if w <= 0 || w == t.self || pos < 0 {
+		return
+	}
+	if cur, ok := t.writers[w]; !ok || pos > cur {
+		t.writers[w] = pos
+	}
+	t.maxSeen = max(t.maxSeen, pos)
+	t.update()
+}
+
+// ObservePersisted records that the row at pos is persisted, whichever
+// writer wrote it. It lets persisted-upto skip forward over it.
+func (t *Tracker) ObservePersisted(pos int64) {
+	t.markDone(pos)
+	t.maxSeen = max(t.maxSeen, pos)
+	t.update()
+}
+
+// RemoveWriter stops counting w (it was sealed: all its IDs are persisted).
+func (t *Tracker) RemoveWriter(w WriterID) {
+	if w == t.self {
+		return
+	}
+	delete(t.writers, w)
+	t.update()
+}
+
+// SetCap bounds persisted-upto by a sequence value read before the writer
+// registry: a writer not yet known may be persisting any ID above it.
+func (t *Tracker) SetCap(seq int64) {
+	t.cap, t.capped = seq, true
+	t.update()
+}
+
+func (t *Tracker) markDone(id int64) {
+	if id <= t.sound {
+		return
+	}
+	i, found := slices.BinarySearch(t.done, id)
+	if found || len(t.done) >= maxDone {
+		return
+	}
+	t.done = slices.Insert(t.done, i, id)
+}
+
+func (t *Tracker) update() {
+	if t.self > 0 {
+		target := t.maxSeen
+		if len(t.unfinished) > 0 {
+			target = min(target, t.unfinished[0]-1)
+		}
+		for _, floor := range t.tickets {
+			target = min(target, floor)
+		}
+		if target > t.writers[t.self] {
+			t.writers[t.self] = target
+		}
+	}
+	m := max(t.minWriter(), t.sound)
+	// Skip forward over IDs known persisted: the IDs between writers'
+	// positions belong to someone, and these ones are done.
+	i, _ := slices.BinarySearch(t.done, m+1)
+	for ; i < len(t.done) && t.done[i] == m+1; i++ {
+		m++
+	}
+	t.done = t.done[:copy(t.done, t.done[i:])]
+	t.sound = m
+	if t.capped {
+		m = min(m, t.cap)
+	}
+	t.upto = max(t.upto, m)
+}
+
+// minWriter is the minimum writer position, or upto when none is known.
+func (t *Tracker) minWriter() int64 {
+	first := true
+	var m int64
+	for _, p := range t.writers {
+		if first || p < m {
+			m, first = p, false
+		}
+	}
+	if first {
+		return t.upto
+	}
+	return m
+}
