@@ -1,0 +1,376 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/instance"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultReplicateWait     = 500 * time.Millisecond
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultAnnounceInterval  = time.Second
+	DefaultMaxRowsBytes      = 64 << 10
+	DefaultMaxBuffer         = 10000
+)
+
+// StreamSpec is one stream this instance follows or writes.
+type StreamSpec struct {
+	Name string
+	// Ephemeral streams live in their one writer's memory: a new instance of
+	// the writer starts again from 0.
+	Ephemeral bool
+	// Start is the view of a writer not listed in Config.Views: for a
+	// durable stream the persisted-upto the application loaded its state
+	// at; 0 for ephemeral streams.
+	Start int64
+}
+
+// Config configures a Core. Zero durations and sizes mean the defaults.
+type Config struct {
+	// Instance is this process's instance ID; its own echoes are ignored.
+	Instance string
+	// Hello is announced on connect, on REPLICATE and with every heartbeat.
+	Hello wire.Hello
+	// Streams are the streams this instance follows.
+	Streams []StreamSpec
+	// Views are the positions the application's state is at, per writer.
+	Views map[Key]int64
+	// Writes maps each stream this instance writes to its position at start.
+	Writes map[string]int64
+	// ReplicateWait is how long after subscribing the connection waits for
+	// REPLICATE answers before it may count as established.
+	ReplicateWait time.Duration
+	// HeartbeatInterval: HELLO and a POSITION per written stream, which let
+	// readers detect anything they missed from this writer.
+	HeartbeatInterval time.Duration
+	// AnnounceInterval bounds how long a position move without rows waits
+	// before it is published (moves are coalesced).
+	AnnounceInterval time.Duration
+	// MaxRowsBytes: larger rows go out as POSITION pos pos, so readers fetch
+	// them over HTTP instead.
+	MaxRowsBytes int
+	// MaxBuffer bounds the commands buffered per writer while it catches up;
+	// past it the buffer is dropped and the catch-up extends to the last
+	// announced position.
+	MaxBuffer int
+	// RetryDelay is the wait before retrying a failed catch-up, by attempt
+	// (1, 2, ...). Nil means 100 ms doubling up to 5 s. The runner usually
+	// injects a jittered one.
+	RetryDelay func(attempt int) time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.ReplicateWait <= 0 {
+		c.ReplicateWait = DefaultReplicateWait
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.AnnounceInterval <= 0 {
+		c.AnnounceInterval = DefaultAnnounceInterval
+	}
+	if c.MaxRowsBytes <= 0 {
+		c.MaxRowsBytes = DefaultMaxRowsBytes
+	}
+	if c.MaxBuffer <= 0 {
+		c.MaxBuffer = DefaultMaxBuffer
+	}
+	if c.RetryDelay == nil {
+		c.RetryDelay = DoublingDelay(100*time.Millisecond, 5*time.Second)
+	}
+}
+
+// DoublingDelay is base, 2*base, 4*base, ... capped at limit.
+func DoublingDelay(base, limit time.Duration) func(int) time.Duration {
+	return func(attempt int) time.Duration {
+		d := base
+		for i := 1; i < attempt && d < limit; i++ {
+			d *= 2
+		}
+		return min(d, limit)
+	}
+}
+
+// ErrConfig is returned by New for an invalid Config.
+var ErrConfig = errors.New("core: bad config")
+
+// FetchResult answers a Fetch. Upto is the highest position whose rows the
+// runner delivered (From if none); Err says the fetch failed or stopped
+// there, Gone that the writer no longer has the range (it restarted).
+type FetchResult struct {
+	ID   uint64
+	Upto int64
+	Err  error
+	Gone bool
+}
+
+type view struct {
+	key        Key
+	ephemeral  bool
+	instance   string
+	pos        int64 // delivered up to here
+	announced  int64 // highest position the writer announced
+	positioned bool  // a POSITION arrived on this connection
+
+	catching bool   // catching up to `to`
+	to       int64  // fetch target
+	fetchID  uint64 // the fetch in flight, 0 when waiting to retry
+	attempt  int
+	retryAt  time.Time
+	buf      []wire.Command // *wire.RData and *wire.Position, by position
+	overflow bool
+}
+
+type pendingRows struct {
+	pos  int64
+	rows json.RawMessage
+}
+
+type ownStream struct {
+	name       string
+	pos        int64 // the writer's position
+	sent       int64 // the last position announced: the next command's prev
+	pending    []pendingRows
+	dirty      bool
+	announceAt time.Time
+}
+
+// Core is the protocol state of one instance. It is not safe for
+// concurrent use: one runner goroutine owns it.
+type Core struct {
+	cfg     Config
+	streams map[string]StreamSpec
+	views   map[Key]*view
+	fetches map[uint64]*view
+	nextID  uint64
+	peers   map[string]wire.Hello
+	own     map[string]*ownStream
+	ownList []*ownStream // in name order, for deterministic output
+
+	now         time.Time
+	connected   bool
+	established bool
+	windowEnd   time.Time
+	nextHello   time.Time
+	out         []Action
+}
+
+// New returns a disconnected Core.
+func New(cfg Config) (*Core, error) {
+	cfg.setDefaults()
+	if _, ok := instance.NameOf(cfg.Instance); !ok {
+		return nil, fmt.Errorf("%w: Instance %q is not an instance ID", ErrConfig, cfg.Instance)
+	}
+	c := &Core{
+		cfg:     cfg,
+		streams: make(map[string]StreamSpec, len(cfg.Streams)),
+		views:   map[Key]*view{},
+		fetches: map[uint64]*view{},
+		peers:   map[string]wire.Hello{},
+		own:     map[string]*ownStream{},
+	}
+	for _, s := range cfg.Streams {
+		if _, dup := c.streams[s.Name]; dup {
+			return nil, fmt.Errorf("%w: Streams: %s listed twice", ErrConfig, s.Name)
+		}
+		c.streams[s.Name] = s
+	}
+	for k, p := range cfg.Views {
+		if _, ok := c.streams[k.Stream]; !ok {
+			return nil, fmt.Errorf("%w: Views: stream %s is not in Streams", ErrConfig, k.Stream)
+		}
+		c.view(k).pos = p
+	}
+	names := make([]string, 0, len(cfg.Writes))
+	for s := range cfg.Writes {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	for _, s := range names {
+		o := &ownStream{name: s, pos: cfg.Writes[s], sent: cfg.Writes[s]}
+		c.own[s] = o
+		c.ownList = append(c.ownList, o)
+	}
+	return c, nil
+}
+
+func (c *Core) emit(a Action) { c.out = append(c.out, a) }
+
+func (c *Core) flush() []Action {
+	out := c.out
+	c.out = nil
+	return out
+}
+
+func (c *Core) note(kind, stream, cause string) {
+	c.emit(Note{Kind: kind, Stream: stream, Cause: cause})
+}
+
+func (c *Core) view(k Key) *view {
+	v, ok := c.views[k]
+	if !ok {
+		s := c.streams[k.Stream]
+		v = &view{key: k, ephemeral: s.Ephemeral, pos: s.Start}
+		c.views[k] = v
+	}
+	return v
+}
+
+// Tick moves the core's clock: retries fall due, coalesced positions are
+// announced, heartbeats sent, and the connection may become established.
+func (c *Core) Tick(now time.Time) []Action {
+	if now.After(c.now) {
+		c.now = now
+	}
+	for _, k := range c.sortedKeys() {
+		v := c.views[k]
+		if v.catching && v.fetchID == 0 && !c.now.Before(v.retryAt) {
+			c.issueFetch(v)
+		}
+	}
+	for _, o := range c.ownList {
+		if o.dirty && !c.now.Before(o.announceAt) {
+			c.announce(o)
+		}
+	}
+	if c.connected && !c.now.Before(c.nextHello) {
+		c.heartbeat()
+	}
+	c.checkEstablished()
+	return c.flush()
+}
+
+// Connected starts a new connection: the subscription is confirmed. It
+// announces this instance, asks every writer for its position, and
+// announces its own.
+func (c *Core) Connected() []Action {
+	c.connected, c.established = true, false
+	for _, v := range c.views {
+		v.positioned = false
+	}
+	c.windowEnd = c.now.Add(c.cfg.ReplicateWait)
+	c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
+	c.emit(Publish{&wire.Replicate{Instance: c.cfg.Instance}})
+	c.answerReplicate()
+	c.nextHello = c.now.Add(c.cfg.HeartbeatInterval)
+	return c.flush()
+}
+
+// Disconnected ends the connection: anything published from now until the
+// next Connected may be missed, and will be caught up then.
+func (c *Core) Disconnected() []Action {
+	c.connected = false
+	if c.established {
+		c.established = false
+		c.emit(Established{false})
+	}
+	return c.flush()
+}
+
+// Shutdown says goodbye: peers drop this instance's ephemeral state.
+func (c *Core) Shutdown() []Action {
+	c.emit(Publish{&wire.Bye{Instance: c.cfg.Instance}})
+	return c.flush()
+}
+
+// IsEstablished reports whether the connection is established.
+func (c *Core) IsEstablished() bool { return c.established }
+
+// Ready reports established and no writer catching up: what /readyz shows.
+func (c *Core) Ready() bool {
+	if !c.established {
+		return false
+	}
+	for _, v := range c.views {
+		if v.catching {
+			return false
+		}
+	}
+	return true
+}
+
+// View is the delivered position of k and whether it is catching up.
+func (c *Core) View(k Key) (pos int64, catching bool) {
+	if v, ok := c.views[k]; ok {
+		return v.pos, v.catching
+	}
+	return c.streams[k.Stream].Start, false
+}
+
+// ViewInfo is one writer's state, for status pages and metrics.
+type ViewInfo struct {
+	Key       Key
+	Instance  string
+	Pos       int64
+	Announced int64
+	Catching  bool
+}
+
+// Views lists every writer followed, by key.
+func (c *Core) Views() []ViewInfo {
+	out := make([]ViewInfo, 0, len(c.views))
+	for _, k := range c.sortedKeys() {
+		v := c.views[k]
+		out = append(out, ViewInfo{Key: k, Instance: v.instance, Pos: v.pos, Announced: max(v.announced, v.pos), Catching: v.catching})
+	}
+	return out
+}
+
+// Peer is the last HELLO of an instance, if any.
+func (c *Core) Peer(inst string) (wire.Hello, bool) {
+	h, ok := c.peers[inst]
+	return h, ok
+}
+
+// Peers lists the instances heard from, with their HELLO.
+func (c *Core) Peers() map[string]wire.Hello {
+	m := make(map[string]wire.Hello, len(c.peers))
+	for k, v := range c.peers {
+		m[k] = v
+	}
+	return m
+}
+
+func (c *Core) sortedKeys() []Key {
+	keys := make([]Key, 0, len(c.views))
+	for k := range c.views {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b Key) int {
+		if a.Stream != b.Stream {
+			return cmpString(a.Stream, b.Stream)
+		}
+		return cmpString(a.Writer, b.Writer)
+	})
+	return keys
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (c *Core) checkEstablished() {
+	if !c.connected || c.established || c.now.Before(c.windowEnd) {
+		return
+	}
+	for _, v := range c.views {
+		if v.catching {
+			return
+		}
+	}
+	c.established = true
+	c.emit(Established{true})
+}

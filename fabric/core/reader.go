@@ -1,0 +1,260 @@
+package core
+
+import (
+	"slices"
+
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/instance"
+)
+
+// Receive handles one command from the channel. Application verbs are not
+// the core's business and are ignored here.
+func (c *Core) Receive(cmd wire.Command) []Action {
+	if cmd.Sender() == c.cfg.Instance {
+		return nil // our own echo
+	}
+	switch cmd := cmd.(type) {
+	case *wire.RData:
+		c.receiveData(cmd, cmd.Stream, cmd.Writer, cmd.Pos, false)
+	case *wire.Position:
+		c.receiveData(cmd, cmd.Stream, cmd.Writer, cmd.Pos, true)
+	case *wire.Replicate:
+		c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
+		c.answerReplicate()
+	case *wire.HelloCmd:
+		c.peers[cmd.Instance] = cmd.Hello
+	case *wire.Bye:
+		delete(c.peers, cmd.Instance)
+		for _, k := range c.sortedKeys() {
+			if v := c.views[k]; v.ephemeral && v.instance == cmd.Instance {
+				c.reset(v, "bye")
+				v.instance = ""
+			}
+		}
+	}
+	c.checkEstablished()
+	return c.flush()
+}
+
+func (c *Core) receiveData(cmd wire.Command, stream, writer string, pos int64, isPosition bool) {
+	spec, ok := c.streams[stream]
+	if !ok {
+		c.note(NoteDropped, "", "unknown_stream") // unbounded names stay out of labels
+		return
+	}
+	name, ok := instance.NameOf(writer)
+	if !ok {
+		c.note(NoteDropped, stream, "bad_writer")
+		return
+	}
+	v := c.view(Key{Stream: stream, Writer: name})
+	if spec.Ephemeral && v.instance != "" && v.instance != writer {
+		c.reset(v, "new_instance")
+	}
+	v.instance = writer
+	if isPosition {
+		v.positioned = true
+	} else if !v.positioned {
+		// Before the writer's POSITION on this connection we do not know
+		// what we missed; that POSITION will say, and covers these rows.
+		c.note(NoteDropped, stream, "before_position")
+		return
+	}
+	v.announced = max(v.announced, pos)
+	c.handle(v, cmd)
+}
+
+// handle applies the reader rule to one data command of v's writer.
+func (c *Core) handle(v *view, cmd wire.Command) {
+	var prev, pos int64
+	var rd *wire.RData
+	switch cmd := cmd.(type) {
+	case *wire.RData:
+		prev, pos, rd = cmd.Prev, cmd.Pos, cmd
+	case *wire.Position:
+		prev, pos = cmd.Prev, cmd.Pos
+	}
+	if v.catching {
+		if pos > v.pos {
+			c.buffer(v, cmd, pos)
+		}
+		return
+	}
+	if pos <= v.pos {
+		if pos < v.pos || rd != nil { // a POSITION at the view is a probe that agrees
+			c.note(NoteStale, v.key.Stream, "")
+		}
+		return
+	}
+	if prev > v.pos {
+		cause := "position"
+		if rd != nil {
+			cause = "rdata"
+		}
+		c.note(NoteGap, v.key.Stream, cause)
+		c.buffer(v, cmd, pos)
+		c.startFetch(v, prev)
+		return
+	}
+	if rd != nil {
+		c.emit(Deliver{Key: v.key, Instance: v.instance, Prev: v.pos, Pos: pos, Rows: rd.Rows})
+	}
+	v.pos = pos
+	c.emit(Advance{Key: v.key, Pos: pos})
+}
+
+// buffer keeps a command for after the catch-up, ordered by position with
+// RDATA before POSITION at the same position, without duplicates.
+func (c *Core) buffer(v *view, cmd wire.Command, pos int64) {
+	rank := func(x wire.Command) (int64, int) {
+		if x, ok := x.(*wire.RData); ok {
+			return x.Pos, 0
+		}
+		return x.(*wire.Position).Pos, 1
+	}
+	_, r := rank(cmd)
+	i, found := slices.BinarySearchFunc(v.buf, cmd, func(a, _ wire.Command) int {
+		ap, ar := rank(a)
+		switch {
+		case ap != pos:
+			return cmpInt(ap, pos)
+		default:
+			return ar - r
+		}
+	})
+	if found {
+		return // a duplicate
+	}
+	if len(v.buf) >= c.cfg.MaxBuffer {
+		v.overflow = true
+		return
+	}
+	v.buf = slices.Insert(v.buf, i, cmd)
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (c *Core) startFetch(v *view, to int64) {
+	v.catching = true
+	v.to = max(to, v.pos)
+	if v.fetchID == 0 && !c.now.Before(v.retryAt) {
+		c.issueFetch(v)
+	}
+}
+
+func (c *Core) issueFetch(v *view) {
+	c.nextID++
+	v.fetchID = c.nextID
+	c.fetches[v.fetchID] = v
+	c.emit(Fetch{ID: v.fetchID, Key: v.key, Instance: v.instance, URL: c.peers[v.instance].URL,
+		Ephemeral: v.ephemeral, From: v.pos, To: v.to})
+}
+
+// FetchCurrent reports whether fetch id is still wanted. The runner checks
+// it before delivering a fetch's rows: a reset may have superseded it.
+func (c *Core) FetchCurrent(id uint64) bool {
+	v, ok := c.fetches[id]
+	return ok && v.fetchID == id
+}
+
+// FetchDone takes the result of a Fetch. The runner has delivered the rows
+// up to r.Upto already.
+func (c *Core) FetchDone(r FetchResult) []Action {
+	v, ok := c.fetches[r.ID]
+	delete(c.fetches, r.ID)
+	if !ok || v.fetchID != r.ID {
+		return c.flush() // superseded by a reset
+	}
+	v.fetchID = 0
+	switch {
+	case r.Gone:
+		announced := v.announced
+		c.reset(v, "gone")
+		if announced > 0 {
+			v.announced = announced
+			c.startFetch(v, announced)
+		}
+	case r.Upto > v.pos:
+		v.pos = min(r.Upto, v.to)
+		c.emit(Advance{Key: v.key, Pos: v.pos})
+	}
+	if r.Gone {
+		c.checkEstablished()
+		return c.flush()
+	}
+	if r.Err != nil {
+		v.attempt++
+		v.retryAt = c.now.Add(c.cfg.RetryDelay(v.attempt))
+		c.note(NoteCatchupFailed, v.key.Stream, "")
+		return c.flush()
+	}
+	if v.pos < v.to {
+		c.issueFetch(v) // the next page
+		return c.flush()
+	}
+	v.attempt = 0
+	v.catching = false
+	c.drain(v)
+	c.checkEstablished()
+	return c.flush()
+}
+
+// drain replays what was buffered during a catch-up. A replayed command may
+// open a new gap, and the rest is then buffered again behind it. Commands
+// dropped when the buffer overflowed are covered by fetching up to the last
+// announced position once the replay is done.
+func (c *Core) drain(v *view) {
+	buf, overflow := v.buf, v.overflow
+	v.buf, v.overflow = nil, false
+	for _, cmd := range buf {
+		c.handle(v, cmd)
+	}
+	switch {
+	case v.catching:
+		v.overflow = v.overflow || overflow
+	case v.announced > v.pos:
+		c.note(NoteGap, v.key.Stream, "overflow")
+		c.startFetch(v, v.announced)
+	}
+}
+
+// ApplyFailed reports that the application rejected a Deliver: the view
+// stays at prev and the rows are fetched again after a delay, growing with
+// each failure. The runner skips the rest of the step's actions for key.
+func (c *Core) ApplyFailed(key Key, prev, pos int64) []Action {
+	v, ok := c.views[key]
+	if !ok {
+		return nil
+	}
+	v.pos = min(v.pos, prev)
+	v.announced = max(v.announced, pos)
+	c.note(NoteGap, key.Stream, "apply_failed")
+	v.attempt++
+	v.retryAt = c.now.Add(c.cfg.RetryDelay(v.attempt))
+	v.catching, v.to = true, max(v.to, v.announced)
+	if v.fetchID != 0 {
+		delete(c.fetches, v.fetchID)
+		v.fetchID = 0
+	}
+	return c.flush()
+}
+
+// reset drops an ephemeral writer's state: its new instance starts from 0.
+func (c *Core) reset(v *view, cause string) {
+	c.emit(Reset{Key: v.key, Instance: v.instance})
+	c.note(NoteReset, v.key.Stream, cause)
+	if v.fetchID != 0 {
+		delete(c.fetches, v.fetchID)
+	}
+	v.pos, v.announced, v.to = 0, 0, 0
+	v.catching, v.fetchID, v.attempt, v.retryAt = false, 0, 0, c.now
+	v.buf, v.overflow = nil, false
+}

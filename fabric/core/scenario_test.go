@@ -1,0 +1,234 @@
+package core
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weft-dev/weft/fabric/wire"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata scenarios")
+
+// A scenario file is a list of blocks: one directive, "----", then the
+// actions it must produce, one per line, then a blank line. Directives:
+//
+//	new self=ID streams=a,b:ephemeral [views=a/w1=3,...] [writes=a=0,...]
+//	connect | disconnect | shutdown | tick DURATION
+//	recv LINE                      (a wire line, decoded by the codec)
+//	fetched ID upto=N [err] [gone]
+//	apply-failed STREAM/WRITER PREV POS
+//	rows STREAM POS JSON           (LocalRows)
+//	position STREAM POS            (LocalPosition)
+//	state                          (views, readiness)
+func TestScenarios(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenarios: %v", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScenario(t, f) })
+	}
+}
+
+type block struct {
+	line     int
+	cmd      string
+	expected string
+}
+
+func parseScenario(t *testing.T, path string) []block {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []block
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	n := 0
+	var cur *block
+	inExpect := false
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		switch {
+		case cur == nil && (strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#")):
+		case cur == nil:
+			blocks = append(blocks, block{line: n, cmd: line})
+			cur = &blocks[len(blocks)-1]
+		case !inExpect && line == "----":
+			inExpect = true
+		case !inExpect:
+			t.Fatalf("%s:%d: want ---- after the directive", path, n)
+		case line == "":
+			cur, inExpect = nil, false
+		default:
+			cur.expected += line + "\n"
+		}
+	}
+	return blocks
+}
+
+func runScenario(t *testing.T, path string) {
+	blocks := parseScenario(t, path)
+	codec := wire.NewCodec(wire.Config{})
+	var c *Core
+	now := time.Unix(1_700_000_000, 0)
+	var out strings.Builder
+	failed := false
+	for i := range blocks {
+		b := &blocks[i]
+		actions, err := step(&c, codec, &now, b.cmd)
+		var got strings.Builder
+		if err != nil {
+			fmt.Fprintf(&got, "error: %v\n", err)
+		}
+		for _, a := range actions {
+			got.WriteString(a.String() + "\n")
+		}
+		if c != nil && b.cmd == "state" {
+			for _, v := range c.Views() {
+				fmt.Fprintf(&got, "view %s pos=%d announced=%d catching=%v instance=%s\n", v.Key, v.Pos, v.Announced, v.Catching, v.Instance)
+			}
+			fmt.Fprintf(&got, "established=%v ready=%v\n", c.IsEstablished(), c.Ready())
+		}
+		if *rewrite {
+			b.expected = got.String()
+		} else if got.String() != b.expected {
+			t.Errorf("%s:%d: %s\n got:\n%s want:\n%s", path, b.line, b.cmd, got.String(), b.expected)
+			failed = true
+		}
+		fmt.Fprintf(&out, "%s\n----\n%s\n", b.cmd, b.expected)
+	}
+	if *rewrite && !failed {
+		head := headerComments(t, path)
+		if err := os.WriteFile(path, []byte(head+out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func headerComments(t *testing.T, path string) string {
+	data, _ := os.ReadFile(path)
+	var b strings.Builder
+	for _, l := range strings.Split(string(data), "\n") {
+		if !strings.HasPrefix(l, "#") {
+			break
+		}
+		b.WriteString(l + "\n")
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func step(cp **Core, codec *wire.Codec, now *time.Time, line string) ([]Action, error) {
+	f := strings.Fields(line)
+	c := *cp
+	if len(f) == 0 {
+		return nil, fmt.Errorf("empty directive")
+	}
+	if f[0] != "new" && c == nil {
+		return nil, fmt.Errorf("no core: start with new")
+	}
+	switch f[0] {
+	case "new":
+		cfg := Config{Hello: wire.Hello{Name: "x", URL: "http://x"}, Views: map[Key]int64{}, Writes: map[string]int64{}}
+		for _, kv := range f[1:] {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "self":
+				cfg.Instance = v
+				cfg.Hello.Name, _, _ = strings.Cut(v, "-")
+			case "streams":
+				for _, s := range strings.Split(v, ",") {
+					name, opt, _ := strings.Cut(s, ":")
+					cfg.Streams = append(cfg.Streams, StreamSpec{Name: name, Ephemeral: opt == "ephemeral"})
+				}
+			case "views":
+				for _, s := range strings.Split(v, ",") {
+					kw, p, _ := strings.Cut(s, "=")
+					st, w, _ := strings.Cut(kw, "/")
+					n, _ := strconv.ParseInt(p, 10, 64)
+					cfg.Views[Key{st, w}] = n
+				}
+			case "writes":
+				for _, s := range strings.Split(v, ",") {
+					st, p, _ := strings.Cut(s, "=")
+					n, _ := strconv.ParseInt(p, 10, 64)
+					cfg.Writes[st] = n
+				}
+			case "buffer":
+				cfg.MaxBuffer, _ = strconv.Atoi(v)
+			case "maxrows":
+				cfg.MaxRowsBytes, _ = strconv.Atoi(v)
+			default:
+				return nil, fmt.Errorf("unknown option %s", k)
+			}
+		}
+		nc, err := New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		*cp = nc
+		return nc.Tick(*now), nil
+	case "connect":
+		return c.Connected(), nil
+	case "disconnect":
+		return c.Disconnected(), nil
+	case "shutdown":
+		return c.Shutdown(), nil
+	case "state":
+		return nil, nil
+	case "tick":
+		d, err := time.ParseDuration(f[1])
+		if err != nil {
+			return nil, err
+		}
+		*now = now.Add(d)
+		return c.Tick(*now), nil
+	case "recv":
+		cmd, err := codec.Decode([]byte(strings.TrimPrefix(line, "recv ")))
+		if err != nil {
+			return nil, err
+		}
+		return c.Receive(cmd), nil
+	case "fetched":
+		r := FetchResult{}
+		id, err := strconv.ParseUint(strings.TrimPrefix(f[1], "#"), 10, 64)
+		if err != nil {
+			return nil, err
+		}
+		r.ID = id
+		for _, a := range f[2:] {
+			switch {
+			case strings.HasPrefix(a, "upto="):
+				r.Upto, _ = strconv.ParseInt(strings.TrimPrefix(a, "upto="), 10, 64)
+			case a == "err":
+				r.Err = fmt.Errorf("boom")
+			case a == "gone":
+				r.Gone = true
+			}
+		}
+		return c.FetchDone(r), nil
+	case "apply-failed":
+		st, w, _ := strings.Cut(f[1], "/")
+		prev, _ := strconv.ParseInt(f[2], 10, 64)
+		pos, _ := strconv.ParseInt(f[3], 10, 64)
+		return c.ApplyFailed(Key{st, w}, prev, pos), nil
+	case "rows":
+		pos, _ := strconv.ParseInt(f[2], 10, 64)
+		return c.LocalRows(f[1], pos, []byte(strings.Join(f[3:], " "))), nil
+	case "position":
+		pos, _ := strconv.ParseInt(f[2], 10, 64)
+		return c.LocalPosition(f[1], pos), nil
+	}
+	return nil, fmt.Errorf("unknown directive %q", f[0])
+}

@@ -1,0 +1,121 @@
+package core
+
+import (
+	"encoding/json"
+	"slices"
+
+	"github.com/weft-dev/weft/fabric/wire"
+)
+
+// LocalRows queues rows this instance committed at pos on a stream it
+// writes. They are published once the writer's position passes pos, so
+// readers see them in position order with a gap-checkable prev. Rows must be
+// queued before their IDs are finished: a row queued at or below the
+// position already announced cannot be published in order and is dropped
+// with a "late_rows" note (readers fetch it from the database).
+func (c *Core) LocalRows(stream string, pos int64, rows json.RawMessage) []Action {
+	o, ok := c.own[stream]
+	if !ok {
+		c.note(NoteDropped, stream, "not_writer")
+		return c.flush()
+	}
+	if pos <= o.pos {
+		c.note(NoteDropped, stream, "late_rows")
+		return c.flush()
+	}
+	i, found := slices.BinarySearchFunc(o.pending, pos, func(p pendingRows, pos int64) int { return cmpInt(p.pos, pos) })
+	if found {
+		// Two calls for one stream ID: its rows travel together.
+		merged, err := appendRows(o.pending[i].rows, rows)
+		if err == nil {
+			o.pending[i].rows = merged
+		}
+	} else {
+		o.pending = slices.Insert(o.pending, i, pendingRows{pos: pos, rows: rows})
+	}
+	return c.flush()
+}
+
+// LocalPosition moves this instance's writer position on a stream. Pending
+// rows at or below it are published now; a move past the last row is
+// announced as a POSITION within AnnounceInterval.
+func (c *Core) LocalPosition(stream string, pos int64) []Action {
+	o, ok := c.own[stream]
+	if !ok {
+		c.note(NoteDropped, stream, "not_writer")
+		return c.flush()
+	}
+	if pos > o.pos {
+		o.pos = pos
+		c.release(o)
+	}
+	return c.flush()
+}
+
+// WriterPosition is the position this instance has announced (sent) and
+// reached on a stream it writes.
+func (c *Core) WriterPosition(stream string) (sent, pos int64, ok bool) {
+	o, ok := c.own[stream]
+	if !ok {
+		return 0, 0, false
+	}
+	return o.sent, o.pos, true
+}
+
+func (c *Core) release(o *ownStream) {
+	n := 0
+	for _, p := range o.pending {
+		if p.pos > o.pos {
+			break
+		}
+		if len(p.rows) > c.cfg.MaxRowsBytes {
+			// Too big for the channel: "POSITION s w pos pos" makes every
+			// reader behind pos fetch the range, rows included.
+			c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: p.pos, Pos: p.pos}})
+		} else {
+			c.emit(Publish{&wire.RData{Stream: o.name, Writer: c.cfg.Instance, Prev: o.sent, Pos: p.pos, Rows: p.rows}})
+		}
+		o.sent = p.pos
+		n++
+	}
+	o.pending = o.pending[:copy(o.pending, o.pending[n:])]
+	switch {
+	case o.pos <= o.sent:
+		o.dirty = false
+	case !o.dirty:
+		o.dirty = true
+		o.announceAt = c.now.Add(c.cfg.AnnounceInterval)
+	}
+}
+
+func (c *Core) announce(o *ownStream) {
+	c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: o.sent, Pos: o.pos}})
+	o.sent, o.dirty = o.pos, false
+}
+
+// answerReplicate sends "POSITION s me pos pos" for every stream written:
+// any reader behind pos fetches what it is missing.
+func (c *Core) answerReplicate() {
+	for _, o := range c.ownList {
+		c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: o.pos, Pos: o.pos}})
+		o.sent, o.dirty = o.pos, false
+	}
+}
+
+func (c *Core) heartbeat() {
+	c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
+	c.answerReplicate()
+	c.nextHello = c.now.Add(c.cfg.HeartbeatInterval)
+}
+
+// appendRows joins two JSON arrays into one.
+func appendRows(a, b json.RawMessage) (json.RawMessage, error) {
+	var x, y []json.RawMessage
+	if err := json.Unmarshal(a, &x); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		return nil, err
+	}
+	return json.Marshal(append(x, y...))
+}
