@@ -81,6 +81,7 @@ const (
 	NoteDropped       = "dropped"        // cause: before_position, unknown_stream, bad_writer, late_rows, not_writer
 	NoteReset         = "reset"          // cause: new_instance, bye, gone
 	NoteCatchupFailed = "catchup_failed" // a fetch failed; it is retried after a delay
+	NoteSuspect       = "suspect"        // a writer did not answer a new connection in time
 )
 
 func (a Publish) String() string {

@@ -50,6 +50,11 @@ type Config struct {
 	// HeartbeatInterval: HELLO and a POSITION per written stream, which let
 	// readers detect anything they missed from this writer.
 	HeartbeatInterval time.Duration
+	// WriterWait is how long a new connection waits for the POSITION of
+	// each writer heard from before, before it may count as established
+	// without it [2 * HeartbeatInterval]. A writer that does not answer in
+	// time is suspect, and not waited for again until it is heard from.
+	WriterWait time.Duration
 	// AnnounceInterval bounds how long a position move without rows waits
 	// before it is published (moves are coalesced).
 	AnnounceInterval time.Duration
@@ -72,6 +77,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.WriterWait <= 0 {
+		c.WriterWait = 2 * c.HeartbeatInterval
 	}
 	if c.AnnounceInterval <= 0 {
 		c.AnnounceInterval = DefaultAnnounceInterval
@@ -118,6 +126,8 @@ type view struct {
 	pos        int64 // delivered up to here
 	announced  int64 // highest position the writer announced
 	positioned bool  // a POSITION arrived on this connection
+	awaited    bool  // the connection waits for this writer's POSITION
+	suspect    bool  // did not answer a connection in time
 
 	catching bool   // catching up to `to`
 	to       int64  // fetch target
@@ -158,6 +168,7 @@ type Core struct {
 	connected   bool
 	established bool
 	windowEnd   time.Time
+	writersEnd  time.Time
 	nextHello   time.Time
 	out         []Action
 }
@@ -254,8 +265,10 @@ func (c *Core) Connected() []Action {
 	c.connected, c.established = true, false
 	for _, v := range c.views {
 		v.positioned = false
+		v.awaited = v.instance != "" && !v.suspect
 	}
 	c.windowEnd = c.now.Add(c.cfg.ReplicateWait)
+	c.writersEnd = c.now.Add(c.cfg.WriterWait)
 	c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
 	c.emit(Publish{&wire.Replicate{Instance: c.cfg.Instance}})
 	c.answerReplicate()
@@ -362,14 +375,27 @@ func cmpString(a, b string) int {
 	return 0
 }
 
+// checkEstablished: after the REPLICATE window, once every writer heard
+// from before has answered (or WriterWait passed) and none is catching up.
 func (c *Core) checkEstablished() {
 	if !c.connected || c.established || c.now.Before(c.windowEnd) {
 		return
 	}
+	giveUp := !c.now.Before(c.writersEnd)
 	for _, v := range c.views {
 		if v.catching {
 			return
 		}
+		if v.awaited && !v.positioned && !giveUp {
+			return
+		}
+	}
+	for _, v := range c.views {
+		if v.awaited && !v.positioned {
+			v.suspect = true
+			c.note(NoteSuspect, v.key.Stream, "")
+		}
+		v.awaited = false
 	}
 	c.established = true
 	c.emit(Established{true})

@@ -26,10 +26,14 @@ func (c *Core) Receive(cmd wire.Command) []Action {
 	case *wire.Bye:
 		delete(c.peers, cmd.Instance)
 		for _, k := range c.sortedKeys() {
-			if v := c.views[k]; v.ephemeral && v.instance == cmd.Instance {
-				c.reset(v, "bye")
-				v.instance = ""
+			v := c.views[k]
+			if v.instance != cmd.Instance {
+				continue
 			}
+			if v.ephemeral {
+				c.reset(v, "bye")
+			}
+			v.instance, v.awaited = "", false // gone: not waited for on reconnect
 		}
 	}
 	c.checkEstablished()
@@ -52,6 +56,7 @@ func (c *Core) receiveData(cmd wire.Command, stream, writer string, pos int64, i
 		c.reset(v, "new_instance")
 	}
 	v.instance = writer
+	v.suspect = false
 	if isPosition {
 		v.positioned = true
 	} else if !v.positioned {

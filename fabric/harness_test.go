@@ -1,0 +1,273 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/schema"
+	"github.com/weft-dev/weft/streams"
+)
+
+var eventsCfg = streams.Config{
+	Name:     "events",
+	Sequence: "events_seq",
+	Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+}
+
+// testDB is a fresh migrated database with an events stream.
+func testDB(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, _ := testenv.NewPool(t)
+	ctx := context.Background()
+	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+		CREATE SEQUENCE events_seq;
+		CREATE TABLE events (stream_id bigint PRIMARY KEY, writer text NOT NULL, rows jsonb NOT NULL);
+		CREATE INDEX ON events (writer, stream_id);`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// dbFetcher reads a durable writer's rows from PostgreSQL, a page at a time.
+type dbFetcher struct {
+	pool  *pgxpool.Pool
+	limit int
+	// gate, when set, is waited on before each fetch (tests hold a catch-up).
+	gate func(ctx context.Context) error
+}
+
+func (f *dbFetcher) FetchPage(ctx context.Context, fe core.Fetch) (Page, error) {
+	if f.gate != nil {
+		if err := f.gate(ctx); err != nil {
+			return Page{}, err
+		}
+	}
+	limit := f.limit
+	if limit == 0 {
+		limit = 1000
+	}
+	rows, err := f.pool.Query(ctx, `SELECT stream_id, rows FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
+		fe.Key.Writer, fe.From, fe.To, limit)
+	if err != nil {
+		return Page{}, err
+	}
+	var page Page
+	var pos int64
+	var body []byte
+	if _, err := pgx.ForEachRow(rows, []any{&pos, &body}, func() error {
+		page.Rows = append(page.Rows, Row{Pos: pos, Rows: json.RawMessage(slices.Clone(body))})
+		return nil
+	}); err != nil {
+		return Page{}, err
+	}
+	page.Upto = fe.To
+	if len(page.Rows) == limit {
+		page.Upto = page.Rows[len(page.Rows)-1].Pos
+	}
+	return page, nil
+}
+
+// recorder is a Handler that keeps what it was given and checks that
+// every writer's rows come exactly once and in order.
+type recorder struct {
+	mu     sync.Mutex
+	rows   map[core.Key][]int64
+	errs   []string
+	reject func(core.Key, int64) error
+}
+
+func newRecorder() *recorder { return &recorder{rows: map[core.Key][]int64{}} }
+
+func (r *recorder) Apply(_ context.Context, k core.Key, pos int64, rows json.RawMessage) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reject != nil {
+		if err := r.reject(k, pos); err != nil {
+			return err
+		}
+	}
+	if !json.Valid(rows) {
+		r.errs = append(r.errs, fmt.Sprintf("%s at %d: invalid rows %q", k, pos, rows))
+	}
+	got := r.rows[k]
+	if n := len(got); n > 0 && got[n-1] >= pos {
+		r.errs = append(r.errs, fmt.Sprintf("%s: %d after %d (duplicate or reordered)", k, pos, got[n-1]))
+	}
+	r.rows[k] = append(got, pos)
+	return nil
+}
+
+func (r *recorder) Reset(k core.Key) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.rows, k)
+}
+
+func (r *recorder) get(k core.Key) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.rows[k])
+}
+
+func (r *recorder) problems() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.errs)
+}
+
+// member is one instance in a test cluster.
+type member struct {
+	node *Node
+	gen  *streams.Generator
+	rec  *recorder
+	stop func()
+	done chan error
+}
+
+type clusterOpts struct {
+	fetcher *dbFetcher
+	tune    func(*Config)
+}
+
+// startMember starts a node for writer name (or a reader when name is
+// "reader"), following the events stream.
+func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clusterOpts) *member {
+	t.Helper()
+	ctx := context.Background()
+	self := name
+	if name == "reader" {
+		self = ""
+	}
+	gen, err := streams.Open(ctx, pool, eventsCfg, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := name + "-" + "aaaaaaaa"
+	rec := newRecorder()
+	fetcher := o.fetcher
+	if fetcher == nil {
+		fetcher = &dbFetcher{pool: pool}
+	}
+	cfg := Config{
+		Instance:         id,
+		Cluster:          "test",
+		RedisURL:         redisURL,
+		Streams:          []core.StreamSpec{{Name: "events", Start: gen.PersistedUpto()}},
+		Generators:       []*streams.Generator{gen},
+		Handler:          rec,
+		Fetcher:          fetcher,
+		AnnounceInterval: 100 * time.Millisecond,
+		ReplicateWait:    200 * time.Millisecond,
+		Backoff:          BackoffConfig{Initial: 50 * time.Millisecond, Max: time.Second},
+	}
+	if o.tune != nil {
+		o.tune(&cfg)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	m := &member{node: n, gen: gen, rec: rec, stop: cancel, done: make(chan error, 1)}
+	go func() { m.done <- n.Run(runCtx) }()
+	t.Cleanup(m.shutdown)
+	return m
+}
+
+func (m *member) shutdown() {
+	m.stop()
+	<-m.done
+	m.done <- nil // idempotent for a second call
+}
+
+// write commits one row as this member's writer and hands it to the node.
+func (m *member) write(ctx context.Context, pool *pgxpool.Pool, n int) (int64, error) {
+	a, err := m.gen.Alloc(ctx, 1)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Finish()
+	id := a.IDs()[0]
+	rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
+	if _, err := pool.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, id, m.gen.Self(), rows); err != nil {
+		return 0, err
+	}
+	m.node.Rows(ctx, "events", id, rows)
+	return id, nil
+}
+
+// committed is every row of writer in the database, in order.
+func committed(t *testing.T, pool *pgxpool.Pool, writer string) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT stream_id FROM events WHERE writer = $1 ORDER BY stream_id`, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// converged waits until reader has every committed row of each writer, then
+// checks they arrived exactly once and in order.
+func converged(t *testing.T, pool *pgxpool.Pool, reader *member, writers ...string) {
+	t.Helper()
+	for _, w := range writers {
+		want := committed(t, pool, w)
+		k := core.Key{Stream: "events", Writer: w}
+		testenv.Eventually(t, 30*time.Second, func() bool { return len(reader.rec.get(k)) >= len(want) },
+			"reader has %d of %d rows of %s (view %d)", len(reader.rec.get(k)), len(want), w, reader.node.View(k))
+		if got := reader.rec.get(k); !slices.Equal(got, want) {
+			t.Fatalf("%s: reader got %d rows, want %d; first difference at %d", w, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	if p := reader.rec.problems(); len(p) > 0 {
+		t.Fatalf("delivery problems: %v", p)
+	}
+}
+
+func firstDiff(a, b []int64) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// metricSum sums every series of a counter or gauge vector.
+func metricSum(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { c.Collect(ch); close(ch) }()
+	var sum float64
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			continue
+		}
+		switch {
+		case pb.Counter != nil:
+			sum += pb.Counter.GetValue()
+		case pb.Gauge != nil:
+			sum += pb.Gauge.GetValue()
+		}
+	}
+	return sum
+}

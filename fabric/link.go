@@ -1,0 +1,661 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of linkConfig, used for its zero fields.
+const (
+	defaultPingInterval = time.Second
+	defaultPingTimeout  = 2 * time.Second
+	defaultRunIDCheck   = 2 * time.Second
+	defaultPublishQueue = 65536
+	defaultMaxBatch     = 512
+)
+
+const (
+	// flushTimeout bounds the last flush of queued lines once run's context
+	// is done, so a BYE queued just before shutdown still goes out.
+	flushTimeout = time.Second
+	// publishRetryInitial and publishRetryMax pace the publisher after
+	// failed batches, so a Redis outage does not make it spin.
+	publishRetryInitial = 10 * time.Millisecond
+	publishRetryMax     = time.Second
+	// connectRunIDRetry paces the run_id read on connect.
+	connectRunIDRetry = 50 * time.Millisecond
+)
+
+var (
+	// errLinkResubscribed: go-redis reconnected and resubscribed on its own;
+	// whatever was published in between is lost.
+	errLinkResubscribed = errors.New("fabric: link: subscription confirmed again (silent resubscribe)")
+	// errLinkPingTimeout: the subscriber connection answers nothing.
+	errLinkPingTimeout = errors.New("fabric: link: no reply to PING")
+	// errLinkRedisRestarted: the Redis run_id changed under a live
+	// subscription, so everything in flight is lost.
+	errLinkRedisRestarted = errors.New("fabric: link: redis run_id changed")
+	// errLinkUnexpected: the subscriber connection got a reply that a
+	// subscription to one channel never produces.
+	errLinkUnexpected = errors.New("fabric: link: unexpected pub/sub reply")
+	errLinkRunning    = errors.New("fabric: link: already running")
+)
+
+// linkConfig configures a link. Zero values mean the defaults in brackets.
+type linkConfig struct {
+	// Options is the Redis connection, as from redis.ParseURL; required. The
+	// link copies it.
+	Options *redis.Options
+	// Channel is the pub/sub channel, e.g. "weft:<cluster>"; required.
+	Channel string
+	// Backoff is the reconnect policy.
+	Backoff BackoffConfig
+	// PingInterval is how often the subscriber connection is PINGed [1s].
+	PingInterval time.Duration
+	// PingTimeout: no PONG (or any other reply) this long after a PING means
+	// the connection is dead [2s]. It also bounds the subscription
+	// confirmation and the run_id read on connect.
+	PingTimeout time.Duration
+	// RunIDCheck is how often the Redis run_id is read while subscribed [2s].
+	RunIDCheck time.Duration
+	// PublishQueue is how many lines may wait before publish blocks [65536].
+	PublishQueue int
+	// MaxBatch is the most lines PUBLISHed per pipeline round trip [512].
+	MaxBatch int
+	// Logger gets the link's logs [discard].
+	Logger *slog.Logger
+	// OnAttempt, if set, is called before every connection attempt.
+	OnAttempt func()
+}
+
+// validate reports the first invalid field.
+func (c linkConfig) validate() error {
+	switch {
+	case c.Options == nil:
+		return errors.New("fabric: linkConfig.Options is required")
+	case c.Channel == "":
+		return errors.New("fabric: linkConfig.Channel is required")
+	case c.PingInterval < 0:
+		return fmt.Errorf("fabric: linkConfig.PingInterval %v is negative", c.PingInterval)
+	case c.PingTimeout < 0:
+		return fmt.Errorf("fabric: linkConfig.PingTimeout %v is negative", c.PingTimeout)
+	case c.RunIDCheck < 0:
+		return fmt.Errorf("fabric: linkConfig.RunIDCheck %v is negative", c.RunIDCheck)
+	case c.PublishQueue < 0:
+		return fmt.Errorf("fabric: linkConfig.PublishQueue %d is negative", c.PublishQueue)
+	case c.MaxBatch < 0:
+		return fmt.Errorf("fabric: linkConfig.MaxBatch %d is negative", c.MaxBatch)
+	}
+	return c.Backoff.Validate() // it names BackoffConfig's field
+}
+
+func (c linkConfig) withDefaults() linkConfig {
+	if c.PingInterval == 0 {
+		c.PingInterval = defaultPingInterval
+	}
+	if c.PingTimeout == 0 {
+		c.PingTimeout = defaultPingTimeout
+	}
+	if c.RunIDCheck == 0 {
+		c.RunIDCheck = defaultRunIDCheck
+	}
+	if c.PublishQueue == 0 {
+		c.PublishQueue = defaultPublishQueue
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = defaultMaxBatch
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.OnAttempt == nil {
+		c.OnAttempt = func() {}
+	}
+	return c
+}
+
+// linkEvents receives what happens on a link, from one goroutine, in order:
+// linkUp, any number of linkMessage, linkDown, then again linkUp...
+type linkEvents interface {
+	// linkUp: Redis confirmed the SUBSCRIBE. Only now may the node publish
+	// REPLICATE: anything answering it is sure to reach us.
+	linkUp()
+	// linkMessage is one message on the channel.
+	linkMessage(payload string)
+	// linkDown: the subscription is lost (error, missing PONG, silent
+	// resubscribe, Redis run_id changed); messages may have been missed.
+	// The end of run's context is not reported.
+	linkDown(err error)
+}
+
+// linkStats is a snapshot for metrics.
+type linkStats struct {
+	Attempts       uint64 // connection attempts
+	Reconnects     uint64 // subscriptions confirmed after the first
+	Published      uint64 // lines Redis accepted
+	PublishErrors  uint64 // lines whose PUBLISH failed (lost, not retried)
+	PublishBatches uint64 // pipeline round trips
+	Connected      bool   // between linkUp and linkDown
+	LastRunID      string // the Redis run_id last read
+}
+
+// link is the Redis transport of the fabric: one subscriber connection that
+// it keeps alive (PING), checks (run_id) and re-establishes with backoff,
+// and one ordered publisher connection. It moves lines and knows nothing of
+// the protocol.
+//
+// go-redis's PubSub reconnects and resubscribes on its own after an error;
+// the link never lets that pass silently: any receive error, and any second
+// confirmation on one PubSub, ends the connection with linkDown, and the
+// link reconnects itself through its backoff.
+type link struct {
+	cfg   linkConfig
+	addr  string // for logs
+	log   *slog.Logger
+	sub   *redis.Client // pub/sub connections only
+	pub   *redis.Client // one connection, so PUBLISHes stay in order
+	queue chan string
+
+	running atomic.Bool
+
+	attempts       atomic.Uint64
+	reconnects     atomic.Uint64
+	published      atomic.Uint64
+	publishErrors  atomic.Uint64
+	publishBatches atomic.Uint64
+
+	mu         sync.Mutex
+	session    uint64 // current connection, counting from 1; 0 before the first
+	up         bool   // session is between linkUp and linkDown
+	estSession uint64 // the session established() was called for
+	everUp     bool   // linkUp was called once
+	lastRunID  string
+}
+
+// newLink validates cfg and creates the Redis clients; it does not connect.
+func newLink(cfg linkConfig) (*link, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+
+	subOpt := *cfg.Options
+	// On the subscriber only the handshake reads use ReadTimeout (Receive
+	// sets no deadline): a Redis that does not answer it within
+	// PingTimeout is as dead as one that misses a PONG.
+	subOpt.ReadTimeout = cfg.PingTimeout
+	pubOpt := *cfg.Options
+	// Without this go-redis ignores context deadlines on reads and waits
+	// ReadTimeout instead, so INFO could outlast PingTimeout.
+	pubOpt.ContextTimeoutEnabled = true
+	pubOpt.PoolSize = 1
+	// Pipelines have their own pool unless this is negative; one connection
+	// for everything keeps the publisher's commands on one socket.
+	pubOpt.PipelinePoolSize = -1
+	pubOpt.MinIdleConns = 0
+	// A failed batch is lost, never resent: pub/sub is at-most-once and
+	// readers detect gaps. Resending a pipeline could duplicate and reorder.
+	pubOpt.MaxRetries = -1
+	// The publisher paces its own retries.
+	pubOpt.DialerRetries = 1
+
+	return &link{
+		cfg:   cfg,
+		addr:  cfg.Options.Addr,
+		log:   cfg.Logger.With("channel", cfg.Channel),
+		sub:   redis.NewClient(&subOpt),
+		pub:   redis.NewClient(&pubOpt),
+		queue: make(chan string, cfg.PublishQueue),
+	}, nil
+}
+
+// close closes the Redis clients; call it after run returned.
+func (l *link) close() error {
+	return errors.Join(l.sub.Close(), l.pub.Close())
+}
+
+// stats returns a snapshot of the counters.
+func (l *link) stats() linkStats {
+	l.mu.Lock()
+	connected, runID := l.up, l.lastRunID
+	l.mu.Unlock()
+	return linkStats{
+		Attempts:       l.attempts.Load(),
+		Reconnects:     l.reconnects.Load(),
+		Published:      l.published.Load(),
+		PublishErrors:  l.publishErrors.Load(),
+		PublishBatches: l.publishBatches.Load(),
+		Connected:      connected,
+		LastRunID:      runID,
+	}
+}
+
+// established tells the link that the current connection is established
+// (the node caught up), so the reconnect backoff starts over after it
+// drops. Until then every reconnect waits longer than the one before, so a
+// catch-up that keeps failing cannot cause a tight reconnect loop. A call
+// while no connection is up is ignored: it is late for one already lost.
+func (l *link) established() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.up {
+		l.estSession = l.session
+	}
+}
+
+// publish queues one line for the publisher. Lines are PUBLISHed in the
+// order queued, on one connection, in pipelines of up to MaxBatch. It
+// blocks only while the queue is full, until ctx is done. Queued lines go
+// out only while run runs; a failed batch is logged and counted, not
+// retried. The line is copied.
+func (l *link) publish(ctx context.Context, line []byte) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("fabric: publish: %w", err)
+	}
+	select {
+	case l.queue <- string(line):
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fabric: publish: %w", ctx.Err())
+	}
+}
+
+// run connects, subscribes and keeps reconnecting with backoff until ctx
+// is done, reporting to ev; it also runs the publisher. It returns nil when
+// ctx is done, after every goroutine it started has stopped.
+func (l *link) run(ctx context.Context, ev linkEvents) error {
+	if !l.running.CompareAndSwap(false, true) {
+		return errLinkRunning
+	}
+	defer l.running.Store(false)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { l.runPublisher(ctx) })
+
+	bo := l.cfg.Backoff.newBackOff(nil)
+	for {
+		l.attempts.Add(1)
+		l.cfg.OnAttempt()
+		wasEstablished, err := l.connect(ctx, ev)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if wasEstablished {
+			bo.Reset()
+		}
+		delay := bo.NextBackOff()
+		l.log.Warn("fabric: link: disconnected", "err", err, "retry_in", delay)
+		timer := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// received is one reply read from the subscriber connection.
+type received struct {
+	msg any
+	err error
+}
+
+// subConn is one subscriber connection: its PubSub, and what its reader
+// and pinger goroutines tell serve.
+type subConn struct {
+	ps        *redis.PubSub
+	start     time.Time
+	lastRecv  atomic.Int64  // time since start of the last reply; -1 for none
+	items     chan received // replies and the receive error, in order
+	pings     chan struct{} // asks the pinger for a PING
+	pingErr   chan error    // the PING that failed
+	restarted chan string   // the new run_id, from watchRunID
+	up        bool          // linkUp was called
+}
+
+// connect runs one subscriber connection until it fails or ctx is done. It
+// reports whether established() was called for it.
+func (l *link) connect(ctx context.Context, ev linkEvents) (wasEstablished bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	c := &subConn{
+		ps:        l.sub.Subscribe(sctx),
+		start:     time.Now(),
+		items:     make(chan received, 64),
+		pings:     make(chan struct{}, 1),
+		pingErr:   make(chan error, 1),
+		restarted: make(chan string, 1),
+	}
+	c.lastRecv.Store(-1)
+	l.mu.Lock()
+	l.session++
+	session := l.session
+	l.mu.Unlock()
+
+	defer func() {
+		l.mu.Lock()
+		wasEstablished = l.estSession == session
+		l.up = false // established() comes too late from now on
+		l.mu.Unlock()
+		// Report before the teardown, which may wait for an INFO or a dial.
+		if c.up && ctx.Err() == nil {
+			ev.linkDown(err)
+		}
+		// Cancel first: go-redis may be redialing inside Receive, holding
+		// the lock that Close takes, and the dial heeds the context.
+		cancel()
+		_ = c.ps.Close()
+		wg.Wait()
+	}()
+
+	if err := c.ps.Subscribe(sctx, l.cfg.Channel); err != nil {
+		return false, fmt.Errorf("fabric: link: subscribe %s: %w", l.cfg.Channel, err)
+	}
+	wg.Go(func() { c.receive(sctx) })
+	wg.Go(func() { c.ping(sctx) })
+	return false, l.serve(sctx, ev, c, &wg)
+}
+
+// receive is the reader goroutine. It uses its own loop instead of
+// ps.Channel(), which hides the resubscribes go-redis does after errors,
+// and stops at the first error: by then go-redis has already redialed and
+// resubscribed inside Receive, and reading on would hide the gap.
+func (c *subConn) receive(ctx context.Context) {
+	for {
+		msg, err := c.ps.Receive(ctx)
+		if err == nil {
+			c.lastRecv.Store(int64(time.Since(c.start)))
+		}
+		select {
+		case c.items <- received{msg: msg, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// ping is the pinger goroutine. A PING blocks while go-redis redials
+// inside Receive, so it runs apart from the loop, whose liveness deadline
+// must fire regardless.
+func (c *subConn) ping(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.pings:
+		}
+		if err := c.ps.Ping(ctx); err != nil {
+			c.pingErr <- err
+			return
+		}
+	}
+}
+
+// serve handles one subscribed connection until it fails: it hands
+// messages to ev, PINGs, and judges liveness. The connection is dead when
+// nothing arrived within PingTimeout of the oldest unanswered PING (at
+// first: of the SUBSCRIBE). The reader stamps lastRecv, so a reply still
+// queued in items counts; and while items are queued the loop, not the
+// connection, is behind, so the deadline waits.
+func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.WaitGroup) error {
+	awaiting := time.Duration(0) // since c.start
+	deadline := time.NewTimer(l.cfg.PingTimeout)
+	defer deadline.Stop()
+	ticker := time.NewTicker(l.cfg.PingInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+
+		case <-ticker.C:
+			select {
+			case c.pings <- struct{}{}:
+			default: // the last one is still being written
+			}
+			if time.Duration(c.lastRecv.Load()) >= awaiting {
+				awaiting = time.Since(c.start)
+				deadline.Reset(l.cfg.PingTimeout)
+			}
+
+		case <-deadline.C:
+			if time.Duration(c.lastRecv.Load()) >= awaiting {
+				continue
+			}
+			if len(c.items) > 0 {
+				deadline.Reset(l.cfg.PingTimeout)
+				continue
+			}
+			return fmt.Errorf("%w within %v", errLinkPingTimeout, l.cfg.PingTimeout)
+
+		case err := <-c.pingErr:
+			return fmt.Errorf("fabric: link: ping: %w", err)
+
+		case runID := <-c.restarted:
+			return fmt.Errorf("%w: now %s", errLinkRedisRestarted, runID)
+
+		case it := <-c.items:
+			if it.err != nil {
+				return fmt.Errorf("fabric: link: receive: %w", it.err)
+			}
+			switch m := it.msg.(type) {
+			case *redis.Subscription:
+				if m.Kind != "subscribe" || m.Channel != l.cfg.Channel {
+					return fmt.Errorf("%w: %s %s", errLinkUnexpected, m.Kind, m.Channel)
+				}
+				if c.up {
+					return errLinkResubscribed
+				}
+				runID, err := l.connectRunID(ctx)
+				if err != nil {
+					return err
+				}
+				c.up = true
+				wg.Go(func() { l.watchRunID(ctx, runID, c.restarted) })
+				l.log.Info("fabric: link: subscribed", "addr", l.addr, "run_id", runID)
+				ev.linkUp()
+			case *redis.Message:
+				if !c.up {
+					return fmt.Errorf("%w: message before the subscription", errLinkUnexpected)
+				}
+				if m.Channel == l.cfg.Channel {
+					ev.linkMessage(m.Payload)
+				}
+			case *redis.Pong:
+				// Liveness only; lastRecv has it.
+			default:
+				return fmt.Errorf("%w: %T", errLinkUnexpected, m)
+			}
+		}
+	}
+}
+
+// connectRunID reads the Redis run_id once the subscription is confirmed,
+// remembers it and marks the link up. It goes through the publisher
+// client, so at linkUp the publisher is known to reach this Redis too (the
+// REPLICATE that follows must not be lost). After an outage go-redis fails
+// that client's dials at once for up to a second (until its background
+// probe gets through), so it retries until PingTimeout.
+func (l *link) connectRunID(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.PingTimeout)
+	defer cancel()
+	for {
+		runID, err := l.readRunID(ctx)
+		if err == nil {
+			l.mu.Lock()
+			previous := l.lastRunID
+			l.lastRunID = runID
+			l.up = true
+			if l.everUp {
+				l.reconnects.Add(1)
+			}
+			l.everUp = true
+			l.mu.Unlock()
+			if previous != "" && previous != runID {
+				l.log.Warn("fabric: link: redis restarted", "run_id", runID, "previous_run_id", previous)
+			}
+			return runID, nil
+		}
+		timer := time.NewTimer(connectRunIDRetry)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return "", err
+		case <-timer.C:
+		}
+	}
+}
+
+// watchRunID reads the Redis run_id every RunIDCheck and sends the new one
+// to restarted when it differs from runID: Redis restarted (behind a proxy,
+// say) while the subscriber connection stayed open, and lost what was in
+// flight. Read errors are left to the PINGs to judge.
+func (l *link) watchRunID(ctx context.Context, runID string, restarted chan<- string) {
+	ticker := time.NewTicker(l.cfg.RunIDCheck)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.PingTimeout)
+		now, err := l.readRunID(rctx)
+		cancel()
+		if err != nil {
+			l.log.Debug("fabric: link: run_id check failed", "err", err)
+			continue
+		}
+		if now == runID {
+			continue
+		}
+		l.mu.Lock()
+		l.lastRunID = now
+		l.mu.Unlock()
+		l.log.Warn("fabric: link: redis restarted under the subscription", "run_id", now, "previous_run_id", runID)
+		select {
+		case restarted <- now:
+		case <-ctx.Done():
+		}
+		return
+	}
+}
+
+// readRunID reads run_id from INFO server through the publisher client.
+func (l *link) readRunID(ctx context.Context) (string, error) {
+	info, err := l.pub.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("fabric: link: INFO server: %w", err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", errors.New("fabric: link: INFO server has no run_id")
+}
+
+// runPublisher drains the queue into pipelines until ctx is done, then
+// flushes what is still queued for at most flushTimeout. It keeps going
+// across subscriber reconnects and Redis outages: a failed batch is counted
+// and dropped, and consecutive failures back off.
+func (l *link) runPublisher(ctx context.Context) {
+	// Sends do not take ctx's cancellation: go-redis fails a batch at once
+	// on a canceled context, and a batch taken from the queue must not be
+	// lost to shutdown. Timeouts bound them.
+	sendCtx := context.WithoutCancel(ctx)
+	retry := BackoffConfig{Initial: publishRetryInitial, Max: publishRetryMax}.newBackOff(nil)
+	batch := make([]string, 0, l.cfg.MaxBatch)
+	for {
+		if ctx.Err() != nil {
+			l.flush(sendCtx)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			continue
+		case line := <-l.queue:
+			batch = l.fill(append(batch[:0], line))
+		}
+		if err := l.send(sendCtx, batch); err != nil {
+			delay := retry.NextBackOff()
+			l.log.Warn("fabric: link: publish failed", "err", err, "lines", len(batch), "retry_in", delay)
+			timer := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+			timer.Stop()
+			continue
+		}
+		retry.Reset()
+	}
+}
+
+// fill appends queued lines to batch without waiting, up to MaxBatch.
+func (l *link) fill(batch []string) []string {
+	for len(batch) < l.cfg.MaxBatch {
+		select {
+		case line := <-l.queue:
+			batch = append(batch, line)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// flush sends what is queued, for at most flushTimeout.
+func (l *link) flush(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+	defer cancel()
+	batch := make([]string, 0, l.cfg.MaxBatch)
+	for ctx.Err() == nil {
+		batch = l.fill(batch[:0])
+		if len(batch) == 0 {
+			return
+		}
+		if err := l.send(ctx, batch); err != nil {
+			l.log.Warn("fabric: link: final publish failed", "err", err, "lines", len(batch))
+			return
+		}
+	}
+}
+
+// send PUBLISHes batch in one pipeline round trip.
+func (l *link) send(ctx context.Context, batch []string) error {
+	pipe := l.pub.Pipeline()
+	for _, line := range batch {
+		pipe.Publish(ctx, l.cfg.Channel, line)
+	}
+	cmds, err := pipe.Exec(ctx)
+	l.publishBatches.Add(1)
+	failed := 0
+	for _, cmd := range cmds {
+		if cmd.Err() != nil {
+			failed++
+		}
+	}
+	if err != nil && failed == 0 {
+		failed = len(batch)
+	}
+	l.published.Add(uint64(len(batch) - failed))
+	l.publishErrors.Add(uint64(failed))
+	if err != nil {
+		return fmt.Errorf("fabric: link: publish %d lines: %w", len(batch), err)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+package fabric
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the node's Prometheus series. Labels are bounded: verbs,
+// reasons, causes and stream names, never positions or instance IDs.
+type metrics struct {
+	commandsIn   *prometheus.CounterVec
+	commandsOut  *prometheus.CounterVec
+	invalid      *prometheus.CounterVec
+	notes        *prometheus.CounterVec
+	gaps         *prometheus.CounterVec
+	reconnects   prometheus.Counter
+	connected    prometheus.Gauge
+	established  prometheus.Gauge
+	ready        prometheus.Gauge
+	viewLag      *prometheus.GaugeVec
+	viewPos      *prometheus.GaugeVec
+	tasksRunning *prometheus.GaugeVec
+	taskSeconds  *prometheus.HistogramVec
+	taskErrors   *prometheus.CounterVec
+	applied      *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "weft", "fabric"
+	m := &metrics{
+		commandsIn: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "commands_received_total", Help: "Commands received on the channel, by verb (own echoes included)."}, []string{"verb"}),
+		commandsOut: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "commands_sent_total", Help: "Commands queued for publishing, by verb."}, []string{"verb"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "invalid_commands_total", Help: "Lines on the channel that were skipped, by reason."}, []string{"reason"}),
+		notes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "protocol_events_total", Help: "Stale and dropped commands, resets and failed catch-ups, by stream, kind and cause."}, []string{"stream", "kind", "cause"}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "gaps_total", Help: "Gaps detected (something was missed and is fetched), by stream and cause."}, []string{"stream", "cause"}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "reconnects_total", Help: "Subscriptions lost and started again."}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "connected", Help: "1 while the subscription is confirmed."}),
+		established: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "established", Help: "1 once the connection is established (every stream caught up after connecting)."}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "ready", Help: "1 while established and no stream is catching up."}),
+		viewLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "view_lag", Help: "Largest distance, in stream positions, between a writer's announced position and the local view, by stream."}, []string{"stream"}),
+		viewPos: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "view_min_position", Help: "Lowest local view over the writers of a stream."}, []string{"stream"}),
+		tasksRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "tasks_running", Help: "Background tasks in flight, by kind."}, []string{"kind"}),
+		taskSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "task_duration_seconds", Help: "Duration of background tasks, by kind.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"kind"}),
+		taskErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "task_errors_total", Help: "Background tasks that failed, by kind."}, []string{"kind"}),
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "rows_applied_total", Help: "Row batches delivered to the application, by stream and source (live or catchup)."}, []string{"stream", "source"}),
+	}
+	for _, c := range []prometheus.Collector{m.commandsIn, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
+		m.connected, m.established, m.ready, m.viewLag, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,676 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/streams"
+)
+
+// Handler is the application side of a Node.
+type Handler interface {
+	// Apply applies the rows of key at pos, live or fetched, in each
+	// writer's order and exactly once. It runs on the node's loop: keep it
+	// short. An error rejects the rows: the view stays before them and the
+	// range is fetched again after a growing delay.
+	Apply(ctx context.Context, key core.Key, pos int64, rows json.RawMessage) error
+	// Reset drops what the application holds of key: an ephemeral writer
+	// restarted, and its state starts again from 0.
+	Reset(key core.Key)
+}
+
+// Row is the rows of one writer at one stream position.
+type Row struct {
+	Pos  int64           `json:"pos"`
+	Rows json.RawMessage `json:"rows"`
+}
+
+// Page is one page of a catch-up: the rows with From < Pos <= Upto, in
+// order. Upto <= To; Upto < To means "ask again from Upto".
+type Page struct {
+	Rows []Row
+	Upto int64
+}
+
+// Fetcher reads the rows of a writer in a range: from the writer instance
+// for an ephemeral stream, from any instance or PostgreSQL for a durable
+// one. It runs off the loop, concurrently.
+type Fetcher interface {
+	FetchPage(ctx context.Context, f core.Fetch) (Page, error)
+}
+
+// FetcherFunc adapts a function to Fetcher.
+type FetcherFunc func(ctx context.Context, f core.Fetch) (Page, error)
+
+// FetchPage calls f.
+func (fn FetcherFunc) FetchPage(ctx context.Context, f core.Fetch) (Page, error) { return fn(ctx, f) }
+
+// ErrGone: the writer no longer has the range (it restarted); the reader
+// resets the writer's state and fetches its new state.
+var ErrGone = errors.New("fabric: range gone")
+
+// Config configures a Node. Zero values mean the documented defaults.
+type Config struct {
+	// Instance is this process's instance ID (instance.NewID). Required.
+	Instance string
+	// Cluster names the channel, "weft:<Cluster>". Required.
+	Cluster string
+	// RedisURL is redis:// or rediss://, with credentials if any. Required.
+	RedisURL string
+	// Hello is what this instance announces (its URL serves catch-up).
+	Hello wire.Hello
+	// Streams are the streams this instance follows.
+	Streams []core.StreamSpec
+	// Views are where the application's state is, per writer.
+	Views map[core.Key]int64
+	// Generators are the durable streams' generators: for a writer the node
+	// publishes its rows and positions; for every one it feeds other
+	// writers' positions in (idle advance) and refreshes the registry.
+	Generators []*streams.Generator
+	// Ephemeral maps each ephemeral stream written here to its position at
+	// start (usually 0).
+	Ephemeral map[string]int64
+	// Handler applies rows. Required.
+	Handler Handler
+	// Fetcher serves catch-ups. Required when following any stream.
+	Fetcher Fetcher
+	// FetchTimeout bounds one page fetch [10 s].
+	FetchTimeout time.Duration
+	// AnnounceInterval: position moves without rows are published at most
+	// this long after they happen, and registry refreshes and stored
+	// positions run at this pace [1 s; at least 50 ms].
+	AnnounceInterval time.Duration
+	// HeartbeatInterval: HELLO plus a POSITION per written stream [5 s].
+	HeartbeatInterval time.Duration
+	// ReplicateWait: how long after subscribing to wait for positions
+	// before the connection may count as established [500 ms].
+	ReplicateWait time.Duration
+	// Backoff is the reconnect policy; catch-up retries use it too.
+	Backoff BackoffConfig
+	// Codec decodes the channel; register application verbs on it. Nil
+	// means a codec with the built-in verbs only.
+	Codec *wire.Codec
+	// OnCommand receives application commands (verbs registered on Codec).
+	OnCommand func(wire.Command)
+	// Registerer receives the metrics; nil means a private registry.
+	Registerer prometheus.Registerer
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// link is set by tests to tune the transport.
+	linkTune func(*linkConfig)
+}
+
+// Validate names the first invalid field.
+func (c *Config) Validate() error {
+	if _, ok := instance.NameOf(c.Instance); !ok {
+		return fmt.Errorf("fabric: config: Instance %q is not an instance ID", c.Instance)
+	}
+	if c.Cluster == "" || !wire.ValidName(c.Cluster) {
+		return fmt.Errorf("fabric: config: Cluster %q: want 1-128 of [A-Za-z0-9_.:-]", c.Cluster)
+	}
+	if c.RedisURL == "" {
+		return errors.New("fabric: config: RedisURL is empty")
+	}
+	if c.Handler == nil {
+		return errors.New("fabric: config: Handler is nil")
+	}
+	if len(c.Streams) > 0 && c.Fetcher == nil {
+		return errors.New("fabric: config: Fetcher is nil but Streams are followed")
+	}
+	if c.AnnounceInterval != 0 && c.AnnounceInterval < 50*time.Millisecond {
+		return fmt.Errorf("fabric: config: AnnounceInterval %v is below 50ms", c.AnnounceInterval)
+	}
+	return nil
+}
+
+// Node is one instance's end of the fabric.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	core     *core.Core
+	link     *link
+	notify   *notifier
+	m        *metrics
+	codec    *wire.Codec
+	channel  string
+	gens     map[string]*streams.Generator
+	in       chan input
+	tasks    sync.WaitGroup
+	ready    atomic.Bool
+	est      atomic.Bool
+	status   atomic.Pointer[Status]
+	started  atomic.Bool
+	writes   []string // streams written here
+	writeBuf []byte
+}
+
+type input interface{}
+
+type (
+	inUp   struct{}
+	inDown struct{ err error }
+	inCmd  struct{ cmd wire.Command }
+	inRows struct {
+		stream string
+		pos    int64
+		rows   json.RawMessage
+	}
+	inPosition struct {
+		stream string
+		pos    int64
+	}
+	inFetched struct {
+		f    core.Fetch
+		page Page
+		err  error
+	}
+	inObserve struct {
+		stream string
+		id     streams.WriterID
+		pos    int64
+	}
+)
+
+// New builds a Node; Run starts it.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = 10 * time.Second
+	}
+	if cfg.AnnounceInterval <= 0 {
+		cfg.AnnounceInterval = core.DefaultAnnounceInterval
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: metrics: %w", err)
+	}
+	codec := cfg.Codec
+	if codec == nil {
+		codec = wire.NewCodec(wire.Config{})
+	}
+	n := &Node{cfg: cfg, log: log.With("instance", cfg.Instance), notify: newNotifier(), m: m, codec: codec,
+		channel: "weft:" + cfg.Cluster, gens: map[string]*streams.Generator{}, in: make(chan input, 4096)}
+
+	writes := map[string]int64{}
+	for s, p := range cfg.Ephemeral {
+		writes[s] = p
+	}
+	hello := cfg.Hello
+	for _, g := range cfg.Generators {
+		n.gens[g.Stream().Name] = g
+		if g.Self() != "" {
+			writes[g.Stream().Name] = g.Position()
+		}
+	}
+	hello.Streams = hello.Streams[:0:0]
+	for s := range writes {
+		hello.Streams = append(hello.Streams, s)
+	}
+	slices.Sort(hello.Streams)
+	n.writes = hello.Streams
+	views := map[core.Key]int64{}
+	for k, v := range cfg.Views {
+		views[k] = v
+	}
+	specs := make([]core.StreamSpec, len(cfg.Streams))
+	copy(specs, cfg.Streams)
+	c, err := core.New(core.Config{
+		Instance: cfg.Instance, Hello: hello, Streams: specs, Views: views, Writes: writes,
+		ReplicateWait: cfg.ReplicateWait, HeartbeatInterval: cfg.HeartbeatInterval,
+		AnnounceInterval: cfg.AnnounceInterval, RetryDelay: cfg.Backoff.delays(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fabric: %w", err)
+	}
+	n.core = c
+	for k, v := range views {
+		n.notify.advance(k, v)
+	}
+	opts, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: config: RedisURL: %w", err)
+	}
+	lc := linkConfig{Options: opts, Channel: n.channel, Backoff: cfg.Backoff, Logger: n.log}
+	if cfg.linkTune != nil {
+		cfg.linkTune(&lc)
+	}
+	if n.link, err = newLink(lc); err != nil {
+		return nil, err
+	}
+	n.publishStatus()
+	return n, nil
+}
+
+// Run connects and serves until ctx is done, then says BYE and returns
+// once every goroutine it started has stopped.
+func (n *Node) Run(ctx context.Context) error {
+	if !n.started.CompareAndSwap(false, true) {
+		return errors.New("fabric: Run called twice")
+	}
+	defer n.link.close()
+	loopCtx, stopLoop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLoop()
+	var wg sync.WaitGroup
+	linkErr := make(chan error, 1)
+	wg.Go(func() { linkErr <- n.link.run(ctx, nodeEvents{n, ctx}) })
+	for _, g := range n.gens {
+		if g.Self() == "" {
+			continue
+		}
+		wg.Go(func() { n.forwardPositions(ctx, g) })
+	}
+	wg.Go(func() { n.housekeeping(ctx) })
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		n.loop(ctx, loopCtx)
+	}()
+	<-ctx.Done()
+	<-loopDone
+	wg.Wait()
+	n.tasks.Wait()
+	if err := <-linkErr; err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// nodeEvents turns link callbacks into loop inputs; messages are decoded on
+// the link's goroutine so the loop only sees commands.
+type nodeEvents struct {
+	n   *Node
+	ctx context.Context
+}
+
+func (e nodeEvents) linkUp()            { e.n.send(e.ctx, inUp{}) }
+func (e nodeEvents) linkDown(err error) { e.n.send(e.ctx, inDown{err}) }
+func (e nodeEvents) linkMessage(payload string) {
+	cmd, err := e.n.codec.Decode([]byte(payload))
+	if err != nil {
+		e.n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
+		e.n.log.Debug("skipping invalid command", "err", err)
+		return
+	}
+	e.n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()
+	switch cmd.(type) {
+	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye:
+		e.n.send(e.ctx, inCmd{cmd})
+	default:
+		if e.n.cfg.OnCommand != nil && cmd.Sender() != e.n.cfg.Instance {
+			e.n.cfg.OnCommand(cmd)
+		}
+	}
+}
+
+func (n *Node) send(ctx context.Context, in input) {
+	select {
+	case n.in <- in:
+	case <-ctx.Done():
+	}
+}
+
+// Rows queues rows this instance committed at pos on a stream it writes.
+// Call it after the commit and before finishing the IDs: rows go out once
+// the writer's position passes them.
+func (n *Node) Rows(ctx context.Context, stream string, pos int64, rows json.RawMessage) {
+	n.send(ctx, inRows{stream, pos, rows})
+}
+
+// Position reports the writer position of an ephemeral stream written
+// here (durable streams are followed through their Generator).
+func (n *Node) Position(ctx context.Context, stream string, pos int64) {
+	n.send(ctx, inPosition{stream, pos})
+}
+
+// forwardPositions feeds a writer generator's position moves into the loop.
+func (n *Node) forwardPositions(ctx context.Context, g *streams.Generator) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.Advanced():
+			n.send(ctx, inPosition{g.Stream().Name, g.Position()})
+		}
+	}
+}
+
+// housekeeping refreshes each durable stream's writer registry and stores
+// this instance's writer positions, at the announce pace.
+func (n *Node) housekeeping(ctx context.Context) {
+	t := time.NewTicker(n.cfg.AnnounceInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, g := range n.gens {
+			n.track(ctx, "refresh", func(ctx context.Context) error {
+				if err := g.Refresh(ctx); err != nil {
+					return err
+				}
+				if g.Self() != "" {
+					return g.SavePosition(ctx)
+				}
+				return nil
+			})
+		}
+	}
+}
+
+// track runs fn as a tracked task: counted, timed, waited for by Run.
+func (n *Node) track(ctx context.Context, kind string, fn func(context.Context) error) {
+	n.tasks.Add(1)
+	n.m.tasksRunning.WithLabelValues(kind).Inc()
+	go func() {
+		defer n.tasks.Done()
+		defer n.m.tasksRunning.WithLabelValues(kind).Dec()
+		start := time.Now()
+		err := fn(ctx)
+		n.m.taskSeconds.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+		if err != nil && ctx.Err() == nil {
+			n.m.taskErrors.WithLabelValues(kind).Inc()
+			n.log.Warn("task failed", "kind", kind, "err", err)
+		}
+	}()
+}
+
+// loop owns the core. ctx ends the node; loopCtx outlives it long enough to
+// say BYE.
+func (n *Node) loop(ctx, loopCtx context.Context) {
+	tick := min(n.cfg.AnnounceInterval/4, 50*time.Millisecond)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	statusEvery := time.NewTicker(250 * time.Millisecond)
+	defer statusEvery.Stop()
+	n.exec(ctx, n.core.Tick(time.Now()))
+	for {
+		select {
+		case <-ctx.Done():
+			n.exec(loopCtx, n.core.Shutdown())
+			return
+		case in := <-n.in:
+			n.step(ctx, in)
+			// Drain what is queued before ticking: bursts stay cheap.
+			for i := 0; i < 256; i++ {
+				select {
+				case in := <-n.in:
+					n.step(ctx, in)
+					continue
+				default:
+				}
+				break
+			}
+		case now := <-t.C:
+			n.exec(ctx, n.core.Tick(now))
+		case <-statusEvery.C:
+			n.publishStatus()
+		}
+	}
+}
+
+func (n *Node) step(ctx context.Context, in input) {
+	switch in := in.(type) {
+	case inUp:
+		n.m.connected.Set(1)
+		n.exec(ctx, n.core.Tick(time.Now()))
+		n.exec(ctx, n.core.Connected())
+	case inDown:
+		n.m.connected.Set(0)
+		n.m.reconnects.Inc()
+		n.log.Info("subscription lost", "err", in.err)
+		n.exec(ctx, n.core.Disconnected())
+	case inCmd:
+		n.exec(ctx, n.core.Receive(in.cmd))
+	case inRows:
+		n.exec(ctx, n.core.LocalRows(in.stream, in.pos, in.rows))
+	case inPosition:
+		n.exec(ctx, n.core.LocalPosition(in.stream, in.pos))
+	case inFetched:
+		n.fetched(ctx, in)
+	case inObserve:
+		if g := n.gens[in.stream]; g != nil {
+			g.Observe(in.id, in.pos)
+		}
+	}
+	n.ready.Store(n.core.Ready())
+	n.m.ready.Set(b2f(n.core.Ready()))
+}
+
+// fetched delivers a fetched page, if the fetch is still wanted, and tells
+// the core how far it got.
+func (n *Node) fetched(ctx context.Context, in inFetched) {
+	f := in.f
+	if !n.core.FetchCurrent(f.ID) {
+		return
+	}
+	res := core.FetchResult{ID: f.ID, Upto: f.From}
+	switch {
+	case errors.Is(in.err, ErrGone):
+		res.Gone = true
+	case in.err != nil:
+		res.Err = in.err
+	default:
+		for _, r := range in.page.Rows {
+			if r.Pos <= res.Upto || r.Pos > f.To {
+				res.Err = fmt.Errorf("fabric: fetch %s (%d, %d]: row at %d out of order or range", f.Key, f.From, f.To, r.Pos)
+				break
+			}
+			if err := n.cfg.Handler.Apply(ctx, f.Key, r.Pos, r.Rows); err != nil {
+				res.Err = fmt.Errorf("fabric: apply %s at %d: %w", f.Key, r.Pos, err)
+				break
+			}
+			n.m.applied.WithLabelValues(f.Key.Stream, "catchup").Inc()
+			res.Upto = r.Pos
+		}
+		if res.Err == nil {
+			res.Upto = max(res.Upto, min(in.page.Upto, f.To))
+		}
+	}
+	if res.Err != nil {
+		n.log.Warn("catch-up failed", "key", f.Key.String(), "from", f.From, "to", f.To, "upto", res.Upto, "err", res.Err)
+	}
+	n.exec(ctx, n.core.FetchDone(res))
+}
+
+// exec runs actions in order. A rejected Deliver skips the rest of its
+// key's actions in this batch: the core rewinds that view.
+func (n *Node) exec(ctx context.Context, actions []core.Action) {
+	var failed map[core.Key]bool
+	for i := 0; i < len(actions); i++ {
+		switch a := actions[i].(type) {
+		case core.Publish:
+			n.publish(ctx, a.Cmd)
+		case core.Fetch:
+			n.startFetch(ctx, a)
+		case core.Deliver:
+			if failed[a.Key] {
+				continue
+			}
+			if err := n.cfg.Handler.Apply(ctx, a.Key, a.Pos, a.Rows); err != nil {
+				n.log.Warn("apply failed", "key", a.Key.String(), "pos", a.Pos, "err", err)
+				if failed == nil {
+					failed = map[core.Key]bool{}
+				}
+				failed[a.Key] = true
+				actions = append(actions, n.core.ApplyFailed(a.Key, a.Prev, a.Pos)...)
+				continue
+			}
+			n.m.applied.WithLabelValues(a.Key.Stream, "live").Inc()
+		case core.Advance:
+			if failed[a.Key] {
+				continue
+			}
+			n.notify.advance(a.Key, a.Pos)
+			n.observe(ctx, a.Key, a.Pos)
+		case core.Reset:
+			n.cfg.Handler.Reset(a.Key)
+			n.notify.reset(a.Key)
+		case core.Established:
+			n.est.Store(a.Established)
+			n.m.established.Set(b2f(a.Established))
+			if a.Established {
+				n.link.established()
+				n.log.Info("connection established")
+			}
+		case core.Note:
+			if a.Kind == core.NoteGap {
+				n.m.gaps.WithLabelValues(a.Stream, a.Cause).Inc()
+			} else {
+				n.m.notes.WithLabelValues(a.Stream, a.Kind, a.Cause).Inc()
+			}
+		}
+	}
+}
+
+// observe feeds another writer's position into the stream's generator, so
+// an idle local writer can follow it (resolving the writer's ID off the
+// loop the first time).
+func (n *Node) observe(ctx context.Context, k core.Key, pos int64) {
+	g := n.gens[k.Stream]
+	if g == nil || k.Writer == g.Self() {
+		return
+	}
+	if id, ok := g.KnownWriterID(k.Writer); ok {
+		g.Observe(id, pos)
+		return
+	}
+	n.track(ctx, "resolve", func(ctx context.Context) error {
+		id, err := g.WriterID(ctx, k.Writer)
+		if err != nil {
+			return err
+		}
+		n.send(ctx, inObserve{k.Stream, id, pos})
+		return nil
+	})
+}
+
+func (n *Node) publish(ctx context.Context, cmd wire.Command) {
+	var err error
+	n.writeBuf, err = wire.Encode(n.writeBuf[:0], cmd)
+	if err != nil {
+		n.log.Error("cannot encode command", "verb", cmd.Verb(), "err", err)
+		return
+	}
+	if err := n.link.publish(ctx, n.writeBuf); err != nil { // publish copies
+		return // ctx done
+	}
+	n.m.commandsOut.WithLabelValues(cmd.Verb()).Inc()
+}
+
+func (n *Node) startFetch(ctx context.Context, f core.Fetch) {
+	n.track(ctx, "fetch", func(ctx context.Context) error {
+		fctx, cancel := context.WithTimeout(ctx, n.cfg.FetchTimeout)
+		defer cancel()
+		page, err := n.cfg.Fetcher.FetchPage(fctx, f)
+		n.send(ctx, inFetched{f, page, err})
+		return err
+	})
+}
+
+// Ready reports whether the node is established and caught up: /readyz.
+func (n *Node) Ready() bool { return n.ready.Load() }
+
+// Established reports whether the connection is established.
+func (n *Node) Established() bool { return n.est.Load() }
+
+// Instance is this node's instance ID.
+func (n *Node) Instance() string { return n.cfg.Instance }
+
+// View is the local view of a writer of a stream.
+func (n *Node) View(k core.Key) int64 { return n.notify.view(k) }
+
+// WaitFor blocks until the local view of k covers pos, or ctx ends.
+func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
+	return n.notify.waitFor(ctx, k, pos)
+}
+
+// WaitForToken blocks until every position in a durable stream's token is
+// covered locally, or ctx ends.
+func (n *Node) WaitForToken(ctx context.Context, stream string, t streams.Token) error {
+	g := n.gens[stream]
+	if g == nil {
+		return fmt.Errorf("fabric: stream %s has no generator to resolve writers", stream)
+	}
+	return n.notify.waitForToken(ctx, stream, t, g.WriterName)
+}
+
+// Status is a snapshot for status pages.
+type Status struct {
+	Instance    string           `json:"instance"`
+	Established bool             `json:"established"`
+	Ready       bool             `json:"ready"`
+	Views       []core.ViewInfo  `json:"views"`
+	Peers       map[string]Peer  `json:"peers"`
+	Link        linkStats        `json:"link"`
+	Writes      map[string]int64 `json:"writes"`
+}
+
+// Peer is an instance heard from.
+type Peer struct {
+	Name   string   `json:"name"`
+	Role   string   `json:"role"`
+	URL    string   `json:"url"`
+	Writes []string `json:"writes"`
+}
+
+// Status returns the last snapshot (refreshed every 250 ms by the loop).
+func (n *Node) Status() Status { return *n.status.Load() }
+
+func (n *Node) publishStatus() {
+	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.core.Ready(),
+		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
+	for inst, h := range n.core.Peers() {
+		s.Peers[inst] = Peer{Name: h.Name, Role: h.Role, URL: h.URL, Writes: h.Streams}
+	}
+	lag := map[string]int64{}
+	low := map[string]int64{}
+	for _, v := range s.Views {
+		lag[v.Key.Stream] = max(lag[v.Key.Stream], v.Announced-v.Pos)
+		if p, ok := low[v.Key.Stream]; !ok || v.Pos < p {
+			low[v.Key.Stream] = v.Pos
+		}
+	}
+	for st, l := range lag {
+		n.m.viewLag.WithLabelValues(st).Set(float64(l))
+		n.m.viewPos.WithLabelValues(st).Set(float64(low[st]))
+	}
+	for _, st := range n.writes {
+		if _, pos, ok := n.core.WriterPosition(st); ok {
+			s.Writes[st] = pos
+		}
+	}
+	n.status.Store(s)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

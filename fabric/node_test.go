@@ -1,0 +1,221 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/testenv"
+)
+
+func TestNodeTwoWritersOneReader(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	w2 := startMember(t, pool, rds.URL(), "persister2", clusterOpts{})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w1.node.Ready() && w2.node.Ready() }, "nodes not ready")
+
+	ctx := context.Background()
+	const total = 5000
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for _, w := range []*member{w1, w2} {
+		wg.Go(func() {
+			for i := range total / 2 {
+				if _, err := w.write(ctx, pool, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	converged(t, pool, reader, "persister1", "persister2")
+	// Each writer's idle advance lets persisted-upto reach the head.
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.gen.PersistedUpto() == total },
+		"reader persisted-upto %d, want %d", reader.gen.PersistedUpto(), total)
+	if gaps := metricSum(reader.node.m.gaps); gaps != 0 {
+		t.Logf("gaps on a healthy run: %v", gaps)
+	}
+}
+
+func TestNodeRedisKilledMidStream(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	var hold atomic.Bool
+	released := make(chan struct{})
+	var once sync.Once
+	gate := func(ctx context.Context) error {
+		if !hold.Load() {
+			return nil
+		}
+		select {
+		case <-released:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	w2 := startMember(t, pool, rds.URL(), "persister2", clusterOpts{})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{fetcher: &dbFetcher{pool: pool, gate: gate}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready")
+
+	ctx := context.Background()
+	write := func(w *member, from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if _, err := w.write(ctx, pool, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(w1, 0, 300)
+	write(w2, 0, 300)
+	rds.Kill(t)
+	hold.Store(true) // the reader's catch-up after the outage waits for us
+	testenv.Eventually(t, 10*time.Second, func() bool { return !reader.node.Established() }, "reader still established with Redis down")
+	// Writes keep committing while Redis is down.
+	write(w1, 300, 600)
+	write(w2, 300, 600)
+	rds.Start(t)
+	testenv.Eventually(t, 15*time.Second, func() bool { return reader.node.link.stats().Connected }, "reader did not resubscribe")
+	// Subscribed again, but the rows written during the outage are not
+	// caught up: the node must not count itself established or ready.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		for _, v := range reader.node.Status().Views {
+			if v.Catching {
+				return true
+			}
+		}
+		return false
+	}, "reader never started catching up")
+	if reader.node.Established() || reader.node.Ready() {
+		t.Fatal("reader established while catching up")
+	}
+	once.Do(func() { close(released) })
+	write(w1, 600, 700)
+	converged(t, pool, reader, "persister1", "persister2")
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready after catching up")
+	if gaps := metricSum(reader.node.m.gaps); gaps == 0 {
+		t.Fatal("no gap counted across a Redis restart")
+	}
+}
+
+func TestNodeGarbageOnChannel(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready")
+
+	opts, _ := redis.ParseURL(rds.URL())
+	rc := redis.NewClient(opts)
+	defer rc.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 1))
+	junk := make([]byte, 512)
+	for i := range junk {
+		junk[i] = byte(rng.UintN(256))
+	}
+	garbage := []string{
+		string(junk),
+		strings.Repeat("x", 1<<20+10),
+		`RDATA events persister1-aaaaaaaa 0 999999 [not json`,
+		`RDATA events persister1-zzzzzzzz 1 2 {"not":"an array"}`,
+		`FROBNICATE something`,
+		`POSITION events persister1-aaaaaaaa 9 3`,
+		`HELLO x-aaaaaaaa not-json`,
+		``,
+	}
+	before := metricSum(reader.node.m.invalid)
+	for i := 0; i < 10; i++ {
+		if _, err := w1.write(ctx, pool, i); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range garbage {
+			if err := rc.Publish(ctx, "weft:test", g).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	converged(t, pool, reader, "persister1")
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return metricSum(reader.node.m.invalid)-before >= float64(10*len(garbage))
+	}, "invalid commands counted: %v", metricSum(reader.node.m.invalid)-before)
+	for _, reason := range []string{"too_long", "bad_json", "unknown_verb", "bad_range"} {
+		if v := testutil.ToFloat64(reader.node.m.invalid.WithLabelValues(reason)); v == 0 {
+			t.Errorf("no invalid command counted with reason %s", reason)
+		}
+	}
+	if !reader.node.Ready() {
+		t.Fatal("reader not ready after garbage")
+	}
+}
+
+// A row the application cannot apply keeps the stream catching up, with
+// growing delays between attempts, until it is fixed.
+func TestNodePoisonedRowBacksOff(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	var poisoned atomic.Int64
+	var attempts atomic.Int64
+	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: func(c *Config) {
+		c.Backoff = BackoffConfig{Initial: 100 * time.Millisecond, Max: 800 * time.Millisecond}
+	}})
+	reader.rec.reject = func(k core.Key, pos int64) error {
+		if pos == poisoned.Load() {
+			attempts.Add(1)
+			return errors.New("poison")
+		}
+		return nil
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready")
+	ctx := context.Background()
+	var last int64
+	for i := range 5 {
+		id, err := w1.write(ctx, pool, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 {
+			poisoned.Store(id)
+		}
+		last = id
+	}
+	const window = 3 * time.Second
+	start := time.Now()
+	testenv.Eventually(t, 5*time.Second, func() bool { return attempts.Load() > 0 }, "poisoned row never applied")
+	for time.Since(start) < window {
+		if reader.node.Ready() {
+			t.Fatal("ready with a row that cannot be applied")
+		}
+		time.Sleep(50 * time.Millisecond) // sampling readiness over the window
+	}
+	// Delays 100, 200, 400, 800, 800 ms (+-20% jitter) fit at most
+	// ~8 attempts in 3 s; a tight loop would make hundreds.
+	if n := attempts.Load(); n < 3 || n > 10 {
+		t.Fatalf("%d apply attempts in %v, want between 3 and 10", n, window)
+	}
+	poisoned.Store(-1)
+	converged(t, pool, reader, "persister1")
+	if got := reader.node.View(core.Key{Stream: "events", Writer: "persister1"}); got < last {
+		t.Fatalf("view %d below last row %d", got, last)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return reader.node.Ready() }, "reader not ready after the row was fixed")
+}
