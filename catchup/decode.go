@@ -1,0 +1,499 @@
+package catchup
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/weft-dev/weft/fabric"
+)
+
+// Decoding a page is the client's hot loop. encoding/json validates the
+// whole body with its state machine, then decodes it, then copies every
+// row's JSON; on a 1 MB page that is most of a catch-up's CPU. decodePage
+// reads the one shape a page has in a single pass, checks every row's JSON
+// to the same grammar as json.Valid (the live path's check: a row applied
+// from a catch-up must be one the live path would have accepted), and
+// returns rows that point into the body instead of copying it.
+
+// maxDepth is encoding/json's nesting limit, kept so the two agree.
+const maxDepth = 10000
+
+var (
+	errSyntax    = errors.New("invalid JSON")
+	errBadNumber = fmt.Errorf("%w: bad number", errSyntax)
+)
+
+// decodePage decodes {"rows":[{"pos":P,"rows":V},...],"upto":U,"limited":B}.
+// Keys may come in any order; unknown keys are checked and ignored. The
+// returned rows alias b.
+func decodePage(b []byte) (wirePage, error) {
+	d := pageDecoder{b: b}
+	p, err := d.page()
+	if err != nil {
+		return wirePage{}, fmt.Errorf("decode page at byte %d: %w", d.i, err)
+	}
+	return p, nil
+}
+
+type pageDecoder struct {
+	b []byte
+	i int
+}
+
+func (d *pageDecoder) ws() {
+	for d.i < len(d.b) {
+		switch d.b[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// expect consumes c after optional whitespace.
+func (d *pageDecoder) expect(c byte) error {
+	d.ws()
+	if d.i >= len(d.b) || d.b[d.i] != c {
+		return fmt.Errorf("%w: want %q", errSyntax, c)
+	}
+	d.i++
+	return nil
+}
+
+// peek returns the next non-space byte, or 0 at the end.
+func (d *pageDecoder) peek() byte {
+	d.ws()
+	if d.i >= len(d.b) {
+		return 0
+	}
+	return d.b[d.i]
+}
+
+// object calls field for each key of an object; field consumes the value.
+func (d *pageDecoder) object(field func(key []byte) error) error {
+	if err := d.expect('{'); err != nil {
+		return err
+	}
+	if d.peek() == '}' {
+		d.i++
+		return nil
+	}
+	for {
+		d.ws()
+		start := d.i
+		end, err := skipString(d.b, d.i)
+		if err != nil {
+			return err
+		}
+		d.i = end
+		key, err := unquote(d.b[start:end])
+		if err != nil {
+			return err
+		}
+		if err := d.expect(':'); err != nil {
+			return err
+		}
+		d.ws()
+		if err := field(key); err != nil {
+			return err
+		}
+		switch d.peek() {
+		case ',':
+			d.i++
+		case '}':
+			d.i++
+			return nil
+		default:
+			return fmt.Errorf("%w: want ',' or '}'", errSyntax)
+		}
+	}
+}
+
+// unquote returns a key's text; only keys with escapes take the slow path.
+func unquote(q []byte) ([]byte, error) {
+	for _, c := range q {
+		if c == '\\' {
+			var s string
+			if err := json.Unmarshal(q, &s); err != nil {
+				return nil, err
+			}
+			return []byte(s), nil
+		}
+	}
+	return q[1 : len(q)-1], nil
+}
+
+// unknown skips the value of an unknown key. A key that differs from a
+// known one only in case is refused: encoding/json would take it for the
+// known one, and the two decoders must never disagree.
+func (d *pageDecoder) unknown(key []byte, known ...string) error {
+	for _, k := range known {
+		if strings.EqualFold(string(key), k) {
+			return fmt.Errorf("ambiguous key %q", key)
+		}
+	}
+	return d.skip()
+}
+
+// skip checks and consumes any value.
+func (d *pageDecoder) skip() error {
+	end, err := skipValue(d.b, d.i, 0)
+	if err != nil {
+		return err
+	}
+	d.i = end
+	return nil
+}
+
+// int64 reads an integer: JSON's grammar without fraction or exponent,
+// in range.
+func (d *pageDecoder) int64() (int64, error) {
+	start := d.i
+	end, err := skipNumber(d.b, d.i)
+	if err != nil {
+		return 0, err
+	}
+	d.i = end
+	num := d.b[start:end]
+	neg := num[0] == '-'
+	if neg {
+		num = num[1:]
+	}
+	var v uint64
+	for _, c := range num {
+		if c < '0' || c > '9' || v > (math.MaxInt64+1-9)/10 {
+			if n, err := strconv.ParseInt(string(d.b[start:end]), 10, 64); err == nil {
+				return n, nil // near the edge of the range: let strconv decide
+			}
+			return 0, fmt.Errorf("number %s is not an int64", d.b[start:end])
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	if neg {
+		return -int64(v), nil
+	}
+	return int64(v), nil
+}
+
+func (d *pageDecoder) page() (wirePage, error) {
+	var p wirePage
+	var seen [3]bool
+	once := func(i int, key []byte) error {
+		if seen[i] {
+			return fmt.Errorf("key %q twice", key)
+		}
+		seen[i] = true
+		return nil
+	}
+	err := d.object(func(key []byte) error {
+		switch string(key) {
+		case "rows":
+			if err := once(0, key); err != nil {
+				return err
+			}
+			return d.rows(&p)
+		case "upto":
+			if err := once(1, key); err != nil {
+				return err
+			}
+			var err error
+			p.Upto, err = d.int64()
+			return err
+		case "limited":
+			if err := once(2, key); err != nil {
+				return err
+			}
+			switch {
+			case hasPrefix(d.b[d.i:], "true"):
+				p.Limited, d.i = true, d.i+4
+			case hasPrefix(d.b[d.i:], "false"):
+				p.Limited, d.i = false, d.i+5
+			default:
+				return fmt.Errorf("%w: limited is not a boolean", errSyntax)
+			}
+			return nil
+		}
+		return d.unknown(key, "rows", "upto", "limited")
+	})
+	if err != nil {
+		return wirePage{}, err
+	}
+	if d.ws(); d.i != len(d.b) {
+		return wirePage{}, fmt.Errorf("%w: data after the page", errSyntax)
+	}
+	for i, key := range []string{"rows", "upto", "limited"} {
+		if !seen[i] {
+			return wirePage{}, fmt.Errorf("key %q missing", key)
+		}
+	}
+	return p, nil
+}
+
+func (d *pageDecoder) rows(p *wirePage) error {
+	if hasPrefix(d.b[d.i:], "null") {
+		d.i += 4
+		return nil
+	}
+	if err := d.expect('['); err != nil {
+		return err
+	}
+	if p.Rows == nil {
+		// A page of N rows is about N*(len(row JSON)+20) bytes: guessing
+		// from the body size saves regrowing the slice.
+		p.Rows = make([]fabric.Row, 0, min(len(d.b)/64+1, 1<<16))
+	}
+	if d.peek() == ']' {
+		d.i++
+		return nil
+	}
+	for {
+		var r fabric.Row
+		var seen [2]bool
+		err := d.object(func(key []byte) error {
+			switch string(key) {
+			case "pos":
+				if seen[0] {
+					return fmt.Errorf("key %q twice", key)
+				}
+				seen[0] = true
+				var err error
+				r.Pos, err = d.int64()
+				return err
+			case "rows":
+				if seen[1] {
+					return fmt.Errorf("key %q twice", key)
+				}
+				seen[1] = true
+				start := d.i
+				if err := d.skip(); err != nil {
+					return err
+				}
+				r.Rows = d.b[start:d.i:d.i]
+				return nil
+			}
+			return d.unknown(key, "pos", "rows")
+		})
+		if err != nil {
+			return err
+		}
+		if !seen[0] || !seen[1] {
+			return fmt.Errorf("row %d lacks pos or rows", len(p.Rows))
+		}
+		p.Rows = append(p.Rows, r)
+		switch d.peek() {
+		case ',':
+			d.i++
+		case ']':
+			d.i++
+			return nil
+		default:
+			return fmt.Errorf("%w: want ',' or ']'", errSyntax)
+		}
+	}
+}
+
+func hasPrefix(b []byte, s string) bool {
+	return len(b) >= len(s) && string(b[:len(s)]) == s
+}
+
+// validJSON reports whether b is one JSON value, as json.Valid does.
+func validJSON(b []byte) bool {
+	i := skipWS(b, 0)
+	end, err := skipValue(b, i, 0)
+	return err == nil && skipWS(b, end) == len(b)
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue checks the value starting at b[i] (no leading space) and
+// returns the index after it.
+func skipValue(b []byte, i, depth int) (int, error) {
+	if i >= len(b) {
+		return i, fmt.Errorf("%w: unexpected end", errSyntax)
+	}
+	switch c := b[i]; {
+	case c == '"':
+		return skipString(b, i)
+	case c == '{' || c == '[':
+		if depth++; depth > maxDepth {
+			return i, fmt.Errorf("%w: nested too deep", errSyntax)
+		}
+		return skipContainer(b, i, depth)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return skipNumber(b, i)
+	case c == 't' && hasPrefix(b[i:], "true"):
+		return i + 4, nil
+	case c == 'f' && hasPrefix(b[i:], "false"):
+		return i + 5, nil
+	case c == 'n' && hasPrefix(b[i:], "null"):
+		return i + 4, nil
+	}
+	return i, fmt.Errorf("%w: unexpected byte %q", errSyntax, b[i])
+}
+
+// skipContainer checks an object or array starting at b[i].
+func skipContainer(b []byte, i, depth int) (int, error) {
+	obj := b[i] == '{'
+	closer := byte(']')
+	if obj {
+		closer = '}'
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == closer {
+		return i + 1, nil
+	}
+	for {
+		var err error
+		if obj {
+			if i >= len(b) || b[i] != '"' {
+				return i, fmt.Errorf("%w: want a key", errSyntax)
+			}
+			if i, err = skipString(b, i); err != nil {
+				return i, err
+			}
+			i = skipWS(b, i)
+			if i >= len(b) || b[i] != ':' {
+				return i, fmt.Errorf("%w: want ':'", errSyntax)
+			}
+			i = skipWS(b, i+1)
+		}
+		if i, err = skipValue(b, i, depth); err != nil {
+			return i, err
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, fmt.Errorf("%w: unexpected end", errSyntax)
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case closer:
+			return i + 1, nil
+		default:
+			return i, fmt.Errorf("%w: want ',' or %q", errSyntax, closer)
+		}
+	}
+}
+
+// skipString checks a string starting at the quote b[i]. Like
+// encoding/json it accepts any bytes but controls, and checks escapes.
+func skipString(b []byte, i int) (int, error) {
+	if i >= len(b) || b[i] != '"' {
+		return i, fmt.Errorf("%w: want a string", errSyntax)
+	}
+	i++
+	for i < len(b) {
+		// Most bytes are plain: skip them 8 at a time, then one by one.
+		for i+8 <= len(b) && !hasSpecialByte(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		for i < len(b) && plainStringByte[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			break
+		}
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, nil
+		case c < 0x20:
+			return i, fmt.Errorf("%w: control byte in string", errSyntax)
+		case c == '\\':
+			if i+1 >= len(b) {
+				return i, fmt.Errorf("%w: unexpected end", errSyntax)
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) {
+					return i, fmt.Errorf("%w: short \\u escape", errSyntax)
+				}
+				for _, h := range b[i+2 : i+6] {
+					if !isHex(h) {
+						return i, fmt.Errorf("%w: bad \\u escape", errSyntax)
+					}
+				}
+				i += 6
+			default:
+				return i, fmt.Errorf("%w: bad escape", errSyntax)
+			}
+		default:
+			i++
+		}
+	}
+	return i, fmt.Errorf("%w: unterminated string", errSyntax)
+}
+
+// plainStringByte marks the bytes that need no attention inside a string.
+var plainStringByte = func() (t [256]bool) {
+	for c := range t {
+		t[c] = c >= 0x20 && c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// hasSpecialByte reports whether any byte of x is a quote, a backslash or
+// a control byte (SWAR: exact, no false negatives or positives).
+func hasSpecialByte(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(v uint64) uint64 { return (v - ones) & ^v & highs }
+	less := (x - ones*0x20) & ^x & highs
+	return less|zero(x^(ones*'"'))|zero(x^(ones*'\\')) != 0
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// skipNumber checks -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
+func skipNumber(b []byte, i int) (int, error) {
+	bad := errBadNumber
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return i, bad
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return i, bad
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return i, bad
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	return i, nil
+}
