@@ -205,8 +205,17 @@ func (r request) String() string {
 // FetchPage implements fabric.Fetcher: one page of f's range, from f.URL,
 // or from the stream's Fallback when there is no URL or the source fails.
 // For an ephemeral stream a 410 answers an error wrapping fabric.ErrGone.
+//
+// A durable stream's rows are asked for by writer name (any instance can
+// answer from PostgreSQL); an ephemeral stream's by the writer's instance
+// ID, so a restarted writer on the same URL answers 410 for its
+// predecessor's range instead of serving its own rows under the old name.
 func (c *Client) FetchPage(ctx context.Context, f core.Fetch) (fabric.Page, error) {
-	return c.page(ctx, request{url: f.URL, stream: f.Key.Stream, writer: f.Key.Writer,
+	writer := f.Key.Writer
+	if f.Ephemeral && f.Instance != "" {
+		writer = f.Instance
+	}
+	return c.page(ctx, request{url: f.URL, stream: f.Key.Stream, writer: writer,
 		from: f.From, to: f.To, limit: c.cfg.Limit, ephemeral: f.Ephemeral})
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/fabrictest"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/schema"
 	"github.com/weft-dev/weft/streams"
@@ -82,59 +82,11 @@ func (f *dbFetcher) FetchPage(ctx context.Context, fe core.Fetch) (Page, error) 
 	return page, nil
 }
 
-// recorder is a Handler that keeps what it was given and checks that
-// every writer's rows come exactly once and in order.
-type recorder struct {
-	mu     sync.Mutex
-	rows   map[core.Key][]int64
-	errs   []string
-	reject func(core.Key, int64) error
-}
-
-func newRecorder() *recorder { return &recorder{rows: map[core.Key][]int64{}} }
-
-func (r *recorder) Apply(_ context.Context, k core.Key, pos int64, rows json.RawMessage) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.reject != nil {
-		if err := r.reject(k, pos); err != nil {
-			return err
-		}
-	}
-	if !json.Valid(rows) {
-		r.errs = append(r.errs, fmt.Sprintf("%s at %d: invalid rows %q", k, pos, rows))
-	}
-	got := r.rows[k]
-	if n := len(got); n > 0 && got[n-1] >= pos {
-		r.errs = append(r.errs, fmt.Sprintf("%s: %d after %d (duplicate or reordered)", k, pos, got[n-1]))
-	}
-	r.rows[k] = append(got, pos)
-	return nil
-}
-
-func (r *recorder) Reset(k core.Key) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.rows, k)
-}
-
-func (r *recorder) get(k core.Key) []int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.rows[k])
-}
-
-func (r *recorder) problems() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.errs)
-}
-
 // member is one instance in a test cluster.
 type member struct {
 	node *Node
 	gen  *streams.Generator
-	rec  *recorder
+	rec  *fabrictest.Recorder
 	stop func()
 	done chan error
 }
@@ -158,7 +110,7 @@ func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clus
 		t.Fatal(err)
 	}
 	id := name + "-" + "aaaaaaaa"
-	rec := newRecorder()
+	rec := fabrictest.NewRecorder()
 	fetcher := o.fetcher
 	if fetcher == nil {
 		fetcher = &dbFetcher{pool: pool}
@@ -232,13 +184,13 @@ func converged(t *testing.T, pool *pgxpool.Pool, reader *member, writers ...stri
 	for _, w := range writers {
 		want := committed(t, pool, w)
 		k := core.Key{Stream: "events", Writer: w}
-		testenv.Eventually(t, 30*time.Second, func() bool { return len(reader.rec.get(k)) >= len(want) },
-			"reader has %d of %d rows of %s (view %d)", len(reader.rec.get(k)), len(want), w, reader.node.View(k))
-		if got := reader.rec.get(k); !slices.Equal(got, want) {
+		testenv.Eventually(t, 30*time.Second, func() bool { return len(reader.rec.Positions(k)) >= len(want) },
+			"reader has %d of %d rows of %s (view %d)", len(reader.rec.Positions(k)), len(want), w, reader.node.View(k))
+		if got := reader.rec.Positions(k); !slices.Equal(got, want) {
 			t.Fatalf("%s: reader got %d rows, want %d; first difference at %d", w, len(got), len(want), firstDiff(got, want))
 		}
 	}
-	if p := reader.rec.problems(); len(p) > 0 {
+	if p := reader.rec.Problems(); len(p) > 0 {
 		t.Fatalf("delivery problems: %v", p)
 	}
 }

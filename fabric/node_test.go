@@ -168,22 +168,30 @@ func TestNodeGarbageOnChannel(t *testing.T) {
 }
 
 // A row the application cannot apply keeps the stream catching up, with
-// growing delays between attempts, until it is fixed.
+// growing delays between attempts (never a tight loop), the node not ready,
+// until the row is fixed.
 func TestNodePoisonedRowBacksOff(t *testing.T) {
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
 	var poisoned atomic.Int64
-	var attempts atomic.Int64
+	var mu sync.Mutex
+	var attempts []time.Time
+	backoff := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
 	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
-	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: func(c *Config) {
-		c.Backoff = BackoffConfig{Initial: 100 * time.Millisecond, Max: 800 * time.Millisecond}
-	}})
-	reader.rec.reject = func(k core.Key, pos int64) error {
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: func(c *Config) { c.Backoff = backoff }})
+	reader.rec.Reject = func(k core.Key, pos int64) error {
 		if pos == poisoned.Load() {
-			attempts.Add(1)
+			mu.Lock()
+			attempts = append(attempts, time.Now())
+			mu.Unlock()
 			return errors.New("poison")
 		}
 		return nil
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(attempts)
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready")
 	ctx := context.Background()
@@ -198,24 +206,40 @@ func TestNodePoisonedRowBacksOff(t *testing.T) {
 		}
 		last = id
 	}
-	const window = 3 * time.Second
-	start := time.Now()
-	testenv.Eventually(t, 5*time.Second, func() bool { return attempts.Load() > 0 }, "poisoned row never applied")
+	const window = 30 * time.Second
+	testenv.Eventually(t, 5*time.Second, func() bool { return count() > 0 }, "poisoned row never applied")
+	mu.Lock()
+	start := attempts[0]
+	mu.Unlock()
 	for time.Since(start) < window {
 		if reader.node.Ready() {
 			t.Fatal("ready with a row that cannot be applied")
 		}
-		time.Sleep(50 * time.Millisecond) // sampling readiness over the window
+		time.Sleep(100 * time.Millisecond) // sampling readiness over the window
 	}
-	// Delays 100, 200, 400, 800, 800 ms (+-20% jitter) fit at most
-	// ~8 attempts in 3 s; a tight loop would make hundreds.
-	if n := attempts.Load(); n < 3 || n > 10 {
-		t.Fatalf("%d apply attempts in %v, want between 3 and 10", n, window)
+	// The schedule allows, after the first attempt, retries at delays
+	// Initial*2^i capped at Max, each stretched or shrunk by the jitter.
+	fits := func(scale float64) int {
+		n, elapsed, d := 1, time.Duration(0), backoff.Initial
+		for {
+			elapsed += time.Duration(float64(min(d, backoff.Max)) * scale)
+			if elapsed > window {
+				return n
+			}
+			n++
+			d *= 2
+		}
+	}
+	lo, hi := fits(1+backoff.Jitter)-1, fits(1-backoff.Jitter)+1 // +-1 for sampling at the edges
+	n := count()
+	t.Logf("%d attempts in %v (schedule allows %d..%d)", n, window, lo, hi)
+	if n < lo || n > hi {
+		t.Fatalf("%d apply attempts in %v, want %d..%d from the backoff schedule", n, window, lo, hi)
 	}
 	poisoned.Store(-1)
 	converged(t, pool, reader, "persister1")
 	if got := reader.node.View(core.Key{Stream: "events", Writer: "persister1"}); got < last {
 		t.Fatalf("view %d below last row %d", got, last)
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool { return reader.node.Ready() }, "reader not ready after the row was fixed")
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready after the row was fixed")
 }
