@@ -396,6 +396,14 @@ func (g *Generator) WriterID(ctx context.Context, name string) (WriterID, error)
 	return g.writerID(ctx, name)
 }
 
+// KnownWriterID resolves a writer name from memory only: it never does I/O.
+func (g *Generator) KnownWriterID(name string) (WriterID, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	id, ok := g.ids[name]
+	return id, ok
+}
+
 // WriterName is the name of writer w, if known.
 func (g *Generator) WriterName(w WriterID) (string, bool) {
 	g.mu.Lock()
