@@ -178,6 +178,10 @@ type (
 		page Page
 		err  error
 	}
+	inSealed struct {
+		stream, writer string
+		pos            int64
+	}
 	inObserve struct {
 		stream string
 		id     streams.WriterID
@@ -346,6 +350,13 @@ func (n *Node) Position(ctx context.Context, stream string, pos int64) {
 	n.send(ctx, inPosition{stream, pos})
 }
 
+// AnnounceSealed tells the cluster that this instance sealed the writer
+// instance on stream at its final position (see streams.Seal): readers
+// fetch what it committed and stop waiting for it.
+func (n *Node) AnnounceSealed(ctx context.Context, stream, writerInstance string, final int64) {
+	n.send(ctx, inSealed{stream, writerInstance, final})
+}
+
 // forwardPositions feeds a writer generator's position moves into the loop.
 func (n *Node) forwardPositions(ctx context.Context, g *streams.Generator) {
 	for {
@@ -453,6 +464,8 @@ func (n *Node) step(ctx context.Context, in input) {
 		n.exec(ctx, n.core.LocalPosition(in.stream, in.pos))
 	case inFetched:
 		n.fetched(ctx, in)
+	case inSealed:
+		n.exec(ctx, n.core.AnnounceSealed(in.stream, in.writer, in.pos))
 	case inObserve:
 		if g := n.gens[in.stream]; g != nil {
 			g.Observe(in.id, in.pos)

@@ -23,6 +23,8 @@ func (c *Core) Receive(cmd wire.Command) []Action {
 		c.answerReplicate()
 	case *wire.HelloCmd:
 		c.peers[cmd.Instance] = cmd.Hello
+	case *wire.Sealed:
+		c.sealed(cmd)
 	case *wire.Bye:
 		delete(c.peers, cmd.Instance)
 		for _, k := range c.sortedKeys() {
@@ -67,6 +69,41 @@ func (c *Core) receiveData(cmd wire.Command, stream, writer string, pos int64, i
 	}
 	v.announced = max(v.announced, pos)
 	c.handle(v, cmd)
+}
+
+// sealed treats a sealed writer's final position like "POSITION s w pos
+// pos": fetch whatever it committed and never published. The writer is
+// gone, so nobody waits for it, and the fetch has no instance to ask: it is
+// served from the database.
+func (c *Core) sealed(cmd *wire.Sealed) {
+	spec, ok := c.streams[cmd.Stream]
+	if !ok || spec.Ephemeral {
+		if !ok {
+			c.note(NoteDropped, "", "unknown_stream")
+		}
+		return
+	}
+	name, ok := instance.NameOf(cmd.Writer)
+	if !ok {
+		c.note(NoteDropped, cmd.Stream, "bad_writer")
+		return
+	}
+	v := c.view(Key{Stream: cmd.Stream, Writer: name})
+	if v.instance == "" || v.instance == cmd.Writer {
+		v.instance, v.awaited, v.suspect = "", false, false
+	}
+	v.announced = max(v.announced, cmd.Pos)
+	c.handle(v, &wire.Position{Stream: cmd.Stream, Writer: cmd.Writer, Prev: cmd.Pos, Pos: cmd.Pos})
+}
+
+// AnnounceSealed publishes that this instance sealed a writer at its
+// final position, and applies it locally as every reader will.
+func (c *Core) AnnounceSealed(stream, writer string, pos int64) []Action {
+	cmd := &wire.Sealed{Instance: c.cfg.Instance, Stream: stream, Writer: writer, Pos: pos}
+	c.emit(Publish{cmd})
+	c.sealed(cmd)
+	c.checkEstablished()
+	return c.flush()
 }
 
 // handle applies the reader rule to one data command of v's writer.

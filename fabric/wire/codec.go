@@ -113,6 +113,8 @@ func (c *Codec) Decode(line []byte) (Command, error) {
 		return c.decodeHello(args)
 	case VerbBye:
 		return c.decodeBye(args)
+	case VerbSealed:
+		return c.decodeSealed(args)
 	}
 	if !validVerb(verb) {
 		return nil, malformed(ReasonBadVerb, "", "", fmt.Sprintf("verb %.32q is not [A-Z]{1,32}", verb))

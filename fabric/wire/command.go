@@ -117,7 +117,7 @@ func (c *Bye) Sender() string { return c.Instance }
 // builtin reports whether verb is one of the built-in verbs.
 func builtin(verb string) bool {
 	switch verb {
-	case VerbRData, VerbPosition, VerbReplicate, VerbHello, VerbBye:
+	case VerbRData, VerbPosition, VerbReplicate, VerbHello, VerbBye, VerbSealed:
 		return true
 	}
 	return false

@@ -39,6 +39,10 @@ func Encode(dst []byte, c Command) ([]byte, error) {
 		if c != nil {
 			return appendHello(dst, c)
 		}
+	case *Sealed:
+		if c != nil {
+			return appendSealed(dst, c)
+		}
 	case Appender:
 		return appendApp(dst, c)
 	case nil:

@@ -29,6 +29,7 @@ func FuzzDecode(f *testing.F) {
 		`HELLO w {"name":"p","role":"r","url":"http://x","version":"1","streams":["events"],"x":{}}`,
 		`HELLO w {"NAME":"a","name":"b","streams":null}`,
 		`BYE persister1-k3j9x2qa`,
+		`SEALED master-aaaaaaaa events persister1-k3j9x2qa 77`,
 		`PING x 1`,
 		``, ` `, `RDATA`, `RDATA s w 01 2 [1]`, `RDATA s w 2 2 [1]`, "BYE x\n", `FROB a b`,
 		`RDATA s w 1 2 []`, `HELLO x {"streams":["a b"]}`, "\x00\xff", `POSITION s w 1 2 `,

@@ -40,6 +40,7 @@ func TestDecodeValid(t *testing.T) {
 			&wire.HelloCmd{Instance: "x", Hello: wire.Hello{Name: "n"}}},
 		{`HELLO x {}`, &wire.HelloCmd{Instance: "x"}},
 		{`BYE ` + w1, &wire.Bye{Instance: w1}},
+		{`SEALED master-aaaaaaaa events ` + w1 + ` 1200`, &wire.Sealed{Instance: "master-aaaaaaaa", Stream: "events", Writer: w1, Pos: 1200}},
 		{`PING sync-a 12`, &ping{Instance: "sync-a", Seq: 12}},
 	}
 	c := newTestCodec(wire.Config{})
@@ -76,6 +77,11 @@ func TestDecodeInvalid(t *testing.T) {
 		{"BYE x\r", wire.ReasonNewline},
 		{"RDATA s w 1 2 [1,\n2]", wire.ReasonNewline},
 		{"RDATA s w 1 2 [1]\nBYE x", wire.ReasonNewline},
+		// SEALED.
+		{"SEALED m events w", wire.ReasonMalformed},
+		{"SEALED m events w 1 2", wire.ReasonMalformed},
+		{"SEALED m ev/ents w 1", wire.ReasonBadName},
+		{"SEALED m events w -1", wire.ReasonBadPosition},
 		// RDATA.
 		{"RDATA", wire.ReasonMalformed},
 		{"RDATA ", wire.ReasonMalformed},
