@@ -155,14 +155,16 @@ type ownStream struct {
 // Core is the protocol state of one instance. It is not safe for
 // concurrent use: one runner goroutine owns it.
 type Core struct {
-	cfg     Config
-	streams map[string]StreamSpec
-	views   map[Key]*view
-	fetches map[uint64]*view
-	nextID  uint64
-	peers   map[string]wire.Hello
-	own     map[string]*ownStream
-	ownList []*ownStream // in name order, for deterministic output
+	cfg      Config
+	selfName string
+	streams  map[string]StreamSpec
+	views    map[Key]*view
+	fetches  map[uint64]*view
+	nextID   uint64
+	peers    map[string]wire.Hello
+	latest   map[string]string // name -> the instance of that name heard from last
+	own      map[string]*ownStream
+	ownList  []*ownStream // in name order, for deterministic output
 
 	now         time.Time
 	connected   bool
@@ -176,16 +178,19 @@ type Core struct {
 // New returns a disconnected Core.
 func New(cfg Config) (*Core, error) {
 	cfg.setDefaults()
-	if _, ok := instance.NameOf(cfg.Instance); !ok {
+	selfName, ok := instance.NameOf(cfg.Instance)
+	if !ok {
 		return nil, fmt.Errorf("%w: Instance %q is not an instance ID", ErrConfig, cfg.Instance)
 	}
 	c := &Core{
-		cfg:     cfg,
-		streams: make(map[string]StreamSpec, len(cfg.Streams)),
-		views:   map[Key]*view{},
-		fetches: map[uint64]*view{},
-		peers:   map[string]wire.Hello{},
-		own:     map[string]*ownStream{},
+		cfg:      cfg,
+		selfName: selfName,
+		streams:  make(map[string]StreamSpec, len(cfg.Streams)),
+		views:    map[Key]*view{},
+		fetches:  map[uint64]*view{},
+		peers:    map[string]wire.Hello{},
+		latest:   map[string]string{},
+		own:      map[string]*ownStream{},
 	}
 	for _, s := range cfg.Streams {
 		if _, dup := c.streams[s.Name]; dup {
@@ -208,6 +213,10 @@ func New(cfg Config) (*Core, error) {
 		o := &ownStream{name: s, pos: cfg.Writes[s], sent: cfg.Writes[s]}
 		c.own[s] = o
 		c.ownList = append(c.ownList, o)
+		if _, follows := c.streams[s]; follows {
+			v := c.view(Key{Stream: s, Writer: selfName})
+			v.pos, v.instance = max(v.pos, o.pos), cfg.Instance
+		}
 	}
 	return c, nil
 }
@@ -265,7 +274,7 @@ func (c *Core) Connected() []Action {
 	c.connected, c.established = true, false
 	for _, v := range c.views {
 		v.positioned = false
-		v.awaited = v.instance != "" && !v.suspect
+		v.awaited = v.instance != "" && !v.suspect && v.instance != c.cfg.Instance
 	}
 	c.windowEnd = c.now.Add(c.cfg.ReplicateWait)
 	c.writersEnd = c.now.Add(c.cfg.WriterWait)
@@ -340,6 +349,16 @@ func (c *Core) Views() []ViewInfo {
 func (c *Core) Peer(inst string) (wire.Hello, bool) {
 	h, ok := c.peers[inst]
 	return h, ok
+}
+
+// Latest is the instance of a name that announced itself last, and its
+// HELLO: where to reach the current holder of a writer name.
+func (c *Core) Latest(name string) (string, wire.Hello, bool) {
+	inst, ok := c.latest[name]
+	if !ok {
+		return "", wire.Hello{}, false
+	}
+	return inst, c.peers[inst], true
 }
 
 // Peers lists the instances heard from, with their HELLO.

@@ -22,10 +22,16 @@ func (c *Core) Receive(cmd wire.Command) []Action {
 		c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
 		c.answerReplicate()
 	case *wire.HelloCmd:
+		if _, known := c.peers[cmd.Instance]; !known {
+			c.latest[cmd.Hello.Name] = cmd.Instance
+		}
 		c.peers[cmd.Instance] = cmd.Hello
 	case *wire.Sealed:
 		c.sealed(cmd)
 	case *wire.Bye:
+		if h, ok := c.peers[cmd.Instance]; ok && c.latest[h.Name] == cmd.Instance {
+			delete(c.latest, h.Name)
+		}
 		delete(c.peers, cmd.Instance)
 		for _, k := range c.sortedKeys() {
 			v := c.views[k]

@@ -77,8 +77,10 @@ func (c *Core) release(o *ownStream) {
 		}
 		o.sent = p.pos
 		n++
+		c.deliverOwn(o, p.pos, p.rows)
 	}
 	o.pending = o.pending[:copy(o.pending, o.pending[n:])]
+	c.deliverOwn(o, o.pos, nil)
 	switch {
 	case o.pos <= o.sent:
 		o.dirty = false
@@ -86,6 +88,24 @@ func (c *Core) release(o *ownStream) {
 		o.dirty = true
 		o.announceAt = c.now.Add(c.cfg.AnnounceInterval)
 	}
+}
+
+// deliverOwn gives this instance its own rows, and moves its own view of
+// the stream: its readers see what it wrote, in the same order as others.
+func (c *Core) deliverOwn(o *ownStream, pos int64, rows json.RawMessage) {
+	if _, follows := c.streams[o.name]; !follows {
+		return
+	}
+	v := c.view(Key{Stream: o.name, Writer: c.selfName})
+	if pos <= v.pos {
+		return
+	}
+	v.instance = c.cfg.Instance
+	if rows != nil {
+		c.emit(Deliver{Key: v.key, Instance: c.cfg.Instance, Prev: v.pos, Pos: pos, Rows: rows})
+	}
+	v.pos, v.announced = pos, max(v.announced, pos)
+	c.emit(Advance{Key: v.key, Pos: pos})
 }
 
 func (c *Core) announce(o *ownStream) {
