@@ -8,6 +8,7 @@ import (
 // reasons, causes and stream names, never positions or instance IDs.
 type metrics struct {
 	commandsIn   *prometheus.CounterVec
+	echoes       prometheus.Counter
 	commandsOut  *prometheus.CounterVec
 	invalid      *prometheus.CounterVec
 	notes        *prometheus.CounterVec
@@ -28,7 +29,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "weft", "fabric"
 	m := &metrics{
 		commandsIn: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "commands_received_total", Help: "Commands received on the channel, by verb (own echoes included)."}, []string{"verb"}),
+			Name: "commands_received_total", Help: "Commands received on the channel, by verb (own echoes excluded)."}, []string{"verb"}),
+		echoes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "echoes_total", Help: "Own commands received back from the channel, dropped before decoding."}),
 		commandsOut: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "commands_sent_total", Help: "Commands queued for publishing, by verb."}, []string{"verb"}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -59,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		applied: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "rows_applied_total", Help: "Row batches delivered to the application, by stream and source (live or catchup)."}, []string{"stream", "source"}),
 	}
-	for _, c := range []prometheus.Collector{m.commandsIn, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
+	for _, c := range []prometheus.Collector{m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
 		m.connected, m.established, m.ready, m.viewLag, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

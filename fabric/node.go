@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -155,6 +156,8 @@ type Node struct {
 	status   atomic.Pointer[Status]
 	started  atomic.Bool
 	writes   []string // streams written here
+	starts   map[string]int64
+	latest   atomic.Pointer[map[string]Peer] // writer name -> its latest instance
 	writeBuf []byte
 }
 
@@ -242,6 +245,10 @@ func New(cfg Config) (*Node, error) {
 	}
 	specs := make([]core.StreamSpec, len(cfg.Streams))
 	copy(specs, cfg.Streams)
+	n.starts = map[string]int64{}
+	for _, sp := range specs {
+		n.starts[sp.Name] = sp.Start
+	}
 	c, err := core.New(core.Config{
 		Instance: cfg.Instance, Hello: hello, Streams: specs, Views: views, Writes: writes,
 		ReplicateWait: cfg.ReplicateWait, HeartbeatInterval: cfg.HeartbeatInterval,
@@ -313,7 +320,14 @@ type nodeEvents struct {
 func (e nodeEvents) linkUp()            { e.n.send(e.ctx, inUp{}) }
 func (e nodeEvents) linkDown(err error) { e.n.send(e.ctx, inDown{err}) }
 func (e nodeEvents) linkMessage(payload string) {
-	cmd, err := e.n.codec.Decode([]byte(payload))
+	// The line is only read while decoding (Decode keeps nothing of it),
+	// so it is viewed without a copy.
+	line := unsafe.Slice(unsafe.StringData(payload), len(payload))
+	if string(wire.PeekSender(line)) == e.n.cfg.Instance {
+		e.n.m.echoes.Inc() // our own echo: half the lines a writer receives
+		return
+	}
+	cmd, err := e.n.codec.Decode(line)
 	if err != nil {
 		e.n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
 		e.n.log.Debug("skipping invalid command", "err", err)
@@ -321,10 +335,10 @@ func (e nodeEvents) linkMessage(payload string) {
 	}
 	e.n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()
 	switch cmd.(type) {
-	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye:
+	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye, *wire.Sealed:
 		e.n.send(e.ctx, inCmd{cmd})
 	default:
-		if e.n.cfg.OnCommand != nil && cmd.Sender() != e.n.cfg.Instance {
+		if e.n.cfg.OnCommand != nil {
 			e.n.cfg.OnCommand(cmd)
 		}
 	}
@@ -439,6 +453,7 @@ func (n *Node) loop(ctx, loopCtx context.Context) {
 			}
 		case now := <-t.C:
 			n.exec(ctx, n.core.Tick(now))
+			n.updateReady()
 		case <-statusEvery.C:
 			n.publishStatus()
 		}
@@ -471,8 +486,16 @@ func (n *Node) step(ctx context.Context, in input) {
 			g.Observe(in.id, in.pos)
 		}
 	}
-	n.ready.Store(n.core.Ready())
-	n.m.ready.Set(b2f(n.core.Ready()))
+	n.updateReady()
+}
+
+// updateReady publishes the core's readiness; it changes on inputs and on
+// ticks (the REPLICATE window closing), so both call it.
+func (n *Node) updateReady() {
+	r := n.core.Ready()
+	if n.ready.Swap(r) != r {
+		n.m.ready.Set(b2f(r))
+	}
 }
 
 // fetched delivers a fetched page, if the fetch is still wanted, and tells
@@ -616,11 +639,25 @@ func (n *Node) Established() bool { return n.est.Load() }
 func (n *Node) Instance() string { return n.cfg.Instance }
 
 // View is the local view of a writer of a stream.
-func (n *Node) View(k core.Key) int64 { return n.notify.view(k) }
+func (n *Node) View(k core.Key) int64 { return max(n.notify.view(k), n.starts[k.Stream]) }
 
 // WaitFor blocks until the local view of k covers pos, or ctx ends.
 func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
+	if pos <= n.starts[k.Stream] {
+		return nil
+	}
 	return n.notify.waitFor(ctx, k, pos)
+}
+
+// PeerByName is the instance that last announced itself under a name
+// (the current holder of a writer name), refreshed every 250 ms.
+func (n *Node) PeerByName(name string) (Peer, bool) {
+	m := n.latest.Load()
+	if m == nil {
+		return Peer{}, false
+	}
+	p, ok := (*m)[name]
+	return p, ok
 }
 
 // WaitForToken blocks until every position in a durable stream's token is
@@ -646,10 +683,11 @@ type Status struct {
 
 // Peer is an instance heard from.
 type Peer struct {
-	Name   string   `json:"name"`
-	Role   string   `json:"role"`
-	URL    string   `json:"url"`
-	Writes []string `json:"writes"`
+	Instance string   `json:"instance"`
+	Name     string   `json:"name"`
+	Role     string   `json:"role"`
+	URL      string   `json:"url"`
+	Writes   []string `json:"writes"`
 }
 
 // Status returns the last snapshot (refreshed every 250 ms by the loop).
@@ -658,9 +696,16 @@ func (n *Node) Status() Status { return *n.status.Load() }
 func (n *Node) publishStatus() {
 	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.core.Ready(),
 		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
+	latest := map[string]Peer{}
 	for inst, h := range n.core.Peers() {
-		s.Peers[inst] = Peer{Name: h.Name, Role: h.Role, URL: h.URL, Writes: h.Streams}
+		p := Peer{Instance: inst, Name: h.Name, Role: h.Role, URL: h.URL, Writes: h.Streams}
+		s.Peers[inst] = p
+		if li, _, ok := n.core.Latest(h.Name); ok && li == inst {
+			latest[h.Name] = p
+		}
 	}
+	latest[n.cfg.Hello.Name] = Peer{Instance: n.cfg.Instance, Name: n.cfg.Hello.Name, Role: n.cfg.Hello.Role, URL: n.cfg.Hello.URL, Writes: n.writes}
+	n.latest.Store(&latest)
 	lag := map[string]int64{}
 	low := map[string]int64{}
 	for _, v := range s.Views {

@@ -549,3 +549,20 @@ func TestConcurrentUse(t *testing.T) {
 	})
 	wg.Wait()
 }
+
+func TestPeekSender(t *testing.T) {
+	for line, want := range map[string]string{
+		`RDATA events w1-aaaaaaaa 1 2 [1]`: "w1-aaaaaaaa",
+		`POSITION events w1-aaaaaaaa 1 2`:  "w1-aaaaaaaa",
+		`REPLICATE r-aaaaaaaa`:             "r-aaaaaaaa",
+		`HELLO h-aaaaaaaa {"name":"h"}`:    "h-aaaaaaaa",
+		`SEALED m-aaaaaaaa events w 3`:     "m-aaaaaaaa",
+		`PING sync-a 12`:                   "sync-a",
+		`RDATA events`:                     "",
+		`BYE`:                              "",
+	} {
+		if got := string(wire.PeekSender([]byte(line))); got != want {
+			t.Errorf("PeekSender(%q) = %q, want %q", line, got, want)
+		}
+	}
+}
