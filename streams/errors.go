@@ -19,4 +19,11 @@ var (
 	ErrPositionAhead = errors.New("streams: stored position ahead of sequence")
 	// ErrBadConfig: a stream configuration is invalid.
 	ErrBadConfig = errors.New("streams: bad config")
+	// ErrSealed: the writer holding was sealed or taken over; it may never
+	// write again (a zombie's write, heartbeat or release), or there is
+	// nothing left to seal.
+	ErrSealed = errors.New("streams: writer sealed")
+	// ErrNameHeld: a writer name is held by another live instance (or, for
+	// Seal without force, its lease has not expired).
+	ErrNameHeld = errors.New("streams: writer name held")
 )

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -28,6 +29,7 @@ type Generator struct {
 	names    map[WriterID]string
 	ids      map[string]WriterID
 	advanced chan struct{}
+	lease    atomic.Pointer[Lease]
 }
 
 // Open loads a stream's positions and runs its startup checks. self is the
@@ -62,7 +64,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 			return nil, fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
 		}
 	}
-	stored, err := loadPositions(ctx, db, cfg.Name)
+	stored, sealed, err := loadPositions(ctx, db, cfg.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +102,9 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	}
 	positions := make(map[WriterID]int64, len(stored))
 	for n, p := range stored {
+		if sealed[n] && n != self {
+			continue
+		}
 		id, err := g.writerID(ctx, n)
 		if err != nil {
 			return nil, err
@@ -120,23 +125,36 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	return g, nil
 }
 
-func loadPositions(ctx context.Context, db DB, stream string) (map[string]int64, error) {
-	stored := map[string]int64{}
-	rows, err := db.Query(ctx, `SELECT writer, position FROM stream_positions WHERE stream = $1`, stream)
+// loadPositions reads every writer's stored position on the stream, and
+// which of those writers are sealed: a sealed writer's IDs are all
+// persisted, so it no longer holds persisted-upto back.
+func loadPositions(ctx context.Context, db DB, stream string) (stored map[string]int64, sealed map[string]bool, err error) {
+	stored, sealed = map[string]int64{}, map[string]bool{}
+	rows, err := db.Query(ctx, `SELECT sp.writer, sp.position, COALESCE(w.sealed, false)
+		FROM stream_positions sp LEFT JOIN weft_writers w ON w.name = sp.writer WHERE sp.stream = $1`, stream)
 	if err != nil {
-		return nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
 	}
 	var name string
 	var pos int64
-	if _, err := pgx.ForEachRow(rows, []any{&name, &pos}, func() error { stored[name] = pos; return nil }); err != nil {
-		return nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+	var isSealed bool
+	if _, err := pgx.ForEachRow(rows, []any{&name, &pos, &isSealed}, func() error {
+		stored[name] = pos
+		if isSealed {
+			sealed[name] = true
+		}
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
 	}
-	return stored, nil
+	return stored, sealed, nil
 }
 
 // Refresh re-reads the sequence and then the stored writer positions: it
-// learns writers that registered since the last read, and lifts the cap on
-// persisted-upto to the sequence value read first.
+// learns writers that registered since the last read, stops counting
+// writers that were sealed, and lifts the cap on persisted-upto to the
+// sequence value read first. A sealed name that is claimed again comes
+// back at its next Refresh; until then the cap keeps its new IDs safe.
 func (g *Generator) Refresh(ctx context.Context) error {
 	var seq int64
 	if g.cfg.Sequence != "" {
@@ -145,21 +163,26 @@ func (g *Generator) Refresh(ctx context.Context) error {
 			return fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
 		}
 	}
-	stored, err := loadPositions(ctx, g.db, g.cfg.Name)
+	stored, sealed, err := loadPositions(ctx, g.db, g.cfg.Name)
 	if err != nil {
 		return err
 	}
 	ids := make(map[WriterID]int64, len(stored))
+	gone := map[WriterID]bool{}
 	for n, p := range stored {
 		id, err := g.writerID(ctx, n)
 		if err != nil {
 			return err
 		}
 		ids[id] = p
+		gone[id] = sealed[n]
 	}
 	g.mu.Lock()
 	for id, p := range ids {
 		g.tr.Observe(id, p)
+		if gone[id] {
+			g.tr.RemoveWriter(id) // sealed: every ID it had is persisted
+		}
 	}
 	if g.cfg.Sequence != "" {
 		g.tr.SetCap(seq)
@@ -215,7 +238,9 @@ func (a *Allocation) Finish() {
 }
 
 // Alloc allocates n IDs in one round trip. The caller must Finish the
-// allocation when the transaction that uses them ends.
+// allocation when the transaction that uses them ends. With a lease set,
+// the caller's transaction must call the lease's Fence before it writes
+// anything (InTx does this itself).
 func (g *Generator) Alloc(ctx context.Context, n int) (*Allocation, error) {
 	return g.alloc(ctx, g.db, n)
 }
@@ -297,13 +322,24 @@ func (g *Generator) signal() {
 	}
 }
 
+// SetLease makes every InTx fence with l (the lease of this generator's
+// writer name) before it allocates, so a sealed writer commits nothing.
+func (g *Generator) SetLease(l *Lease) { g.lease.Store(l) }
+
 // InTx allocates n IDs inside a new transaction, runs fn with them, and
 // commits if fn returns nil, rolling back otherwise. The IDs finish when the
-// transaction has ended, whichever way.
+// transaction has ended, whichever way. With a lease set, the transaction
+// first fences with it: a sealed writer gets an error wrapping ErrSealed.
 func (g *Generator) InTx(ctx context.Context, n int, fn func(tx pgx.Tx, ids []int64) error) error {
 	tx, err := g.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("streams: stream %s: begin: %w", g.cfg.Name, err)
+	}
+	if l := g.lease.Load(); l != nil {
+		if err := l.Fence(ctx, tx); err != nil {
+			_ = tx.Rollback(ctx)
+			return fmt.Errorf("%w (stream %s)", err, g.cfg.Name)
+		}
 	}
 	a, err := g.alloc(ctx, tx, n)
 	if err != nil {

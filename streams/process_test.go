@@ -18,8 +18,12 @@ import (
 	"github.com/weft-dev/weft/streams"
 )
 
-// TestMain doubles as the writer process of TestTwoWritersTwoProcesses.
+// TestMain doubles as the writer process of TestTwoWritersTwoProcesses and
+// of the lease tests (seal_test.go).
 func TestMain(m *testing.M) {
+	if instance := os.Getenv("WEFT_LEASE_CHILD"); instance != "" {
+		os.Exit(leaseChildRun(instance, os.Getenv("WEFT_STREAMS_DB"), os.Getenv("WEFT_LEASE_TTL")))
+	}
 	if name := os.Getenv("WEFT_STREAMS_CHILD"); name != "" {
 		n, err := childWriter(name, os.Getenv("WEFT_STREAMS_DB"), os.Getenv("WEFT_STREAMS_N"))
 		if err != nil {

@@ -1,0 +1,315 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Lease defaults: the zero LeaseConfig means these.
+const (
+	DefaultLeaseTTL  = 10 * time.Second
+	DefaultLeasePoll = 500 * time.Millisecond
+)
+
+// LeaseConfig says how a writer name is claimed and kept.
+type LeaseConfig struct {
+	// TTL is how long a lease runs without a heartbeat. Zero means 10 s.
+	// Survivors seal a writer whose lease expired, so a crashed writer
+	// holds back persisted-upto for at most about TTL.
+	TTL time.Duration
+	// Wait makes Claim wait for a live holder of the name to go (release,
+	// or expire and be sealed). False means Claim fails at once with
+	// ErrNameHeld.
+	Wait bool
+	// Poll is how often a waiting Claim looks at the name again. Zero
+	// means 500 ms.
+	Poll time.Duration
+	// Streams are the streams the name writes. When Claim seals an expired
+	// previous holder it sets the holder's final position on each of them
+	// (see Seal). Empty means the takeover only fences the old holder out.
+	Streams []Config
+}
+
+// withDefaults fills zero fields and reports the first invalid one.
+func (c LeaseConfig) withDefaults() (LeaseConfig, error) {
+	if c.TTL == 0 {
+		c.TTL = DefaultLeaseTTL
+	}
+	if c.Poll == 0 {
+		c.Poll = DefaultLeasePoll
+	}
+	if c.TTL < time.Millisecond {
+		return c, fmt.Errorf("%w: LeaseConfig.TTL %v: want at least 1ms", ErrBadConfig, c.TTL)
+	}
+	if c.Poll < 0 {
+		return c, fmt.Errorf("%w: LeaseConfig.Poll %v: want a positive duration", ErrBadConfig, c.Poll)
+	}
+	for _, s := range c.Streams {
+		if err := s.Validate(); err != nil {
+			return c, fmt.Errorf("LeaseConfig.Streams: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Validate reports the first invalid field, by name.
+func (c LeaseConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// Lease is one holding of a writer name by one instance: the right to write
+// as that name until it is sealed. Every write transaction of the holder
+// must call Fence first (Generator.InTx does when SetLease was called), so
+// that sealing waits for the writes in flight and refuses every later one.
+//
+// A Lease is safe for concurrent use.
+type Lease struct {
+	db       DB
+	id       WriterID
+	name     string
+	instance string
+	epoch    int64
+	ttl      time.Duration
+	prev     *Sealed
+
+	mu       sync.Mutex
+	until    time.Time
+	released *Sealed
+}
+
+// Claim takes writer name for instance, registering the name on first use.
+//
+// A name held by another instance with a live lease is waited for
+// (cfg.Wait) or refused with ErrNameHeld. A holder whose lease expired
+// without being sealed is sealed first (as Seal does, with cfg.Streams), so
+// the old holder can never commit again; a name held by this same instance
+// ID (a restart that reused it) is sealed at once. The takeover then makes
+// instance the holder, clears sealed, adds one to epoch and starts a lease
+// of cfg.TTL, all by the database clock.
+//
+// A writer claims its name before it opens the Generators of its streams,
+// so that their positions start from what the seal of the previous holder
+// stored.
+func Claim(ctx context.Context, db DB, name, instance string, cfg LeaseConfig) (*Lease, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if instance == "" {
+		return nil, fmt.Errorf("%w: claim writer %s: empty instance ID", ErrBadConfig, name)
+	}
+	id, err := RegisterWriter(ctx, db, name)
+	if err != nil {
+		return nil, err
+	}
+	var prev *Sealed
+	for {
+		l, st, err := takeOver(ctx, db, id, name, instance, cfg.TTL)
+		switch {
+		case err != nil:
+			return nil, err
+		case l != nil:
+			l.prev = prev
+			return l, nil
+		case st.mustSeal:
+			// Seal in its own transaction, so the seal is committed (and
+			// visible, and announceable) even if the takeover then loses a
+			// race with another claimant.
+			s, err := seal(ctx, db, name, st.holder, st.epoch, cfg.Streams, st.holder == instance)
+			switch {
+			case err == nil:
+				prev = s
+			case errors.Is(err, ErrSealed), errors.Is(err, ErrNameHeld):
+				// Sealed or renewed meanwhile: look again.
+			default:
+				return nil, fmt.Errorf("streams: claim writer %s: %w", name, err)
+			}
+		default: // held by a live instance
+			if !cfg.Wait {
+				return nil, st.heldErr(name)
+			}
+			t := time.NewTimer(cfg.Poll)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, fmt.Errorf("streams: claim writer %s: %w (%w)", name, ctx.Err(), st.heldErr(name))
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// holding is what takeOver found on a name it could not take.
+type holding struct {
+	holder   string
+	epoch    int64
+	until    time.Time
+	mustSeal bool // the holder is not live, or is this same instance ID
+}
+
+func (h holding) heldErr(name string) error {
+	return fmt.Errorf("%w: %s by instance %s (epoch %d), lease until %s", ErrNameHeld, name, h.holder, h.epoch, h.until.UTC().Format(time.RFC3339Nano))
+}
+
+// takeOver makes instance the holder of writer id if nobody else holds it:
+// the row is free (never held, or sealed). Otherwise it returns who holds
+// it and whether that holder must be sealed first.
+func takeOver(ctx context.Context, db DB, id WriterID, name, instance string, ttl time.Duration) (*Lease, holding, error) {
+	var l *Lease
+	var h holding
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var holder *string
+		var sealed, live bool
+		var until *time.Time
+		err := tx.QueryRow(ctx, `
+			SELECT instance, sealed, epoch, lease_until, COALESCE(lease_until > now(), false)
+			FROM weft_writers WHERE id = $1 FOR UPDATE`, id).Scan(&holder, &sealed, &h.epoch, &until, &live)
+		if err != nil {
+			return err
+		}
+		if holder != nil && !sealed {
+			h.holder = *holder
+			if until != nil {
+				h.until = *until
+			}
+			h.mustSeal = !live || *holder == instance
+			return nil
+		}
+		l = &Lease{db: db, id: id, name: name, instance: instance, ttl: ttl}
+		return tx.QueryRow(ctx, `
+			UPDATE weft_writers SET instance = $2, sealed = false, epoch = epoch + 1,
+				lease_until = now() + $3 * interval '1 microsecond', heartbeat_at = now()
+			WHERE id = $1 RETURNING epoch, lease_until`, id, instance, ttl.Microseconds()).Scan(&l.epoch, &l.until)
+	})
+	if err != nil {
+		return nil, h, fmt.Errorf("streams: claim writer %s as %s: %w", name, instance, err)
+	}
+	return l, h, nil
+}
+
+// Name is the writer name held.
+func (l *Lease) Name() string { return l.name }
+
+// Instance is the holder's instance ID.
+func (l *Lease) Instance() string { return l.instance }
+
+// ID is the writer's small integer ID.
+func (l *Lease) ID() WriterID { return l.id }
+
+// Epoch counts the takeovers of the name; this holding's is fixed.
+func (l *Lease) Epoch() int64 { return l.epoch }
+
+// Until is when the lease runs out (database clock) as of the last
+// successful claim or heartbeat.
+func (l *Lease) Until() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.until
+}
+
+// Predecessor is the seal Claim applied to the previous holder of the name
+// on the way in, or nil: the caller announces its final positions.
+func (l *Lease) Predecessor() *Sealed { return l.prev }
+
+// Released is what Release set, or nil before a successful Release.
+func (l *Lease) Released() *Sealed {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.released
+}
+
+// Heartbeat extends the lease by its TTL from the database's now(), if the
+// name is still held by this holding and not sealed; otherwise it returns
+// an error wrapping ErrSealed.
+func (l *Lease) Heartbeat(ctx context.Context) error {
+	var until time.Time
+	err := l.db.QueryRow(ctx, `
+		UPDATE weft_writers SET lease_until = now() + $4 * interval '1 microsecond', heartbeat_at = now()
+		WHERE id = $1 AND instance = $2 AND epoch = $3 AND NOT sealed
+		RETURNING lease_until`, l.id, l.instance, l.epoch, l.ttl.Microseconds()).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l.sealedErr("heartbeat")
+	}
+	if err != nil {
+		return fmt.Errorf("streams: heartbeat writer %s instance %s: %w", l.name, l.instance, err)
+	}
+	l.mu.Lock()
+	l.until = until
+	l.mu.Unlock()
+	return nil
+}
+
+// Run heartbeats every interval (zero means TTL/3) until ctx is done or the
+// lease is found sealed, and returns why it stopped. A failed heartbeat for
+// any other reason (the database unreachable) is retried at the next tick:
+// the lease lapses only if none succeeds within TTL.
+func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = l.ttl / 3
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		hctx, cancel := context.WithTimeout(ctx, l.ttl)
+		err := l.Heartbeat(hctx)
+		cancel()
+		if errors.Is(err, ErrSealed) {
+			return err
+		}
+	}
+}
+
+// Fence share-locks this holding's writer row inside tx, and fails with an
+// error wrapping ErrSealed if the name was sealed or taken over. Call it
+// first in every write transaction, before allocating or writing: a Seal
+// then waits for the transaction to end, and no transaction that fences
+// after a Seal committed can pass.
+//
+// The lock is FOR KEY SHARE: it conflicts with Seal's FOR UPDATE but not
+// with the heartbeat's UPDATE, so a writer with transactions always in
+// flight can still renew its lease (FOR SHARE would starve the heartbeat,
+// and the writer would be sealed for being busy).
+func (l *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
+	var one int
+	err := tx.QueryRow(ctx, `
+		SELECT 1 FROM weft_writers
+		WHERE id = $1 AND instance = $2 AND epoch = $3 AND NOT sealed
+		FOR KEY SHARE`, l.id, l.instance, l.epoch).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l.sealedErr("write")
+	}
+	if err != nil {
+		return fmt.Errorf("streams: fence writer %s instance %s: %w", l.name, l.instance, err)
+	}
+	return nil
+}
+
+// Release ends the holding on a graceful shutdown, once the writer has
+// drained its queue: it seals its own row, setting its final position on
+// each of streams, so that successors and readers need not wait for the
+// lease to run out. Released returns what it set, to announce.
+func (l *Lease) Release(ctx context.Context, streams []Config) error {
+	s, err := seal(ctx, l.db, l.name, l.instance, l.epoch, streams, true)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.released = s
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *Lease) sealedErr(op string) error {
+	return fmt.Errorf("%w: writer %s, instance %s, epoch %d: %s refused: the holding was sealed or taken over", ErrSealed, l.name, l.instance, l.epoch, op)
+}
