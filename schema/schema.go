@@ -27,9 +27,19 @@ const versionTable = "weft_schema_version"
 
 // Migrate applies every pending migration and returns the schema version.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int64, error) {
+	fsys, err := fs.Sub(embedded, "migrations")
+	if err != nil {
+		return 0, fmt.Errorf("schema: %w", err)
+	}
+	return MigrateFS(ctx, pool, fsys, versionTable, log)
+}
+
+// MigrateFS applies an application's own migrations (goose SQL files in
+// fsys), tracked in their own version table, under the same lock.
+func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string, log *slog.Logger) (int64, error) {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	p, err := provider(db, log)
+	p, err := provider(db, fsys, table, log)
 	if err != nil {
 		return 0, err
 	}
@@ -49,11 +59,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int64, 
 	return v, nil
 }
 
-// Pending reports how many migrations have not been applied.
+// Pending reports how many of weft's migrations have not been applied.
 func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	fsys, err := fs.Sub(embedded, "migrations")
+	if err != nil {
+		return 0, fmt.Errorf("schema: %w", err)
+	}
+	return PendingFS(ctx, pool, fsys, versionTable)
+}
+
+// PendingFS reports how many of an application's migrations are pending.
+func PendingFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string) (int, error) {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	p, err := provider(db, nil)
+	p, err := provider(db, fsys, table, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -70,11 +89,7 @@ func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	return n, nil
 }
 
-func provider(db *sql.DB, log *slog.Logger) (*goose.Provider, error) {
-	fsys, err := fs.Sub(embedded, "migrations")
-	if err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
-	}
+func provider(db *sql.DB, fsys fs.FS, table string, log *slog.Logger) (*goose.Provider, error) {
 	// Probe the lock every second (goose's default is 5 s) for up to 5 minutes:
 	// instances starting together should not wait long on each other.
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
@@ -83,7 +98,7 @@ func provider(db *sql.DB, log *slog.Logger) (*goose.Provider, error) {
 	}
 	opts := []goose.ProviderOption{
 		goose.WithSessionLocker(locker),
-		goose.WithTableName(versionTable),
+		goose.WithTableName(table),
 		goose.WithDisableGlobalRegistry(true),
 	}
 	if log != nil {

@@ -1,0 +1,137 @@
+package instance
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is what every weft process is configured with: each field is a
+// flag with an environment variable (parsed by kong in cmd/*). The zero
+// value is not valid; defaults come from the flag definitions, which point
+// at Redis and PostgreSQL on 127.0.0.1.
+type Config struct {
+	Cluster          string        `help:"Cluster name; the Redis channel is weft:<cluster>." env:"WEFT_CLUSTER" default:"weft"`
+	RedisURL         string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH)." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
+	DatabaseURL      string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
+	HTTPAddr         string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
+	AdvertiseURL     string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
+	Name             string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
+	Secret           string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
+	Insecure         bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
+	EventWriters     []string      `name:"event-writers" help:"Writer names that persist room events, in shard order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
+	TypingWriter     string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
+	AnnounceInterval time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
+	LeaseTTL         time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by a survivor." env:"WEFT_LEASE_TTL" default:"10s"`
+	LogFormat        string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
+	LogLevel         string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
+}
+
+// ConfigError names the flag (and its environment variable) at fault.
+type ConfigError struct {
+	Flag, Env, Problem string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("config: --%s (%s): %s", e.Flag, e.Env, e.Problem)
+}
+
+func bad(flag, env, format string, args ...any) error {
+	return &ConfigError{Flag: flag, Env: env, Problem: fmt.Sprintf(format, args...)}
+}
+
+// Validate checks every field and names the first bad one.
+func (c *Config) Validate() error {
+	if c.Cluster == "" || strings.ContainsAny(c.Cluster, " \t\r\n") || len(c.Cluster) > 64 {
+		return bad("cluster", "WEFT_CLUSTER", "%q: want 1-64 characters without spaces", c.Cluster)
+	}
+	if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+		return bad("redis-url", "WEFT_REDIS_URL", "%q: want redis://host:port/db or rediss://...", redact(c.RedisURL))
+	}
+	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		return bad("database-url", "WEFT_DATABASE_URL", "%q: want postgres://user@host:port/db", redact(c.DatabaseURL))
+	}
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		return bad("http-addr", "WEFT_HTTP_ADDR", "%q: %v", c.HTTPAddr, err)
+	}
+	if c.AdvertiseURL != "" {
+		if u, err := url.Parse(c.AdvertiseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("advertise-url", "WEFT_ADVERTISE_URL", "%q: want http(s)://host:port", c.AdvertiseURL)
+		}
+	}
+	if err := ValidName(c.Name); err != nil {
+		return bad("name", "WEFT_NAME", "%v", err)
+	}
+	if c.Secret == "" && !c.Insecure {
+		return bad("secret", "WEFT_SECRET", "empty: set a shared secret, or --insecure for development")
+	}
+	if len(c.EventWriters) == 0 {
+		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")
+	}
+	if _, err := NewShardMap(c.EventWriters); err != nil {
+		return bad("event-writers", "WEFT_EVENT_WRITERS", "%v", err)
+	}
+	if err := ValidName(c.TypingWriter); err != nil {
+		return bad("typing-writer", "WEFT_TYPING_WRITER", "%v", err)
+	}
+	if c.AnnounceInterval < 50*time.Millisecond {
+		return bad("announce-interval", "WEFT_ANNOUNCE_INTERVAL", "%v is below 50ms", c.AnnounceInterval)
+	}
+	if c.LeaseTTL < time.Second {
+		return bad("lease-ttl", "WEFT_LEASE_TTL", "%v is below 1s", c.LeaseTTL)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return bad("log-format", "WEFT_LOG_FORMAT", "%q: want text or json", c.LogFormat)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log-level", "WEFT_LOG_LEVEL", "%q: want debug, info, warn or error", c.LogLevel)
+	}
+	return nil
+}
+
+// Advertise is the URL other instances use to reach this one.
+func (c *Config) Advertise() string {
+	if c.AdvertiseURL != "" {
+		return strings.TrimRight(c.AdvertiseURL, "/")
+	}
+	host, port, _ := net.SplitHostPort(c.HTTPAddr)
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// WritesEvents reports whether this instance is one of the event writers.
+func (c *Config) WritesEvents() bool { return slices.Contains(c.EventWriters, c.Name) }
+
+// WritesTyping reports whether this instance is the typing writer.
+func (c *Config) WritesTyping() bool { return c.TypingWriter == c.Name }
+
+// Logger builds the slog logger the config asks for, writing to stderr.
+func (c *Config) Logger() *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
