@@ -1,0 +1,319 @@
+package shard
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/instance"
+)
+
+// Forwarder defaults.
+const (
+	DefaultForwardRetries = 3
+	DefaultForwardTimeout = 10 * time.Second
+)
+
+var (
+	// ErrOwnerUnreachable: the owner could not be asked, or did not
+	// answer, within the retries (no known URL, connection refused,
+	// timeouts, 5xx, a full or closed queue). The task may or may not have
+	// run; retrying with the same idempotency key is safe.
+	ErrOwnerUnreachable = errors.New("shard: owner unreachable")
+	// ErrNotOwner: the instance reached refused the key (409), twice.
+	ErrNotOwner = errors.New("shard: not owner")
+)
+
+// TaskError is a task's own failure on a remote owner (HTTP 500): the task
+// ran and failed. It is the Result's Err, not Do's error.
+type TaskError struct {
+	Owner   string // writer name
+	Message string
+}
+
+func (e *TaskError) Error() string { return "shard: task failed on " + e.Owner + ": " + e.Message }
+
+// Resolver returns the base URL (scheme://host:port) of the instance that
+// currently holds a writer name, as announced in HELLO; ok is false when
+// none is known.
+type Resolver func(writerName string) (url string, ok bool)
+
+// ForwarderConfig configures a Forwarder. Zero values mean the documented
+// defaults.
+type ForwarderConfig struct {
+	// Self is this instance's writer name; "" if it owns no keys.
+	Self string
+	// Map says which writer name owns a key. Required.
+	Map *instance.ShardMap
+	// Local runs the keys Self owns. Required when Self is set.
+	Local *Queue
+	// Resolve finds the owner's current URL. Required.
+	Resolve Resolver
+	// Secret is sent as "Authorization: Bearer <Secret>"; empty sends
+	// nothing (an owner in Insecure mode).
+	Secret string
+	// HTTPClient does the requests. Nil means a client of its own that
+	// keeps up to 64 idle connections per owner and never follows
+	// redirects; Close releases them.
+	HTTPClient *http.Client
+	// Retries is the number of HTTP attempts, the first included [3].
+	// A 409 adds one more attempt, once.
+	Retries int
+	// Backoff is the delay between attempts.
+	Backoff catchup.BackoffConfig
+	// Timeout bounds one HTTP attempt [10 s].
+	Timeout time.Duration
+	// Registerer receives the metrics; nil means a private registry.
+	Registerer prometheus.Registerer
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Validate names the first invalid field.
+func (c *ForwarderConfig) Validate() error {
+	switch {
+	case c.Map == nil:
+		return errors.New("shard: forwarder config: Map is nil")
+	case c.Resolve == nil:
+		return errors.New("shard: forwarder config: Resolve is nil")
+	case c.Self != "" && c.Local == nil:
+		return fmt.Errorf("shard: forwarder config: Local is nil but Self is %q", c.Self)
+	case c.Retries < 0:
+		return fmt.Errorf("shard: forwarder config: Retries %d is negative", c.Retries)
+	case c.Timeout < 0:
+		return fmt.Errorf("shard: forwarder config: Timeout %v is negative", c.Timeout)
+	}
+	return nil
+}
+
+// Forwarder runs a task on the owner of its key: on the local queue when
+// this instance owns the key, else over HTTP on the owner's Server.
+type Forwarder struct {
+	cfg ForwarderConfig
+	log *slog.Logger
+	m   *forwarderMetrics
+	hc  *http.Client
+	own bool  // hc is ours to close
+	err error // cfg's problem: every Do fails with it
+}
+
+// NewForwarder builds a Forwarder. An invalid cfg makes every Do fail with
+// the error Validate gives.
+func NewForwarder(cfg ForwarderConfig) *Forwarder {
+	cfg.Retries = positive(cfg.Retries, DefaultForwardRetries)
+	cfg.Timeout = positive(cfg.Timeout, DefaultForwardTimeout)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	f := &Forwarder{cfg: cfg, log: log, m: newForwarderMetrics(reg), hc: cfg.HTTPClient, err: cfg.Validate()}
+	if f.hc == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		// Every write goes to one of a few owners: keep enough idle
+		// connections that a burst does not open and close new ones.
+		t.MaxIdleConnsPerHost = 64
+		f.hc = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // never carry the secret elsewhere
+		}}
+		f.own = true
+	}
+	return f
+}
+
+// Close releases the idle connections of the Forwarder's own HTTP client.
+// Requests in flight are not affected; it may be called more than once.
+func (f *Forwarder) Close() {
+	if f.own {
+		f.hc.CloseIdleConnections()
+	}
+}
+
+// Do runs t for key on the key's owner and returns its result. A task's
+// own failure is the Result's Err; Do's error means the task was not run,
+// or its outcome is unknown.
+//
+// When this instance owns the key, t goes to the local queue (see
+// Queue.Submit; nothing is retried, so idempotencyKey is not used). Else
+// it is sent to the owner, retried under the same idempotencyKey on
+// network errors, timeouts and 5xx, so that the owner runs it once; an
+// empty idempotencyKey gets a random one. Pass the end client's own
+// request ID where there is one, so that the client's retries are
+// deduplicated too. A 409 (the instance reached does not own the key: the
+// writer name moved to another instance, or the shard maps disagree)
+// resolves the owner again and retries once.
+func (f *Forwarder) Do(ctx context.Context, key string, t Task, idempotencyKey string) (Result, error) {
+	if f.err != nil {
+		return Result{}, f.err
+	}
+	start := time.Now()
+	owner := f.cfg.Map.Owner(key)
+	if f.cfg.Self != "" && owner == f.cfg.Self {
+		f.m.requests.WithLabelValues(fwdLocal).Inc()
+		res, err := f.cfg.Local.Submit(ctx, key, t)
+		f.m.duration.WithLabelValues("local").Observe(time.Since(start).Seconds())
+		return res, err
+	}
+	if idempotencyKey == "" {
+		idempotencyKey = newIdempotencyKey()
+	} else if reason := idempotencyKeyProblem(idempotencyKey); reason != "" {
+		return Result{}, fmt.Errorf("shard: forward %s for key %q: idempotency key: %s", t.Kind, key, reason)
+	}
+	body, err := json.Marshal(request{Kind: t.Kind, Payload: t.Payload, IdempotencyKey: idempotencyKey, Batchable: t.Batchable})
+	if err != nil {
+		return Result{}, fmt.Errorf("shard: forward %s for key %q: payload: %w", t.Kind, key, err)
+	}
+	res, err := f.remote(ctx, owner, key, t.Kind, body)
+	f.m.duration.WithLabelValues("remote").Observe(time.Since(start).Seconds())
+	return res, err
+}
+
+// remote sends body to owner with retries.
+func (f *Forwarder) remote(ctx context.Context, owner, key, kind string, body []byte) (Result, error) {
+	bo := f.cfg.Backoff.NewBackOff()
+	movedOnce := false
+	attempts := 0
+	for {
+		attempts++
+		res, target, err := f.attempt(ctx, owner, key, body)
+		if err == nil {
+			return res, nil
+		}
+		ae := &attemptError{err: err}
+		errors.As(err, &ae)
+		switch {
+		case ctx.Err() != nil:
+			f.m.requests.WithLabelValues(fwdCanceled).Inc()
+			return Result{}, fmt.Errorf("shard: forward %s for key %q to %s at %s: %w", kind, key, owner, target, err)
+		case ae.notOwner != "":
+			f.m.requests.WithLabelValues(fwdNotOwner).Inc()
+			if movedOnce {
+				return Result{}, fmt.Errorf("shard: forward %s for key %q to %s at %s: %w: it says %s owns the key",
+					kind, key, owner, target, ErrNotOwner, ae.notOwner)
+			}
+			movedOnce = true
+			attempts--
+			f.log.Info("owner refused the key, resolving it again", "key", key, "owner", owner, "url", target, "says", ae.notOwner)
+			continue
+		case !ae.retry:
+			f.m.requests.WithLabelValues(fwdRejected).Inc()
+			return Result{}, fmt.Errorf("shard: forward %s for key %q to %s at %s: %w", kind, key, owner, target, err)
+		}
+		f.m.requests.WithLabelValues(fwdRetry).Inc()
+		if attempts >= f.cfg.Retries {
+			return Result{}, fmt.Errorf("shard: forward %s for key %q to %s at %s: %d attempts: %w: %w",
+				kind, key, owner, target, attempts, ErrOwnerUnreachable, err)
+		}
+		d := bo.NextBackOff()
+		f.log.Debug("forward attempt failed, retrying", "key", key, "owner", owner, "url", target, "in", d, "err", err)
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			f.m.requests.WithLabelValues(fwdCanceled).Inc()
+			return Result{}, fmt.Errorf("shard: forward %s for key %q to %s at %s: %w (after: %w)", kind, key, owner, target, ctx.Err(), err)
+		case <-timer.C:
+		}
+	}
+}
+
+// attemptError classifies a failed attempt.
+type attemptError struct {
+	err      error
+	retry    bool
+	notOwner string // the owner a 409 named
+}
+
+func (e *attemptError) Error() string { return e.err.Error() }
+func (e *attemptError) Unwrap() error { return e.err }
+
+// attempt is one HTTP request to owner's current URL. target is that URL,
+// for messages. Every error is an *attemptError.
+func (f *Forwarder) attempt(ctx context.Context, owner, key string, body []byte) (res Result, target string, err error) {
+	base, ok := f.cfg.Resolve(owner)
+	if !ok || base == "" {
+		return Result{}, "(no URL)", &attemptError{err: fmt.Errorf("no instance known for writer %s", owner), retry: true}
+	}
+	target = strings.TrimRight(base, "/") + PathPrefix + url.PathEscape(key)
+	actx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return Result{}, target, &attemptError{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if f.cfg.Secret != "" {
+		req.Header.Set("Authorization", "Bearer "+f.cfg.Secret)
+	}
+	resp, err := f.hc.Do(req)
+	if err != nil {
+		return Result{}, target, &attemptError{err: err, retry: true}
+	}
+	defer func() {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // reuse the connection
+		resp.Body.Close()
+	}()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
+	if err != nil {
+		return Result{}, target, &attemptError{err: fmt.Errorf("reading the answer (%d): %w", resp.StatusCode, err), retry: true}
+	}
+	var ab answerBody
+	jsonErr := json.Unmarshal(data, &ab)
+	switch code := resp.StatusCode; {
+	case code == http.StatusOK:
+		if len(data) > maxResponseBody {
+			return Result{}, target, &attemptError{err: fmt.Errorf("answer larger than %d bytes", maxResponseBody)}
+		}
+		if jsonErr != nil {
+			return Result{}, target, &attemptError{err: fmt.Errorf("answer is not JSON: %w", jsonErr)}
+		}
+		f.m.requests.WithLabelValues(fwdOK).Inc()
+		if string(ab.Value) == "null" {
+			ab.Value = nil
+		}
+		return Result{Value: ab.Value}, target, nil
+	case code == http.StatusInternalServerError && jsonErr == nil && ab.Error != "":
+		f.m.requests.WithLabelValues(fwdTaskError).Inc()
+		return Result{Err: &TaskError{Owner: owner, Message: ab.Error}}, target, nil
+	case code == http.StatusConflict && jsonErr == nil && ab.Owner != "":
+		return Result{}, target, &attemptError{err: fmt.Errorf("409: %s", ab.Error), notOwner: ab.Owner}
+	case code == http.StatusTooManyRequests || code >= 500:
+		return Result{}, target, &attemptError{err: fmt.Errorf("%d: %s", code, errorText(ab, data)), retry: true}
+	default:
+		return Result{}, target, &attemptError{err: fmt.Errorf("%d: %s", code, errorText(ab, data))}
+	}
+}
+
+// errorText is the error an answer carries, or the start of its body.
+func errorText(ab answerBody, data []byte) string {
+	if ab.Error != "" {
+		return ab.Error
+	}
+	if len(data) > 200 {
+		data = data[:200]
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// newIdempotencyKey returns 128 random bits, URL-safe.
+func newIdempotencyKey() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

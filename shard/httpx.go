@@ -1,0 +1,86 @@
+package shard
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Route and bounds of the forwarding endpoint.
+const (
+	// PathPrefix is the route: PathPrefix + url.PathEscape(key).
+	PathPrefix = "/_weft/v1/shard/"
+	// MaxRequestBody bounds a request body.
+	MaxRequestBody = 1 << 20
+	// MaxKeyLen bounds a key, in bytes.
+	MaxKeyLen = 1024
+	// MaxIdempotencyKeyLen bounds an idempotency key, in bytes.
+	MaxIdempotencyKeyLen = 256
+	// maxResponseBody bounds an answer the Forwarder reads.
+	maxResponseBody = 16 << 20
+	// shortSecret is the length below which a secret is worth a warning.
+	shortSecret = 16
+)
+
+// request is the body of a forwarded task.
+type request struct {
+	Kind           string          `json:"kind"`
+	Payload        json.RawMessage `json:"payload,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	Batchable      bool            `json:"batchable,omitempty"`
+}
+
+// answerBody is the JSON of every answer: value on 200, error (and field or
+// owner) otherwise.
+type answerBody struct {
+	Value json.RawMessage `json:"value,omitempty"`
+	Error string          `json:"error,omitempty"`
+	Field string          `json:"field,omitempty"`
+	Owner string          `json:"owner,omitempty"`
+}
+
+// answer is a rendered response, kept for idempotent replays.
+type answer struct {
+	code int
+	body []byte
+}
+
+// errorAnswer renders a non-200 answer.
+func errorAnswer(code int, b answerBody) answer {
+	out, _ := json.Marshal(b) // strings only: cannot fail
+	return answer{code: code, body: append(out, '\n')}
+}
+
+// write sends a.
+func (a answer) write(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Length", strconv.Itoa(len(a.body)))
+	switch a.code {
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", "1")
+	case http.StatusUnauthorized:
+		h.Set("WWW-Authenticate", "Bearer")
+	case http.StatusMethodNotAllowed:
+		h.Set("Allow", http.MethodPost)
+	}
+	w.WriteHeader(a.code)
+	w.Write(a.body)
+}
+
+// bearer checks an Authorization header against a secret's digest in
+// constant time (digests, so the length does not leak either).
+func bearer(r *http.Request, secret *[sha256.Size]byte) bool {
+	h := r.Header.Get("Authorization")
+	const scheme = "bearer "
+	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+		return false
+	}
+	got := sha256.Sum256([]byte(h[len(scheme):]))
+	return subtle.ConstantTimeCompare(got[:], secret[:]) == 1
+}

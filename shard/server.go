@@ -1,0 +1,314 @@
+package shard
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/instance"
+)
+
+// ServerConfig configures a Server. Zero values mean the documented
+// defaults.
+type ServerConfig struct {
+	// Self is this instance's writer name; "" if it owns no keys (then
+	// every request is answered 409).
+	Self string
+	// Map says which writer name owns a key. Required.
+	Map *instance.ShardMap
+	// Queue runs the tasks of the keys Self owns. Required.
+	Queue *Queue
+	// Secret is the shared bearer secret every request must carry.
+	// Required unless Insecure.
+	Secret string
+	// Insecure allows an empty Secret: every request is then accepted.
+	// For development only. With a Secret set, Insecure changes nothing.
+	Insecure bool
+	// IdempotencyEntries bounds the finished answers remembered [100000].
+	// Answers are held in memory, values included: tasks should answer
+	// with something small (a stream position), not the data they wrote.
+	// An idempotency key is scoped to its shard key.
+	IdempotencyEntries int
+	// IdempotencyTTL is how long a finished answer is remembered [10 min].
+	// A retry after that runs the task again.
+	IdempotencyTTL time.Duration
+	// Registerer receives the metrics; nil means a private registry.
+	Registerer prometheus.Registerer
+	// Logger; nil discards.
+	Logger *slog.Logger
+
+	now func() time.Time // tests
+}
+
+// Validate names the first invalid field.
+func (c *ServerConfig) Validate() error {
+	switch {
+	case c.Map == nil:
+		return errors.New("shard: server config: Map is nil")
+	case c.Queue == nil:
+		return errors.New("shard: server config: Queue is nil")
+	case c.Secret == "" && !c.Insecure:
+		return errors.New("shard: server config: Secret is empty (set Insecure to serve without one, for development only)")
+	case c.IdempotencyEntries < 0:
+		return fmt.Errorf("shard: server config: IdempotencyEntries %d is negative", c.IdempotencyEntries)
+	case c.IdempotencyTTL < 0:
+		return fmt.Errorf("shard: server config: IdempotencyTTL %v is negative", c.IdempotencyTTL)
+	}
+	if c.Self != "" && !slices.Contains(c.Map.Writers(), c.Self) {
+		return fmt.Errorf("shard: server config: Self %q is not a writer of the shard map %v", c.Self, c.Map.Writers())
+	}
+	return nil
+}
+
+// Server is the owner's end of forwarding: it runs tasks for the keys its
+// writer name owns on its Queue. Mount it at PathPrefix, on a server with
+// bounded headers (catchup.NewHTTPServer).
+type Server struct {
+	cfg    ServerConfig
+	log    *slog.Logger
+	m      *serverMetrics
+	secret [sha256.Size]byte
+	open   bool // Insecure without a Secret
+	dedup  *dedup
+}
+
+// NewServer checks cfg and builds a Server.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.IdempotencyEntries = positive(cfg.IdempotencyEntries, DefaultIdempotencyEntries)
+	cfg.IdempotencyTTL = positive(cfg.IdempotencyTTL, DefaultIdempotencyTTL)
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if cfg.Secret != "" && len(cfg.Secret) < shortSecret {
+		log.Warn("shard forwarding secret is short: use at least 16 random bytes", "length", len(cfg.Secret))
+	}
+	return &Server{cfg: cfg, log: log, m: newServerMetrics(reg), secret: sha256.Sum256([]byte(cfg.Secret)),
+		open: cfg.Secret == "", dedup: newDedup(cfg.IdempotencyEntries, cfg.IdempotencyTTL, cfg.now)}, nil
+}
+
+// ServeHTTP serves POST PathPrefix{key}.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a, ok := s.serve(r)
+	code := "aborted" // the caller left before a coalesced answer was ready
+	if ok {
+		a.write(w)
+		code = strconv.Itoa(a.code)
+	}
+	s.m.requests.WithLabelValues(code).Inc()
+}
+
+// badInput is a 400 naming the field at fault.
+func badInput(field, reason string) answer {
+	return errorAnswer(http.StatusBadRequest, answerBody{Error: field + ": " + reason, Field: field})
+}
+
+// serve answers r; ok is false when the caller went away while waiting for
+// a duplicate's answer.
+func (s *Server) serve(r *http.Request) (a answer, ok bool) {
+	if !s.open && !bearer(r, &s.secret) {
+		return errorAnswer(http.StatusUnauthorized, answerBody{Error: "missing or wrong bearer secret"}), true
+	}
+	if r.Method != http.MethodPost {
+		return errorAnswer(http.StatusMethodNotAllowed, answerBody{Error: "method not allowed: use POST"}), true
+	}
+	key, bad, found := parseKey(r.URL)
+	if !found {
+		return errorAnswer(http.StatusNotFound, answerBody{Error: "no such route"}), true
+	}
+	if bad != "" {
+		return badInput("key", bad), true
+	}
+	if owner := s.cfg.Map.Owner(key); owner != s.cfg.Self || s.cfg.Self == "" {
+		return errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: owner}), true
+	}
+	req, errAns := readRequest(r)
+	if errAns != nil {
+		return *errAns, true
+	}
+	return s.run(r.Context(), key, req)
+}
+
+// parseKey extracts the key from the escaped path. found is false when the
+// path is not PathPrefix plus one segment.
+func parseKey(u *url.URL) (key, bad string, found bool) {
+	esc := u.EscapedPath()
+	if !strings.HasPrefix(esc, PathPrefix) {
+		return "", "", false
+	}
+	esc = esc[len(PathPrefix):]
+	if strings.Contains(esc, "/") {
+		return "", "", false
+	}
+	if esc == "" {
+		return "", "empty", true
+	}
+	key, err := url.PathUnescape(esc)
+	switch {
+	case err != nil:
+		return "", "bad escape: " + err.Error(), true
+	case len(key) > MaxKeyLen:
+		return "", fmt.Sprintf("longer than %d bytes", MaxKeyLen), true
+	case !utf8.ValidString(key):
+		return "", "not UTF-8", true
+	}
+	return key, "", true
+}
+
+// readRequest reads and checks the body.
+func readRequest(r *http.Request) (request, *answer) {
+	tooLarge := errorAnswer(http.StatusRequestEntityTooLarge,
+		answerBody{Error: fmt.Sprintf("body: larger than %d bytes", MaxRequestBody), Field: "body"})
+	if r.ContentLength > MaxRequestBody {
+		return request{}, &tooLarge
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestBody+1))
+	if err != nil {
+		a := badInput("body", "unreadable: "+err.Error())
+		return request{}, &a
+	}
+	if len(body) > MaxRequestBody {
+		return request{}, &tooLarge
+	}
+	var req request
+	if err := json.Unmarshal(body, &req); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			a := badInput(typeErr.Field, "want "+typeErr.Type.String()+", got "+typeErr.Value)
+			return request{}, &a
+		}
+		a := badInput("body", "not a JSON object: "+err.Error())
+		return request{}, &a
+	}
+	if bytes.TrimSpace(body)[0] != '{' { // null, say: Unmarshal accepts it
+		a := badInput("body", "not a JSON object")
+		return request{}, &a
+	}
+	if !wire.ValidName(req.Kind) {
+		a := badInput("kind", "want 1-128 of [A-Za-z0-9_.:-]")
+		return request{}, &a
+	}
+	if reason := idempotencyKeyProblem(req.IdempotencyKey); reason != "" {
+		a := badInput("idempotency_key", reason)
+		return request{}, &a
+	}
+	return req, nil
+}
+
+// idempotencyKeyProblem returns why k is not a valid idempotency key.
+func idempotencyKeyProblem(k string) string {
+	if k == "" {
+		return "missing"
+	}
+	if len(k) > MaxIdempotencyKeyLen {
+		return fmt.Sprintf("longer than %d bytes", MaxIdempotencyKeyLen)
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return "byte outside printable ASCII"
+		}
+	}
+	return ""
+}
+
+// run runs the task once per idempotency key.
+func (s *Server) run(ctx context.Context, key string, req request) (answer, bool) {
+	fp := requestFingerprint(req)
+	dk := key + "\x00" + req.IdempotencyKey
+	how, f, cached := s.dedup.begin(dk, fp)
+	switch how {
+	case lookupConflict:
+		return errorAnswer(http.StatusUnprocessableEntity, answerBody{Field: "idempotency_key",
+			Error: "idempotency_key: already used for a different request on this key"}), true
+	case lookupCached:
+		s.m.dedup.WithLabelValues("cached").Inc()
+		return cached, true
+	case lookupFollow:
+		select {
+		case <-f.done:
+			s.m.dedup.WithLabelValues("coalesced").Inc()
+			return f.ans, true
+		case <-ctx.Done():
+			return answer{}, false
+		}
+	}
+
+	// The leader. It waits for the task even when its caller goes away:
+	// the task runs anyway once queued, and its outcome must be
+	// remembered for the retry that is surely coming.
+	finished := false
+	defer func() {
+		if !finished { // a panic below: release the followers
+			s.dedup.finish(dk, f, errorAnswer(http.StatusInternalServerError, answerBody{Error: "internal error"}), false)
+		}
+	}()
+	res, err := s.cfg.Queue.Submit(context.WithoutCancel(ctx), key, Task{Kind: req.Kind, Payload: req.Payload, Batchable: req.Batchable})
+	a, ran := s.render(key, req, res, err)
+	s.dedup.finish(dk, f, a, ran)
+	finished = true
+	return a, true
+}
+
+// render turns a task's outcome into an answer; ran is false when the task
+// did not run (so a retry may run it).
+func (s *Server) render(key string, req request, res Result, err error) (a answer, ran bool) {
+	switch {
+	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrClosed):
+		return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: err.Error()}), false
+	case err != nil:
+		return errorAnswer(http.StatusInternalServerError, answerBody{Error: err.Error()}), false
+	case res.Err != nil:
+		return errorAnswer(http.StatusInternalServerError, answerBody{Error: res.Err.Error()}), true
+	}
+	v := res.Value
+	if len(v) == 0 {
+		v = json.RawMessage("null")
+	}
+	body, mErr := json.Marshal(answerBody{Value: v})
+	if mErr != nil {
+		s.log.Error("shard task returned a value that is not JSON", "key", key, "kind", req.Kind, "err", mErr)
+		return errorAnswer(http.StatusInternalServerError, answerBody{Error: "task value is not JSON: " + mErr.Error()}), true
+	}
+	return answer{code: http.StatusOK, body: append(body, '\n')}, true
+}
+
+// requestFingerprint digests what the task is, not how it was encoded
+// around it.
+func requestFingerprint(req request) fingerprint {
+	h := sha256.New()
+	h.Write([]byte(req.Kind))
+	if req.Batchable {
+		h.Write([]byte{0, 1})
+	} else {
+		h.Write([]byte{0, 0})
+	}
+	h.Write(req.Payload)
+	var fp fingerprint
+	h.Sum(fp[:0])
+	return fp
+}
