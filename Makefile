@@ -6,10 +6,19 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench fuzz tidy
+.PHONY: test lint bench fuzz tidy build demo
 
 test:
 	$(GO) test -race -count=1 $(TESTFLAGS) $(PKGS)
+
+build:
+	$(GO) build -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
+
+# A local cluster (master, 2 event writers, 2 workers) under a mixed load
+# for 20 s, then a consistency check. Needs Redis and PostgreSQL running:
+# `bash .ci/run` installs and starts them on Debian.
+demo: build
+	./bin/weft-demo -bin bin
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \

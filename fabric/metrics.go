@@ -23,6 +23,8 @@ type metrics struct {
 	taskSeconds  *prometheus.HistogramVec
 	taskErrors   *prometheus.CounterVec
 	applied      *prometheus.CounterVec
+	persisted    *prometheus.GaugeVec
+	position     *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -62,7 +64,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		applied: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "rows_applied_total", Help: "Row batches delivered to the application, by stream and source (live or catchup)."}, []string{"stream", "source"}),
 	}
-	for _, c := range []prometheus.Collector{m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
+	m.persisted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",
+		Name: "persisted_upto", Help: "Position at or below which every ID of the stream is persisted, as this instance knows it."}, []string{"stream"})
+	m.position = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",
+		Name: "position", Help: "Each writer's position (delivered view; the own position for writers) as this instance knows it."}, []string{"stream", "writer"})
+	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
 		m.connected, m.established, m.ready, m.viewLag, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -714,6 +714,12 @@ func (n *Node) publishStatus() {
 			low[v.Key.Stream] = v.Pos
 		}
 	}
+	for _, v := range s.Views {
+		n.m.position.WithLabelValues(v.Key.Stream, v.Key.Writer).Set(float64(v.Pos))
+	}
+	for name, g := range n.gens {
+		n.m.persisted.WithLabelValues(name).Set(float64(g.PersistedUpto()))
+	}
 	for st, l := range lag {
 		n.m.viewLag.WithLabelValues(st).Set(float64(l))
 		n.m.viewPos.WithLabelValues(st).Set(float64(low[st]))

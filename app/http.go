@@ -1,0 +1,174 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/streams"
+)
+
+// newShardServer is the owner end for one kind of sharded work; nil when
+// this instance owns none of it.
+func newShardServer(self string, m *instance.ShardMap, q *shard.Queue, cfg instance.Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
+	if q == nil {
+		return nil, nil
+	}
+	return shard.NewServer(shard.ServerConfig{Self: self, Map: m, Queue: q, Secret: cfg.Secret, Insecure: cfg.Insecure, Registerer: reg, Logger: log})
+}
+
+// shardDispatch routes forwarded work: keys under typingPrefix to the
+// typing writer's server, the rest (rooms) to the event writer's.
+type shardDispatch struct{ events, typing http.Handler }
+
+func (d shardDispatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, _ := url.PathUnescape(strings.TrimPrefix(r.URL.EscapedPath(), shard.PathPrefix))
+	h := d.events
+	if strings.HasPrefix(key, typingPrefix) {
+		h = d.typing
+	}
+	if h == nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": "not owner: this instance owns no such work"})
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+// prefixed puts typing tasks under typingPrefix.
+type prefixed struct{ f *shard.Forwarder }
+
+func (p prefixed) Do(ctx context.Context, key string, t shard.Task, idem string) (shard.Result, error) {
+	return p.f.Do(ctx, typingPrefix+key, t, idem)
+}
+
+// instrument counts HTTP requests by route pattern and code.
+func instrument(h *http.ServeMux, reg prometheus.Registerer) http.Handler {
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "http",
+		Name: "requests_total", Help: "HTTP requests by route and status code."}, []string{"route", "code"})
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "weft", Subsystem: "http",
+		Name: "request_duration_seconds", Help: "HTTP request latency by route.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"route"})
+	reg.MustRegister(reqs, dur)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		_, pattern := h.Handler(r)
+		if pattern == "" {
+			pattern = "unmatched"
+		}
+		h.ServeHTTP(rec, r)
+		reqs.WithLabelValues(pattern, strconv.Itoa(rec.code)).Inc()
+		dur.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.code = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// statusPage serves /readyz and /status.
+type statusPage struct {
+	cfg    instance.Config
+	inst   string
+	role   string
+	node   *fabric.Node
+	pool   *pgxpool.Pool
+	gen    *streams.Generator
+	queues map[string]*shard.Queue
+}
+
+func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.node.Ready() {
+		http.Error(w, "not ready: not established or catching up", http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// Status is the /status document.
+type Status struct {
+	Instance      string                 `json:"instance"`
+	Name          string                 `json:"name"`
+	Role          string                 `json:"role"`
+	Version       string                 `json:"version"`
+	URL           string                 `json:"url"`
+	Ready         bool                   `json:"ready"`
+	Established   bool                   `json:"established"`
+	PersistedUpto int64                  `json:"persisted_upto"`
+	Token         string                 `json:"token"`
+	Streams       []StreamView           `json:"streams"`
+	Peers         map[string]fabric.Peer `json:"peers"`
+	Writers       []WriterStatus         `json:"writers,omitempty"`
+	QueueDepth    map[string]int         `json:"queue_depth"`
+}
+
+// StreamView is one writer of one stream as this instance sees it.
+type StreamView struct {
+	Stream    string `json:"stream"`
+	Writer    string `json:"writer"`
+	Instance  string `json:"instance,omitempty"`
+	Position  int64  `json:"position"`
+	Announced int64  `json:"announced"`
+	Lag       int64  `json:"lag"`
+	Catching  bool   `json:"catching_up"`
+}
+
+// WriterStatus is a writer name's registration.
+type WriterStatus struct {
+	Name       string    `json:"name"`
+	Instance   string    `json:"instance"`
+	LeaseUntil time.Time `json:"lease_until"`
+	Sealed     bool      `json:"sealed"`
+	Epoch      int64     `json:"epoch"`
+}
+
+func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
+	ns := s.node.Status()
+	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, URL: s.cfg.Advertise(),
+		Ready: ns.Ready, Established: ns.Established, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
+		Peers: ns.Peers, QueueDepth: map[string]int{}}
+	for _, v := range ns.Views {
+		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
+			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, Catching: v.Catching})
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if rows, err := streams.Writers(ctx, s.pool); err == nil {
+		for _, row := range rows {
+			st.Writers = append(st.Writers, WriterStatus{Name: row.Name, Instance: row.Instance, LeaseUntil: row.LeaseUntil, Sealed: row.Sealed, Epoch: row.Epoch})
+		}
+	}
+	for name, q := range s.queues {
+		if q != nil {
+			st.QueueDepth[name] = q.Depth()
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(st)
+}

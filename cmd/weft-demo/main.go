@@ -1,0 +1,381 @@
+// Command weft-demo is `make demo`: it starts a master, two event writers
+// and two workers on local ports against the local Redis and PostgreSQL,
+// drives a mixed load (messages, state, typing, long-poll syncs) with a
+// live progress line, then checks that every instance returns the same
+// room histories and prints a summary. It exits 0 only if consistent.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+func main() {
+	bin := flag.String("bin", "bin", "directory holding the master and worker binaries")
+	dur := flag.Duration("duration", 20*time.Second, "how long to drive the load")
+	dbURL := flag.String("database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "a PostgreSQL database to create the demo database from")
+	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis")
+	rooms := flag.Int("rooms", 20, "rooms to spread the load over")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *bin, *dbURL, *redisURL, *dur, *rooms); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+type instance struct {
+	name, bin, url string
+	cmd            *exec.Cmd
+	done           chan struct{}
+}
+
+func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration, nrooms int) error {
+	dbURL, err := freshDatabase(ctx, adminURL, "weft_demo")
+	if err != nil {
+		return err
+	}
+	logs, err := os.MkdirTemp("", "weft-demo-")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("weft demo: database weft_demo, logs in %s\n", logs)
+	env := append(os.Environ(), "WEFT_DATABASE_URL="+dbURL, "WEFT_REDIS_URL="+redisURL, "WEFT_SECRET=demo-secret-0123456789",
+		"WEFT_CLUSTER=demo", "WEFT_ANNOUNCE_INTERVAL=200ms", "WEFT_LEASE_TTL=5s")
+	var procs []*instance
+	defer func() {
+		for _, p := range procs {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		for _, p := range procs {
+			select {
+			case <-p.done:
+			case <-time.After(25 * time.Second):
+				_ = p.cmd.Process.Kill()
+			}
+		}
+	}()
+	start := func(binary, name string) (*instance, error) {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		p := &instance{name: name, bin: binary, url: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan struct{})}
+		p.cmd = exec.Command(filepath.Join(bin, binary), "--name", name, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port))
+		p.cmd.Env = env
+		f, err := os.Create(filepath.Join(logs, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		p.cmd.Stdout, p.cmd.Stderr = f, f
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := p.cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start %s: %w (did you run `make build`?)", name, err)
+		}
+		go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
+		procs = append(procs, p)
+		return p, nil
+	}
+	master, err := start("master", "master")
+	if err != nil {
+		return err
+	}
+	if err := waitReady(ctx, master); err != nil {
+		return err
+	}
+	for _, n := range []string{"persister1", "persister2", "sync1", "sync2"} {
+		if _, err := start("worker", n); err != nil {
+			return err
+		}
+	}
+	for _, p := range procs {
+		if err := waitReady(ctx, p); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("cluster ready: %d instances\n", len(procs))
+
+	// Load: writers post messages, state and typing to random instances;
+	// every instance has a long-poller following all rooms.
+	loadCtx, stopLoad := context.WithTimeout(ctx, dur)
+	defer stopLoad()
+	var sent, failed, syncs atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for i := 0; loadCtx.Err() == nil; i++ {
+				p := procs[rng.IntN(len(procs))]
+				room := url.PathEscape(fmt.Sprintf("!demo%d:weft", rng.IntN(nrooms)))
+				var err error
+				switch r := rng.IntN(20); {
+				case r == 0:
+					err = call(loadCtx, "PUT", p.url+"/v1/rooms/"+room+"/state/topic", map[string]any{"value": fmt.Sprintf("topic %d.%d", g, i)}, nil)
+				case r == 1:
+					err = call(loadCtx, "PUT", p.url+"/v1/rooms/"+room+"/typing/"+fmt.Sprintf("@u%d:weft", g), map[string]any{"typing": true, "timeout_ms": 2000}, nil)
+				default:
+					err = call(loadCtx, "POST", p.url+"/v1/rooms/"+room+"/messages", map[string]any{"sender": fmt.Sprintf("@u%d:weft", g), "body": fmt.Sprintf("hello %d", i), "txn_id": fmt.Sprintf("%d-%d", g, i)}, nil)
+				}
+				switch {
+				case err == nil:
+					sent.Add(1)
+				case loadCtx.Err() == nil:
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for _, p := range procs {
+		wg.Go(func() {
+			since := ""
+			for loadCtx.Err() == nil {
+				var r struct {
+					NextBatch string `json:"next_batch"`
+				}
+				q := "/v1/sync?timeout_ms=1000"
+				if since != "" {
+					q += "&since=" + url.QueryEscape(since)
+				}
+				if err := call(loadCtx, "GET", p.url+q, nil, &r); err == nil {
+					since = r.NextBatch
+					syncs.Add(1)
+				}
+			}
+		})
+	}
+	// A live line on a terminal; a line every 2 s otherwise (CI logs).
+	tty := term.IsTerminal(int(os.Stdout.Fd()))
+	bar := progressbar.NewOptions(-1, progressbar.OptionSetWriter(os.Stdout), progressbar.OptionSpinnerType(14),
+		progressbar.OptionSetElapsedTime(true), progressbar.OptionClearOnFinish(), progressbar.OptionSetVisibility(tty))
+	began := time.Now()
+	every := 500 * time.Millisecond
+	if !tty {
+		every = 2 * time.Second
+	}
+	tick := time.NewTicker(every)
+	for loadCtx.Err() == nil {
+		select {
+		case <-tick.C:
+		case <-loadCtx.Done():
+		}
+		rate := float64(sent.Load()) / time.Since(began).Seconds()
+		line := fmt.Sprintf("%6.0f writes/s  %6d ok  %3d failed  %5d syncs  lag %s", rate, sent.Load(), failed.Load(), syncs.Load(), lags(ctx, procs))
+		if tty {
+			bar.Describe(line)
+		} else {
+			fmt.Printf("[%4.0fs] %s\n", time.Since(began).Seconds(), line)
+		}
+	}
+	tick.Stop()
+	wg.Wait()
+	_ = bar.Finish()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	// Consistency: every instance returns the same history, room by room.
+	histories := make([]map[string][]string, len(procs))
+	for i, p := range procs {
+		var h map[string][]string
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			h, err = history(ctx, p.url)
+			if err != nil {
+				return err
+			}
+			if i == 0 || sameHistory(histories[0], h) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond) // converging: poll again
+		}
+		histories[i] = h
+	}
+	consistent := true
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nINSTANCE\tROOMS\tEVENTS\tSAME AS master")
+	for i, p := range procs {
+		n := 0
+		for _, evs := range histories[i] {
+			n += len(evs)
+		}
+		same := sameHistory(histories[0], histories[i])
+		consistent = consistent && same
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\n", p.name, len(histories[i]), n, same)
+	}
+	_ = tw.Flush()
+	fmt.Printf("\n%d writes acknowledged (%.0f/s), %d failed, %d syncs answered in %v\n", sent.Load(),
+		float64(sent.Load())/dur.Seconds(), failed.Load(), syncs.Load(), dur)
+	if !consistent {
+		return errors.New("instances disagree on room histories")
+	}
+	fmt.Println("consistent: every instance returns identical room histories")
+	return nil
+}
+
+// lags is each instance's largest view lag, from /status.
+func lags(ctx context.Context, procs []*instance) string {
+	var b bytes.Buffer
+	for _, p := range procs {
+		var st struct {
+			Streams []struct {
+				Lag int64 `json:"lag"`
+			} `json:"streams"`
+		}
+		lag := int64(-1)
+		if call(ctx, "GET", p.url+"/status", nil, &st) == nil {
+			lag = 0
+			for _, s := range st.Streams {
+				lag = max(lag, s.Lag)
+			}
+		}
+		fmt.Fprintf(&b, "%s=%d ", p.name, lag)
+	}
+	return b.String()
+}
+
+func history(ctx context.Context, base string) (map[string][]string, error) {
+	out := map[string][]string{}
+	since := "m0"
+	for range 10000 {
+		var r struct {
+			Rooms map[string]struct {
+				Events []struct {
+					EventID string `json:"event_id"`
+				} `json:"events"`
+			} `json:"rooms"`
+			NextBatch string `json:"next_batch"`
+		}
+		if err := call(ctx, "GET", base+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
+			return nil, err
+		}
+		n := 0
+		for room, re := range r.Rooms {
+			for _, e := range re.Events {
+				out[room] = append(out[room], e.EventID)
+				n++
+			}
+		}
+		since = r.NextBatch
+		if n == 0 {
+			return out, nil
+		}
+	}
+	return nil, errors.New("sync never ran dry")
+}
+
+func sameHistory(a, b map[string][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for room, ids := range a {
+		if !slices.Equal(ids, b[room]) {
+			return false
+		}
+	}
+	return true
+}
+
+func waitReady(ctx context.Context, p *instance) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited; see its log", p.name)
+		default:
+		}
+		if resp, err := http.Get(p.url + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not ready after 60s", p.name)
+}
+
+func call(ctx context.Context, method, u string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s", method, u, data)
+	}
+	if out != nil {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// freshDatabase drops and creates name on the server of adminURL.
+func freshDatabase(ctx context.Context, adminURL, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return "", fmt.Errorf("connect %s: %w (is PostgreSQL running?)", adminURL, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		return "", err
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", err
+	}
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return "", err
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,180 @@
+package rooms
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/streams"
+)
+
+// syncPage bounds the events one sync returns per writer.
+const syncPage = 500
+
+type syncResp struct {
+	Rooms     map[string]roomEvents `json:"rooms"`
+	Typing    map[string][]string   `json:"typing"`
+	NextBatch string                `json:"next_batch"`
+}
+
+type roomEvents struct {
+	Events []json.RawMessage `json:"events"`
+}
+
+// currentToken is this instance's view of the events stream as a token:
+// every writer's delivered position. Everything at or below it is
+// committed, so the database answers exactly for it.
+func (s *Service) currentToken(ctx context.Context) (streams.Token, error) {
+	views := make(map[streams.WriterID]int64, len(s.eventWriters))
+	low := int64(-1)
+	for _, w := range s.eventWriters {
+		id, err := s.events.WriterID(ctx, w)
+		if err != nil {
+			return streams.Token{}, err
+		}
+		v := s.node.View(core.Key{Stream: EventsStream, Writer: w})
+		views[id] = v
+		if low < 0 || v < low {
+			low = v
+		}
+	}
+	return streams.NewToken(max(low, 0), views), nil
+}
+
+func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	timeout, err := parseTimeout(r)
+	if err != nil {
+		badRequest(w, "timeout_ms", "%v", err)
+		return
+	}
+	var rooms []string
+	if v := q.Get("rooms"); v != "" {
+		for _, room := range strings.Split(v, ",") {
+			if !roomRE.MatchString(room) {
+				badRequest(w, "rooms", "room %.64q: want 1-255 of [A-Za-z0-9!:._@#-]", room)
+				return
+			}
+			rooms = append(rooms, room)
+		}
+	}
+	ctx := r.Context()
+	cur, err := s.currentToken(ctx)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		return
+	}
+	since := cur // no token: start from now
+	if v := q.Get("since"); v != "" {
+		t, err := streams.ParseToken(v)
+		if err != nil {
+			badRequest(w, "since", "%v", err)
+			return
+		}
+		// A token from the future is clamped to what exists here, never
+		// waited on forever.
+		since = t.Bound(cur)
+	} else {
+		// An initial sync returns the current token and typing at once.
+		s.writeSync(w, rooms, nil, cur)
+		return
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		changed := s.live.waitChange()
+		cur, err = s.currentToken(ctx)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+			return
+		}
+		events, next, err := s.eventsBetween(ctx, since, cur, rooms)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+			return
+		}
+		wait := time.Until(deadline)
+		if len(events) > 0 || wait <= 0 {
+			s.writeSync(w, rooms, events, next)
+			return
+		}
+		since = next
+		timer := time.NewTimer(wait)
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		}
+		timer.Stop()
+	}
+}
+
+func (s *Service) writeSync(w http.ResponseWriter, rooms []string, events map[string][]json.RawMessage, next streams.Token) {
+	resp := syncResp{Rooms: map[string]roomEvents{}, NextBatch: next.String()}
+	for room, evs := range events {
+		resp.Rooms[room] = roomEvents{Events: evs}
+	}
+	if rooms == nil {
+		resp.Typing = s.live.typingAll()
+	} else {
+		resp.Typing = s.live.typingIn(rooms)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// eventsBetween reads every event in (since, upto] per writer, in stream
+// order per writer, for the rooms (all when nil). A writer with more than a
+// page stops at its last event returned: next says where to go on.
+func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, rooms []string) (map[string][]json.RawMessage, streams.Token, error) {
+	out := map[string][]json.RawMessage{}
+	next := map[streams.WriterID]int64{}
+	low := int64(-1)
+	for _, wname := range s.eventWriters {
+		id, err := s.events.WriterID(ctx, wname)
+		if err != nil {
+			return nil, streams.Token{}, err
+		}
+		from, to := since.Get(id), upto.Get(id)
+		reached := max(from, to)
+		if to > from {
+			var rows pgx.Rows
+			if rooms == nil {
+				rows, err = s.pool.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
+					wname, from, to, syncPage)
+			} else {
+				rows, err = s.pool.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 AND room = ANY($5) ORDER BY stream_id LIMIT $4`,
+					wname, from, to, syncPage, rooms)
+			}
+			if err != nil {
+				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: %w", err)
+			}
+			var pos int64
+			var room string
+			var ev json.RawMessage
+			n := 0
+			_, err = pgx.ForEachRow(rows, []any{&pos, &room, &ev}, func() error {
+				out[room] = append(out[room], append(json.RawMessage(nil), ev...))
+				n++
+				if n == syncPage {
+					reached = pos
+				}
+				return nil
+			})
+			if err != nil {
+				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: %w", err)
+			}
+		}
+		next[id] = reached
+		if low < 0 || reached < low {
+			low = reached
+		}
+	}
+	return out, streams.NewToken(max(low, 0), next), nil
+}
