@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/fabric"
@@ -23,31 +22,12 @@ import (
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/fabrictest"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/schema"
 	"github.com/weft-dev/weft/streams"
 )
 
-var lcEvents = streams.Config{
-	Name:     "events",
-	Sequence: "events_seq",
-	Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
-}
+var lcEvents = fabrictest.EventsConfig
 
-func lcDB(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, _ := testenv.NewPool(t)
-	ctx := context.Background()
-	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `
-		CREATE SEQUENCE events_seq;
-		CREATE TABLE events (stream_id bigint PRIMARY KEY, writer text NOT NULL, rows jsonb NOT NULL);
-		CREATE INDEX ON events (writer, stream_id);`); err != nil {
-		t.Fatal(err)
-	}
-	return pool
-}
+func lcDB(t *testing.T) *pgxpool.Pool { return fabrictest.EventsDB(t) }
 
 // lcMember is an instance with a node, its catch-up endpoint and a
 // recorder.
@@ -190,16 +170,7 @@ func writeN(t *testing.T, pool *pgxpool.Pool, n int, from int, writers ...*lcMem
 }
 
 func committedIDs(t *testing.T, pool *pgxpool.Pool, writer string) []int64 {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT stream_id FROM events WHERE writer = $1 ORDER BY stream_id`, writer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return fabrictest.Committed(t, pool, writer)
 }
 
 func convergedOn(t *testing.T, pool *pgxpool.Pool, reader *lcMember, writers ...string) {

@@ -16,32 +16,13 @@ import (
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/fabrictest"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/schema"
 	"github.com/weft-dev/weft/streams"
 )
 
-var eventsCfg = streams.Config{
-	Name:     "events",
-	Sequence: "events_seq",
-	Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
-}
+var eventsCfg = fabrictest.EventsConfig
 
 // testDB is a fresh migrated database with an events stream.
-func testDB(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	pool, _ := testenv.NewPool(t)
-	ctx := context.Background()
-	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `
-		CREATE SEQUENCE events_seq;
-		CREATE TABLE events (stream_id bigint PRIMARY KEY, writer text NOT NULL, rows jsonb NOT NULL);
-		CREATE INDEX ON events (writer, stream_id);`); err != nil {
-		t.Fatal(err)
-	}
-	return pool
-}
+func testDB(t testing.TB) *pgxpool.Pool { return fabrictest.EventsDB(t) }
 
 // dbFetcher reads a durable writer's rows from PostgreSQL, a page at a time.
 type dbFetcher struct {
@@ -163,18 +144,8 @@ func (m *member) write(ctx context.Context, pool *pgxpool.Pool, n int) (int64, e
 	return id, nil
 }
 
-// committed is every row of writer in the database, in order.
 func committed(t *testing.T, pool *pgxpool.Pool, writer string) []int64 {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT stream_id FROM events WHERE writer = $1 ORDER BY stream_id`, writer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return fabrictest.Committed(t, pool, writer)
 }
 
 // converged waits until reader has every committed row of each writer, then

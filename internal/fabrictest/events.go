@@ -1,0 +1,53 @@
+package fabrictest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/schema"
+	"github.com/weft-dev/weft/streams"
+)
+
+// EventsConfig is the test stream: one sequence, one table whose rows
+// column holds each position's JSON rows.
+var EventsConfig = streams.Config{
+	Name:     "events",
+	Sequence: "events_seq",
+	Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+}
+
+// EventsDB is a fresh migrated database with the test events stream.
+func EventsDB(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, _ := testenv.NewPool(t)
+	ctx := context.Background()
+	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+		CREATE SEQUENCE events_seq;
+		CREATE TABLE events (stream_id bigint PRIMARY KEY, writer text NOT NULL, rows jsonb NOT NULL);
+		CREATE INDEX ON events (writer, stream_id);`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// Committed is every stream ID writer committed to the test events table,
+// in order.
+func Committed(t testing.TB, pool *pgxpool.Pool, writer string) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT stream_id FROM events WHERE writer = $1 ORDER BY stream_id`, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
