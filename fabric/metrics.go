@@ -18,6 +18,7 @@ type metrics struct {
 	established  prometheus.Gauge
 	ready        prometheus.Gauge
 	viewLag      *prometheus.GaugeVec
+	viewLagSecs  *prometheus.GaugeVec
 	viewPos      *prometheus.GaugeVec
 	tasksRunning *prometheus.GaugeVec
 	taskSeconds  *prometheus.HistogramVec
@@ -52,6 +53,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ready", Help: "1 while established and no stream is catching up."}),
 		viewLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "view_lag", Help: "Largest distance, in stream positions, between a writer's announced position and the local view, by stream."}, []string{"stream"}),
+		viewLagSecs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "view_lag_seconds", Help: "How long the most lagging writer of a stream has been ahead of the local view (0 when caught up), by stream."}, []string{"stream"}),
 		viewPos: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "view_min_position", Help: "Lowest local view over the writers of a stream."}, []string{"stream"}),
 		tasksRunning: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -69,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.position = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",
 		Name: "position", Help: "Each writer's position (delivered view; the own position for writers) as this instance knows it."}, []string{"stream", "writer"})
 	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
-		m.connected, m.established, m.ready, m.viewLag, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied} {
+		m.connected, m.established, m.ready, m.viewLag, m.viewLagSecs, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

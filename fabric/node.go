@@ -155,7 +155,8 @@ type Node struct {
 	est      atomic.Bool
 	status   atomic.Pointer[Status]
 	started  atomic.Bool
-	writes   []string // streams written here
+	writes   []string               // streams written here
+	behind   map[core.Key]time.Time // since when each lagging view has lagged (loop only)
 	starts   map[string]int64
 	latest   atomic.Pointer[map[string]Peer] // writer name -> its latest instance
 	writeBuf []byte
@@ -708,7 +709,22 @@ func (n *Node) publishStatus() {
 	n.latest.Store(&latest)
 	lag := map[string]int64{}
 	low := map[string]int64{}
+	lagSecs := map[string]float64{}
+	now := time.Now()
+	if n.behind == nil {
+		n.behind = map[core.Key]time.Time{}
+	}
 	for _, v := range s.Views {
+		if v.Announced > v.Pos {
+			since, ok := n.behind[v.Key]
+			if !ok {
+				since, n.behind[v.Key] = now, now
+			}
+			lagSecs[v.Key.Stream] = max(lagSecs[v.Key.Stream], now.Sub(since).Seconds())
+		} else {
+			delete(n.behind, v.Key)
+			lagSecs[v.Key.Stream] = max(lagSecs[v.Key.Stream], 0)
+		}
 		lag[v.Key.Stream] = max(lag[v.Key.Stream], v.Announced-v.Pos)
 		if p, ok := low[v.Key.Stream]; !ok || v.Pos < p {
 			low[v.Key.Stream] = v.Pos
@@ -719,6 +735,9 @@ func (n *Node) publishStatus() {
 	}
 	for name, g := range n.gens {
 		n.m.persisted.WithLabelValues(name).Set(float64(g.PersistedUpto()))
+	}
+	for st, secs := range lagSecs {
+		n.m.viewLagSecs.WithLabelValues(st).Set(secs)
 	}
 	for st, l := range lag {
 		n.m.viewLag.WithLabelValues(st).Set(float64(l))

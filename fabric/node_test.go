@@ -107,10 +107,14 @@ func TestNodeRedisKilledMidStream(t *testing.T) {
 	if reader.node.Established() || reader.node.Ready() {
 		t.Fatal("reader established while catching up")
 	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return metricSum(reader.node.m.viewLagSecs) > 0 },
+		"weft_fabric_view_lag_seconds stays 0 while the reader is held behind")
 	once.Do(func() { close(released) })
 	write(w1, 600, 700)
 	converged(t, pool, reader, "persister1", "persister2")
 	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready after catching up")
+	testenv.Eventually(t, 5*time.Second, func() bool { return metricSum(reader.node.m.viewLagSecs) == 0 },
+		"weft_fabric_view_lag_seconds not back to 0 after catching up")
 	if gaps := metricSum(reader.node.m.gaps); gaps == 0 {
 		t.Fatal("no gap counted across a Redis restart")
 	}
