@@ -208,27 +208,46 @@ func (s *Service) putState(w http.ResponseWriter, r *http.Request) {
 	s.persist(w, r, room, persistReq{Sender: req.Sender, TxnID: req.TxnID, Kind: "state", StateKey: &key, Content: content})
 }
 
-// persist forwards the event to the room's owner, then waits until this
-// instance sees it (read your writes).
-func (s *Service) persist(w http.ResponseWriter, r *http.Request, room string, req persistReq) {
-	payload, _ := json.Marshal(req)
-	res, err := s.eventsFwd.Do(r.Context(), room, shard.Task{Kind: KindPersist, Payload: payload, Batchable: true}, req.Sender+"/"+req.TxnID)
+// forward runs a task on the key's owner; on failure it answers 503 and
+// reports false.
+func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, key string, t shard.Task, idem string) (json.RawMessage, bool) {
+	res, err := f.Do(r.Context(), key, t, idem)
 	if err == nil {
 		err = res.Err
 	}
 	if err != nil {
-		s.log.Warn("persist failed", "room", room, "err", err)
+		s.log.Warn("forwarded task failed", "kind", t.Kind, "key", key, "err", err)
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		return nil, false
+	}
+	return res.Value, true
+}
+
+// visibleAt waits until this instance has seen key at pos (read your
+// writes); on timeout it answers 504, saying the write itself succeeded.
+func (s *Service) visibleAt(w http.ResponseWriter, r *http.Request, key core.Key, pos int64) bool {
+	err := shard.WaitVisible(r.Context(), func(ctx context.Context) error { return s.node.WaitFor(ctx, key, pos) }, s.visible)
+	if err != nil {
+		writeJSON(w, http.StatusGatewayTimeout, apiError{Error: fmt.Sprintf("%s/%s at %d: %v", key.Stream, key.Writer, pos, err)})
+		return false
+	}
+	return true
+}
+
+// persist forwards the event to the room's owner, then waits until this
+// instance sees it (read your writes).
+func (s *Service) persist(w http.ResponseWriter, r *http.Request, room string, req persistReq) {
+	payload, _ := json.Marshal(req)
+	value, ok := s.forward(w, r, s.eventsFwd, room, shard.Task{Kind: KindPersist, Payload: payload, Batchable: true}, req.Sender+"/"+req.TxnID)
+	if !ok {
 		return
 	}
 	var ev Event
-	if err := json.Unmarshal(res.Value, &ev); err != nil {
+	if err := json.Unmarshal(value, &ev); err != nil {
 		writeJSON(w, http.StatusBadGateway, apiError{Error: "owner answered: " + err.Error()})
 		return
 	}
-	key := core.Key{Stream: EventsStream, Writer: ev.Writer}
-	if err := shard.WaitVisible(r.Context(), func(ctx context.Context) error { return s.node.WaitFor(ctx, key, ev.StreamPos) }, s.visible); err != nil {
-		writeJSON(w, http.StatusGatewayTimeout, apiError{Error: err.Error()})
+	if !s.visibleAt(w, r, core.Key{Stream: EventsStream, Writer: ev.Writer}, ev.StreamPos) {
 		return
 	}
 	tok, err := s.currentToken(r.Context())
@@ -244,15 +263,9 @@ func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := s.eventsFwd.Do(r.Context(), room, shard.Task{Kind: KindRecompute}, "recompute/"+randomID())
-	if err == nil {
-		err = res.Err
+	if value, ok := s.forward(w, r, s.eventsFwd, room, shard.Task{Kind: KindRecompute}, "recompute/"+randomID()); ok {
+		writeJSON(w, http.StatusOK, value)
 	}
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
-		return
-	}
-	writeJSON(w, http.StatusOK, json.RawMessage(res.Value))
 }
 
 func (s *Service) getState(w http.ResponseWriter, r *http.Request) {
@@ -306,21 +319,15 @@ func (s *Service) putTyping(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	payload, _ := json.Marshal(typingReq{User: user, Typing: *req.Typing, TimeoutMS: req.TimeoutMS})
-	res, err := s.typingFwd.Do(r.Context(), room, shard.Task{Kind: KindTyping, Payload: payload}, "typing/"+randomID())
-	if err == nil {
-		err = res.Err
-	}
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+	value, ok := s.forward(w, r, s.typingFwd, room, shard.Task{Kind: KindTyping, Payload: payload}, "typing/"+randomID())
+	if !ok {
 		return
 	}
 	var out struct {
 		StreamPos int64 `json:"stream_pos"`
 	}
-	_ = json.Unmarshal(res.Value, &out)
-	key := core.Key{Stream: TypingStream, Writer: s.typingWriter}
-	if err := shard.WaitVisible(r.Context(), func(ctx context.Context) error { return s.node.WaitFor(ctx, key, out.StreamPos) }, s.visible); err != nil {
-		writeJSON(w, http.StatusGatewayTimeout, apiError{Error: err.Error()})
+	_ = json.Unmarshal(value, &out)
+	if !s.visibleAt(w, r, core.Key{Stream: TypingStream, Writer: s.typingWriter}, out.StreamPos) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"stream_pos": out.StreamPos})

@@ -20,15 +20,23 @@ type writeAck struct {
 	SyncToken string `json:"sync_token"`
 }
 
+// smallCluster starts a master, two event writers and a worker on a
+// private Redis and a fresh database, and waits until all are ready.
+func smallCluster(t *testing.T) (c *cluster, master, p1, p2, sync1 *proc) {
+	t.Helper()
+	rds := testenv.StartRedis(t)
+	c = newCluster(t, rds.URL(), testenv.NewDatabase(t))
+	master = c.start("master", "master")
+	c.waitReady(master)
+	p1, p2, sync1 = c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
+	c.waitReady(p1, p2, sync1)
+	return c, master, p1, p2, sync1
+}
+
 // A write forwarded through an instance is visible on that instance as
 // soon as the write returns: 1,000 times, zero misses.
 func TestReadYourWritesThroughForwarding(t *testing.T) {
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, sync1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, sync1)
+	_, _, _, _, sync1 := smallCluster(t)
 	ctx := context.Background()
 	var before struct {
 		NextBatch string `json:"next_batch"`
@@ -137,13 +145,8 @@ func checkAll(t *testing.T, l *load, procs ...*proc) {
 // lease expires; the rows it committed are all visible; it restarts as a
 // new instance and the cluster converges with nothing lost or duplicated.
 func TestWriterKilledMidLoad(t *testing.T) {
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, sync1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
+	c, master, p1, p2, sync1 := smallCluster(t)
 	procs := []*proc{master, p1, p2, sync1}
-	c.waitReady(procs...)
 	ctx, stop := context.WithCancel(context.Background())
 	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
 	testenv.Eventually(t, 10*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > 200 }, "no load")
@@ -193,13 +196,8 @@ func TestWriterKilledMidLoad(t *testing.T) {
 // A rolling restart of a writer (SIGTERM, then a new process of the same
 // name) hands over with no write lost or duplicated.
 func TestWriterRollingRestart(t *testing.T) {
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, sync1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
+	c, master, p1, p2, sync1 := smallCluster(t)
 	procs := []*proc{master, p1, p2, sync1}
-	c.waitReady(procs...)
 	ctx, stop := context.WithCancel(context.Background())
 	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
 	testenv.Eventually(t, 10*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > 200 }, "no load")
