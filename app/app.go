@@ -112,6 +112,7 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 		Instance:         inst,
 		Cluster:          cfg.Cluster,
 		RedisURL:         cfg.RedisURL,
+		Secret:           cfg.Secret, // signs every command on the channel
 		Hello:            wire.Hello{Name: cfg.Name, Role: role, URL: cfg.Advertise(), Version: Version},
 		Streams:          []core.StreamSpec{{Name: rooms.EventsStream, Start: gen.PersistedUpto()}, {Name: rooms.TypingStream, Ephemeral: true}},
 		Generators:       []*streams.Generator{gen},

@@ -194,3 +194,5 @@ func metricSum(c prometheus.Collector) float64 {
 	}
 	return sum
 }
+
+func eventsKey(writer string) core.Key { return core.Key{Stream: "events", Writer: writer} }

@@ -102,6 +102,11 @@ type Config struct {
 	ReplicateWait time.Duration
 	// Backoff is the reconnect policy; catch-up retries use it too.
 	Backoff BackoffConfig
+	// Secret, when set, signs every command this node publishes (HMAC) and
+	// makes it drop, and count, any line not signed with the same secret:
+	// a forged position could otherwise make readers skip rows. Every
+	// instance of a cluster must use the same secret.
+	Secret string
 	// Codec decodes the channel; register application verbs on it. Nil
 	// means a codec with the built-in verbs only.
 	Codec *wire.Codec
@@ -147,6 +152,7 @@ type Node struct {
 	notify   *notifier
 	m        *metrics
 	codec    *wire.Codec
+	signer   *signer // nil: lines are neither signed nor checked
 	channel  string
 	gens     map[string]*streams.Generator
 	in       chan input
@@ -220,7 +226,7 @@ func New(cfg Config) (*Node, error) {
 	if codec == nil {
 		codec = wire.NewCodec(wire.Config{})
 	}
-	n := &Node{cfg: cfg, log: log.With("instance", cfg.Instance), notify: newNotifier(), m: m, codec: codec,
+	n := &Node{cfg: cfg, log: log.With("instance", cfg.Instance), notify: newNotifier(), m: m, codec: codec, signer: newSigner(cfg.Secret),
 		channel: "weft:" + cfg.Cluster, gens: map[string]*streams.Generator{}, in: make(chan input, 4096)}
 
 	writes := map[string]int64{}
@@ -324,6 +330,13 @@ func (e nodeEvents) linkMessage(payload string) {
 	// The line is only read while decoding (Decode keeps nothing of it),
 	// so it is viewed without a copy.
 	line := unsafe.Slice(unsafe.StringData(payload), len(payload))
+	if e.n.signer != nil {
+		var ok bool
+		if line, ok = e.n.signer.verify(line); !ok {
+			e.n.m.invalid.WithLabelValues("bad_signature").Inc()
+			return
+		}
+	}
 	if string(wire.PeekSender(line)) == e.n.cfg.Instance {
 		e.n.m.echoes.Inc() // our own echo: half the lines a writer receives
 		return
@@ -613,6 +626,9 @@ func (n *Node) publish(ctx context.Context, cmd wire.Command) {
 	if err != nil {
 		n.log.Error("cannot encode command", "verb", cmd.Verb(), "err", err)
 		return
+	}
+	if n.signer != nil {
+		n.writeBuf = n.signer.sign(n.writeBuf)
 	}
 	if err := n.link.publish(ctx, n.writeBuf); err != nil { // publish copies
 		return // ctx done
