@@ -28,40 +28,6 @@ const (
 	DefaultMaxResponseBytes = 256 << 20
 )
 
-// BackoffConfig is the delay between attempts of one page: exponential,
-// jittered, capped. Zero values mean the documented defaults.
-type BackoffConfig struct {
-	// Initial is the first delay [100 ms].
-	Initial time.Duration
-	// Max caps every delay [2 s].
-	Max time.Duration
-	// Multiplier grows the delay per attempt [2].
-	Multiplier float64
-	// Jitter is the randomization factor: each delay is drawn from
-	// [d*(1-Jitter), d*(1+Jitter)] [0.5]. Negative means none.
-	Jitter float64
-}
-
-// NewBackOff returns a fresh policy that never gives up by itself
-// (MaxElapsedTime 0): the caller bounds the attempts.
-func (c BackoffConfig) NewBackOff() *backoff.ExponentialBackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = cmp(c.Initial, 100*time.Millisecond)
-	b.MaxInterval = cmp(c.Max, 2*time.Second)
-	b.Multiplier = cmp(c.Multiplier, 2)
-	switch {
-	case c.Jitter < 0:
-		b.RandomizationFactor = 0
-	case c.Jitter == 0:
-		b.RandomizationFactor = 0.5
-	default:
-		b.RandomizationFactor = min(c.Jitter, 1)
-	}
-	b.MaxElapsedTime = 0
-	b.Reset()
-	return b
-}
-
 // cmp returns v, or def when v is not positive.
 func cmp[T time.Duration | float64 | int | int64](v, def T) T {
 	if v <= 0 {
@@ -86,7 +52,7 @@ type ClientConfig struct {
 	// [3].
 	Retries int
 	// Backoff is the delay between attempts.
-	Backoff BackoffConfig
+	Backoff fabric.BackoffConfig
 	// PerSourceLimit bounds the concurrent requests to one source URL, so
 	// that every reader catching up at once after a Redis restart does not
 	// stampede one instance [4].

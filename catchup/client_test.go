@@ -20,7 +20,7 @@ import (
 )
 
 // fastBackoff keeps retry tests quick.
-var fastBackoff = BackoffConfig{Initial: time.Millisecond, Max: 5 * time.Millisecond}
+var fastBackoff = fabric.BackoffConfig{Initial: time.Millisecond, Max: 5 * time.Millisecond}
 
 // countingHandler counts requests and can run a hook before h.
 type countingHandler struct {
@@ -56,7 +56,7 @@ func newTestClient(t *testing.T, cfg ClientConfig) *Client {
 	if cfg.Secret == "" {
 		cfg.Secret = testSecret
 	}
-	if cfg.Backoff == (BackoffConfig{}) {
+	if cfg.Backoff == (fabric.BackoffConfig{}) {
 		cfg.Backoff = fastBackoff
 	}
 	c := NewClient(cfg)
@@ -455,25 +455,6 @@ func TestClientTimeout(t *testing.T) {
 	}
 	if got := value(t, c.m.fallbacks.WithLabelValues("events", "timeout")); got != 1 {
 		t.Fatalf("timeout fallbacks %v", got)
-	}
-}
-
-func TestBackoffConfig(t *testing.T) {
-	b := BackoffConfig{Initial: 10 * time.Millisecond, Max: 40 * time.Millisecond, Jitter: -1}.NewBackOff()
-	var got []time.Duration
-	for range 5 {
-		got = append(got, b.NextBackOff())
-	}
-	want := []time.Duration{10, 20, 40, 40, 40}
-	for i := range want {
-		want[i] *= time.Millisecond
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("delays %v, want %v", got, want)
-	}
-	d := BackoffConfig{}.NewBackOff()
-	if d.InitialInterval != 100*time.Millisecond || d.MaxInterval != 2*time.Second || d.RandomizationFactor != 0.5 || d.MaxElapsedTime != 0 {
-		t.Fatalf("defaults %+v", d)
 	}
 }
 

@@ -100,6 +100,11 @@ func (c BackoffConfig) newBackOff(clock backoff.Clock) backoff.BackOff {
 	return &cappedBackOff{exp: exp, max: c.Max}
 }
 
+// NewBackOff returns a fresh policy at its first delay, for callers that
+// retry with cenkalti/backoff (catch-up pages, forwarded tasks). It never
+// gives up by itself: bound it with backoff.WithMaxRetries or a context.
+func (c BackoffConfig) NewBackOff() backoff.BackOff { return c.newBackOff(nil) }
+
 // delays returns the same policy as a function of the attempt (1, 2, ...)
 // for callers that count attempts themselves, such as core.Config's
 // RetryDelay. It is safe for concurrent use.

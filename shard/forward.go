@@ -17,7 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/instance"
 )
 
@@ -73,7 +73,7 @@ type ForwarderConfig struct {
 	// A 409 adds one more attempt, once.
 	Retries int
 	// Backoff is the delay between attempts.
-	Backoff catchup.BackoffConfig
+	Backoff fabric.BackoffConfig
 	// Timeout bounds one HTTP attempt [10 s].
 	Timeout time.Duration
 	// Registerer receives the metrics; nil means a private registry.
