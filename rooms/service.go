@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -100,13 +101,19 @@ func (s *Service) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/sync", s.sync)
 }
 
-func (s *Service) room(w http.ResponseWriter, r *http.Request) (string, bool) {
-	room := r.PathValue("room")
-	if !roomRE.MatchString(room) {
-		badRequest(w, "room", "room %.64q: want 1-255 of [A-Za-z0-9!:._@#-]", room)
+// pathParam reads a path parameter and answers 400 naming it when it does
+// not match re; want describes the valid form.
+func pathParam(w http.ResponseWriter, r *http.Request, name string, re *regexp.Regexp, want string) (string, bool) {
+	v := r.PathValue(name)
+	if !re.MatchString(v) {
+		badRequest(w, name, "%s %.64q: want %s", name, v, want)
 		return "", false
 	}
-	return room, true
+	return v, true
+}
+
+func (s *Service) room(w http.ResponseWriter, r *http.Request) (string, bool) {
+	return pathParam(w, r, "room", roomRE, "1-255 of [A-Za-z0-9!:._@#-]")
 }
 
 // decodeBody reads a size-limited JSON object into v, rejecting unknown
@@ -181,9 +188,8 @@ func (s *Service) putState(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	key := r.PathValue("key")
-	if !keyRE.MatchString(key) {
-		badRequest(w, "key", "state key %.64q: want 0-255 of [A-Za-z0-9:._-]", key)
+	key, ok := pathParam(w, r, "key", keyRE, "0-255 of [A-Za-z0-9:._-]")
+	if !ok {
 		return
 	}
 	var req stateReq
@@ -298,9 +304,8 @@ func (s *Service) putTyping(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	user := r.PathValue("user")
-	if !userRE.MatchString(user) {
-		badRequest(w, "user", "user %.64q: want 1-255 of [A-Za-z0-9@:._=-]", user)
+	user, ok := pathParam(w, r, "user", userRE, "1-255 of [A-Za-z0-9@:._=-]")
+	if !ok {
 		return
 	}
 	var req typingBody

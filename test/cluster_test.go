@@ -31,13 +31,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	for _, cmd := range []string{"master", "worker"} {
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "../cmd/"+cmd)
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "build", cmd, err)
-			os.Exit(1)
-		}
+	if err := testenv.BuildCommands(dir, "master", "worker"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
