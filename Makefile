@@ -6,7 +6,7 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench fuzz tidy build demo
+.PHONY: test lint bench bench-quick gobench fuzz tidy build demo
 
 test:
 	$(GO) test -race -count=1 $(TESTFLAGS) $(PKGS)
@@ -25,7 +25,17 @@ lint:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
+# The benchmark harness: weft against raw Redis/PostgreSQL in one run,
+# median of 3; writes bench/results.json and regenerates BENCHMARKS.md.
 bench:
+	$(GO) run ./cmd/weft-bench
+
+# A short pass of the same harness (under 2 minutes); writes nothing.
+bench-quick:
+	$(GO) run ./cmd/weft-bench -quick
+
+# Every Go micro-benchmark in the tree.
+gobench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKGS)
 
 # Each fuzz target for a short while: crashers are saved under testdata/fuzz.

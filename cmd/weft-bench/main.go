@@ -1,0 +1,256 @@
+// Command weft-bench is `make bench`: it measures weft end to end against
+// the raw operations it wraps (PostgreSQL INSERTs, Redis PUBLISH and
+// SUBSCRIBE, a range read), each baseline measured in the same run on the
+// same servers, and reports the median of several runs as a table, as
+// bench/results.json, as BENCHMARKS.md and as bench/chart.png.
+//
+// It needs the local Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432,
+// trust auth for postgres). Every measurement creates its own database and
+// drops it after; the Redis outage measurement starts a private
+// redis-server on a free port and never touches the shared one.
+//
+// Readers run as separate processes: the binary re-executes itself in a
+// hidden "reader" mode (see reader.go), so each reader has its own Redis
+// subscription and its own getrusage.
+//
+//	go run ./cmd/weft-bench          # 3 runs, writes the reports (make bench)
+//	go run ./cmd/weft-bench -quick   # 1 short run, prints only (make bench-quick)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) > 1 && os.Args[1] == "reader" {
+		quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		redis.SetLogger(quietRedis{})
+		if err := readerMain(ctx, os.Args[2:], quiet); err != nil {
+			fmt.Fprintln(os.Stderr, "weft-bench reader:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var o options
+	flag.BoolVar(&o.Quick, "quick", false, "one short run that writes nothing but a temp copy of the reports (make bench-quick)")
+	flag.IntVar(&o.Runs, "runs", 0, "runs to take the median of [3; 1 with -quick]")
+	flag.StringVar(&o.JSON, "json", "bench/results.json", "machine-readable results")
+	flag.StringVar(&o.Markdown, "markdown", "BENCHMARKS.md", "the report, regenerated from the results")
+	flag.StringVar(&o.Chart, "chart", "bench/chart.png", "throughput and latency against the number of readers")
+	flag.StringVar(&o.Notes, "notes", "bench/notes.md", "hand-written analysis appended to the report")
+	flag.StringVar(&o.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "the shared Redis")
+	flag.StringVar(&o.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+		"a database on the PostgreSQL server to create each run's databases from")
+	flag.StringVar(&o.Only, "only", "", "comma-separated measurements to run ("+strings.Join(measurementNames(), ",")+")")
+	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write this process's CPU profile here")
+	flag.BoolVar(&o.SyncCommit, "sync-commit", false, "commit with synchronous_commit = on (the default measures with it off, see BENCHMARKS.md)")
+	flag.BoolVar(&o.Verbose, "v", false, "log progress")
+	flag.Parse()
+	if o.Verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	} else {
+		// The outage measurement makes every client complain, by design.
+		redis.SetLogger(quietRedis{})
+	}
+	if err := run(ctx, o, log); err != nil {
+		fmt.Fprintln(os.Stderr, "weft-bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	Quick                        bool
+	Runs                         int
+	JSON, Markdown, Chart, Notes string
+	RedisURL, DatabaseURL        string
+	Only, CPUProfile             string
+	Verbose, SyncCommit          bool
+}
+
+// benchEnv is what every measurement gets.
+type benchEnv struct {
+	redisURL   string
+	adminURL   string
+	quick      bool
+	syncCommit bool
+	log        *slog.Logger
+	nodeLog    *slog.Logger // the nodes': errors only, unless -v
+	run        int
+	binDir     string // the master and worker binaries, built once
+}
+
+// cluster is a cluster name of its own for one measurement of one run, so
+// nothing a previous measurement left on the shared Redis is heard.
+func (e *benchEnv) cluster(what string) string {
+	return fmt.Sprintf("bench-%s-%d-%d", what, os.Getpid(), e.run)
+}
+
+func run(ctx context.Context, o options, log *slog.Logger) error {
+	started := time.Now()
+	if o.Runs <= 0 {
+		o.Runs = 3
+		if o.Quick {
+			o.Runs = 1
+		}
+	}
+	if o.CPUProfile != "" {
+		f, err := os.Create(o.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ms, err := selected(o.Only)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "weft-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	env := &benchEnv{redisURL: o.RedisURL, adminURL: o.DatabaseURL, quick: o.Quick, syncCommit: o.SyncCommit, log: log, nodeLog: nodeLog(o.Verbose), binDir: filepath.Join(tmp, "bin")}
+	machine, err := describeMachine(ctx, o.RedisURL, o.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("weft-bench: %d run(s)%s on %s (%d cores), Go %s, Redis %s, PostgreSQL %s\n", o.Runs, map[bool]string{true: ", quick", false: ""}[o.Quick],
+		machine.CPU, machine.Cores, machine.Go, machine.Redis, machine.Postgres)
+	var runs [][]Sample
+	var failures []string
+	for r := range o.Runs {
+		env.run = r + 1
+		var samples []Sample
+		for _, m := range ms {
+			fmt.Printf("run %d/%d: %s ...\n", r+1, o.Runs, m.name)
+			began := time.Now()
+			mctx, cancel := context.WithTimeout(ctx, m.timeout)
+			got, err := m.run(mctx, env)
+			cancel()
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				log.Error("measurement failed", "measurement", m.name, "run", r+1, "err", err)
+				failures = append(failures, fmt.Sprintf("run %d: %s: %v", r+1, m.name, err))
+				continue
+			}
+			fmt.Printf("run %d/%d: %s done in %.1fs\n", r+1, o.Runs, m.name, time.Since(began).Seconds())
+			samples = append(samples, got...)
+		}
+		runs = append(runs, samples)
+	}
+	res := Results{Command: command(o), Quick: o.Quick, Runs: o.Runs, Started: started.UTC().Truncate(time.Second),
+		Seconds: time.Since(started).Seconds(), Machine: machine, Figures: aggregate(runs), Failures: failures}
+	fmt.Println()
+	fmt.Print(renderTable(res))
+	jsonPath, mdPath, chartPath := o.JSON, o.Markdown, o.Chart
+	if o.Quick {
+		// A quick run never replaces the committed reports.
+		out, err := os.MkdirTemp("", "weft-bench-quick-")
+		if err != nil {
+			return err
+		}
+		jsonPath, mdPath, chartPath = filepath.Join(out, "results.json"), filepath.Join(out, "BENCHMARKS.md"), filepath.Join(out, "chart.png")
+	}
+	if err := writeReports(res, jsonPath, mdPath, chartPath, o.Notes); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s, %s, %s in %.0fs\n", jsonPath, mdPath, chartPath, time.Since(started).Seconds())
+	if len(failures) > 0 {
+		return fmt.Errorf("%d measurement(s) failed: %s", len(failures), strings.Join(failures, "; "))
+	}
+	return nil
+}
+
+// command is how the run was started, for the report.
+func command(o options) string {
+	switch {
+	case o.Quick && len(os.Args) == 2:
+		return "make bench-quick (go run ./cmd/weft-bench -quick)"
+	case len(os.Args) == 1:
+		return "make bench (go run ./cmd/weft-bench)"
+	}
+	return "go run ./cmd/weft-bench " + strings.Join(os.Args[1:], " ")
+}
+
+// measurement is one file's worth of figures.
+type measurement struct {
+	name    string
+	timeout time.Duration
+	run     func(ctx context.Context, e *benchEnv) ([]Sample, error)
+}
+
+func measurements() []measurement {
+	return []measurement{
+		{"e2e", 4 * time.Minute, measureE2E},
+		{"fanout", 4 * time.Minute, measureFanout},
+		{"catchup", 2 * time.Minute, measureCatchup},
+		{"lag", 2 * time.Minute, measureLag},
+		{"outage", 2 * time.Minute, measureOutage},
+		{"rss", 3 * time.Minute, measureRSS},
+	}
+}
+
+func measurementNames() []string {
+	var out []string
+	for _, m := range measurements() {
+		out = append(out, m.name)
+	}
+	return out
+}
+
+func selected(only string) ([]measurement, error) {
+	all := measurements()
+	if only == "" {
+		return all, nil
+	}
+	var out []measurement
+	for _, name := range strings.Split(only, ",") {
+		found := false
+		for _, m := range all {
+			if m.name == strings.TrimSpace(name) {
+				out = append(out, m)
+				found = true
+			}
+		}
+		if !found {
+			return nil, errors.New("unknown measurement " + name)
+		}
+	}
+	return out, nil
+}
+
+// quietRedis drops go-redis's own log lines (dial failures while Redis is
+// down on purpose).
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+func nodeLog(verbose bool) *slog.Logger {
+	level := slog.LevelError
+	if verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNewStat(t *testing.T) {
+	for _, tc := range []struct {
+		in            []float64
+		med, min, max float64
+	}{
+		{[]float64{3, 1, 2}, 2, 1, 3},
+		{[]float64{4, 1, 3, 2}, 2.5, 1, 4},
+		{[]float64{7}, 7, 7, 7},
+		{[]float64{5, math.NaN(), 1}, 3, 1, 5},
+	} {
+		s := newStat(tc.in)
+		if s.Median != tc.med || s.Min != tc.min || s.Max != tc.max {
+			t.Errorf("newStat(%v) = %+v, want median %v min %v max %v", tc.in, s, tc.med, tc.min, tc.max)
+		}
+	}
+	if s := newStat([]float64{math.NaN()}); len(s.Runs) != 0 || statText(s, "ms") != "n/a" {
+		t.Errorf("newStat(NaN) = %+v, shown as %q; want no runs, n/a", s, statText(s, "ms"))
+	}
+}
+
+func sampleRuns() [][]Sample {
+	thr := func(w, r float64) Sample {
+		return Sample{ID: "e2e.per_row", Group: "End to end", Name: "rows/s", Unit: "rows/s", Weft: w, Raw: r, HasRaw: true,
+			Goal: &Goal{GoalRatioAtLeast, 0.85}}
+	}
+	lat := func(w float64) Sample {
+		return Sample{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: w, Goal: &Goal{GoalAtMost, 1.5}}
+	}
+	fan := func(n int, w, r float64) Sample {
+		return Sample{ID: "fanout.deliveries.r" + string(rune('0'+n)), Group: "Fan-out", Name: "deliveries", Unit: "rows/s",
+			Weft: w, Raw: r, HasRaw: true, Readers: n}
+	}
+	return [][]Sample{
+		{thr(900, 1000), lat(1.2), fan(1, 10, 20), fan(4, 30, 40)},
+		{thr(800, 1000), lat(2.0), fan(1, 12, 20), fan(4, 33, 40)},
+		{thr(950, 1000), lat(1.4), fan(1, 11, 20), fan(4, 31, 40)},
+	}
+}
+
+func TestAggregate(t *testing.T) {
+	figs := aggregate(sampleRuns())
+	if len(figs) != 4 {
+		t.Fatalf("got %d figures, want 4", len(figs))
+	}
+	thr := figs[0]
+	if thr.ID != "e2e.per_row" || thr.Weft.Median != 900 || thr.Weft.Min != 800 || thr.Weft.Max != 950 {
+		t.Errorf("throughput figure: %+v", thr)
+	}
+	if thr.Ratio == nil || thr.Ratio.Median != 0.9 {
+		t.Fatalf("ratio: %+v", thr.Ratio)
+	}
+	if thr.Met == nil || !*thr.Met {
+		t.Errorf("ratio 0.9 against >= 0.85: met = %v", thr.Met)
+	}
+	lat := figs[1]
+	if lat.Raw != nil || lat.Ratio != nil {
+		t.Errorf("a figure without a baseline got raw %+v ratio %+v", lat.Raw, lat.Ratio)
+	}
+	if lat.Weft.Median != 1.4 || lat.Met == nil || !*lat.Met {
+		t.Errorf("latency figure: median %v met %v", lat.Weft.Median, lat.Met)
+	}
+	figs2 := aggregate(append(sampleRuns(), []Sample{{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: 9,
+		Goal: &Goal{GoalAtMost, 1.5}}}))
+	if figs2[1].Weft.Median != 1.7 || *figs2[1].Met {
+		t.Errorf("median of 1.2, 2.0, 1.4, 9 = %v, met %v; want 1.7, missed", figs2[1].Weft.Median, *figs2[1].Met)
+	}
+}
+
+func testResults() Results {
+	return Results{Command: "make bench (go run ./cmd/weft-bench)", Runs: 3,
+		Started: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC), Seconds: 321,
+		Machine: Machine{CPU: "Test CPU", Cores: 2, Go: "go1.26.0", Redis: "7.0.15", Postgres: "15.2", Kernel: "Linux 6"},
+		Figures: aggregate(sampleRuns())}
+}
+
+func TestRenderMarkdown(t *testing.T) {
+	md := renderMarkdown(testResults(), "bench/chart.png", "## Notes\n\nhand-written")
+	for _, want := range []string{
+		"# Benchmarks",
+		"Test CPU, 2 cores",
+		"Go 1.26.0, Redis 7.0.15, PostgreSQL 15.2",
+		"`make bench (go run ./cmd/weft-bench)`",
+		"| rows/s | 900 rows/s (800-950) | 1,000 rows/s (1,000-1,000) | 0.90 | >= 85% of raw: met |",
+		"| p99 | 1.40 ms (1.20-2.00) | - | - | <= 1.50 ms: met |",
+		"## Fan-out",
+		"![throughput and latency against the number of readers](bench/chart.png)",
+		"hand-written",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	table := renderTable(testResults())
+	if !strings.Contains(table, "0.90") || !strings.Contains(table, ">= 85% of raw: met") {
+		t.Errorf("table:\n%s", table)
+	}
+}
+
+func TestReportsRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	res := testResults()
+	js, md, png := filepath.Join(dir, "bench", "results.json"), filepath.Join(dir, "BENCHMARKS.md"), filepath.Join(dir, "bench", "chart.png")
+	if err := writeReports(res, js, md, png, ""); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Results
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, res) {
+		t.Errorf("JSON round trip changed the results:\n got %+v\nwant %+v", back, res)
+	}
+	if got, _ := os.ReadFile(md); !strings.Contains(string(got), "](bench/chart.png)") {
+		t.Errorf("markdown does not link the chart relative to itself:\n%s", got)
+	}
+	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
+		t.Errorf("chart: %v, %v", st, err)
+	}
+}
+
+func TestNum(t *testing.T) {
+	for in, want := range map[float64]string{1234567: "1,234,567", 123.4: "123", 12.34: "12.3", 1.234: "1.23", 0.1234: "0.123", 0: "0"} {
+		if got := num(in); got != want {
+			t.Errorf("num(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestRow(t *testing.T) {
+	r := makeRow(42, 123456789)
+	if !json.Valid(r) {
+		t.Fatalf("row is not JSON: %s", r)
+	}
+	seq, sent, ok := parseRow([]byte("RDATA events w1 0 1 " + string(r)))
+	if !ok || seq != 42 || sent != 123456789 {
+		t.Errorf("parseRow = %d, %d, %v", seq, sent, ok)
+	}
+}

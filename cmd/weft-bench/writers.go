@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/streams"
+)
+
+// benchSecret signs every command of the benchmark's nodes, as the
+// binaries sign theirs: signing is part of what a row costs.
+const benchSecret = "weft-bench-secret-0123456789"
+
+// Statements of the two write paths. The raw one takes its ID from the
+// sequence inside the INSERT (one round trip); weft allocates the ID first
+// (Generator.Alloc) because the writer must track it as unfinished before
+// the transaction that may commit it starts.
+const (
+	weftInsert      = `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`
+	weftInsertBatch = `INSERT INTO events (stream_id, writer, rows) SELECT unnest($1::bigint[]), $2, unnest($3::text[])::jsonb`
+	rawInsert       = `INSERT INTO raw_events (stream_id, writer, rows) VALUES (nextval('raw_seq'), $1, $2)`
+	rawInsertBatch  = `INSERT INTO raw_events (stream_id, writer, rows) SELECT nextval('raw_seq'), $1, r::jsonb FROM unnest($2::text[]) AS r`
+)
+
+func fabricHello(name string) wire.Hello { return wire.Hello{Name: name, Role: "bench"} }
+
+func sqlSource(pool *pgxpool.Pool) *catchup.SQLSource {
+	return &catchup.SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
+}
+
+// weftWriter is one writer of the events stream, in process: its
+// Generator and its own fabric.Node (its own Redis connections).
+type weftWriter struct {
+	name string
+	pool *pgxpool.Pool
+	gen  *streams.Generator
+	node *fabric.Node
+	stop context.CancelFunc
+	done chan error
+}
+
+// writerOpts are how writers are started.
+type writerOpts struct {
+	// Follow makes each writer follow the stream too, as every instance of
+	// a cluster does (and needs to: an idle writer advances by what it
+	// hears). The throughput measurements leave it off so that, like the
+	// raw writers, the writer process does not also read.
+	Follow   bool
+	Announce time.Duration
+	Handler  fabric.Handler // when following; nil counts nothing
+	Log      *slog.Logger
+}
+
+// startWeftWriters starts writers w1..wn and waits until each is ready.
+func startWeftWriters(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster string, n int, o writerOpts) ([]*weftWriter, error) {
+	var ws []*weftWriter
+	for i := range n {
+		w, err := startWeftWriter(ctx, pool, redisURL, cluster, fmt.Sprintf("w%d", i+1), o)
+		if err != nil {
+			stopWriters(ws)
+			return nil, err
+		}
+		ws = append(ws, w)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, w := range ws {
+		for !w.node.Status().Ready {
+			if time.Now().After(deadline) {
+				stopWriters(ws)
+				return nil, fmt.Errorf("writer %s not ready after 20s", w.name)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return ws, nil
+}
+
+func startWeftWriter(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster, name string, o writerOpts) (*weftWriter, error) {
+	gen, err := streams.Open(ctx, pool, eventsCfg, name)
+	if err != nil {
+		return nil, fmt.Errorf("writer %s: %w", name, err)
+	}
+	id, err := instance.NewID(name)
+	if err != nil {
+		return nil, err
+	}
+	h := o.Handler
+	if h == nil {
+		h = nopHandler{}
+	}
+	cfg := fabric.Config{
+		Instance: id, Cluster: cluster, RedisURL: redisURL, Secret: benchSecret,
+		Hello: fabricHello(name), Generators: []*streams.Generator{gen}, Handler: h,
+		AnnounceInterval: o.Announce, ReplicateWait: 200 * time.Millisecond, Logger: o.Log,
+	}
+	if o.Follow {
+		cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}}
+		cfg.Fetcher = catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
+			Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(pool)}})
+	}
+	node, err := fabric.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("writer %s: %w", name, err)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w := &weftWriter{name: name, pool: pool, gen: gen, node: node, stop: cancel, done: make(chan error, 1)}
+	go func() { w.done <- node.Run(runCtx) }()
+	return w, nil
+}
+
+// close stops the node and waits for it.
+func (w *weftWriter) close() error {
+	w.stop()
+	if err := <-w.done; err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("writer %s: %w", w.name, err)
+	}
+	return nil
+}
+
+func stopWriters(ws []*weftWriter) error {
+	var errs []error
+	for _, w := range ws {
+		errs = append(errs, w.close())
+	}
+	return errors.Join(errs...)
+}
+
+// write is one row in its own transaction: allocate the ID, INSERT
+// (autocommit), hand the rows to the node, finish the ID. It returns the
+// row's position.
+func (w *weftWriter) write(ctx context.Context, rows json.RawMessage) (int64, error) {
+	a, err := w.gen.Alloc(ctx, 1)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Finish()
+	id := a.IDs()[0]
+	if _, err := w.pool.Exec(ctx, weftInsert, id, w.name, string(rows)); err != nil {
+		return 0, fmt.Errorf("writer %s: insert: %w", w.name, err)
+	}
+	w.node.Rows(ctx, eventsCfg.Name, id, rows)
+	return id, nil
+}
+
+// writeBatch is rows in one transaction: one allocation of len(rows) IDs,
+// one INSERT.
+func (w *weftWriter) writeBatch(ctx context.Context, rows []json.RawMessage) error {
+	a, err := w.gen.Alloc(ctx, len(rows))
+	if err != nil {
+		return err
+	}
+	defer a.Finish()
+	texts := make([]string, len(rows))
+	for i, r := range rows {
+		texts[i] = string(r)
+	}
+	if _, err := w.pool.Exec(ctx, weftInsertBatch, a.IDs(), w.name, texts); err != nil {
+		return fmt.Errorf("writer %s: insert batch: %w", w.name, err)
+	}
+	for i, id := range a.IDs() {
+		w.node.Rows(ctx, eventsCfg.Name, id, rows[i])
+	}
+	return nil
+}
+
+type nopHandler struct{}
+
+func (nopHandler) Apply(context.Context, core.Key, int64, json.RawMessage) error { return nil }
+func (nopHandler) Reset(core.Key)                                                {}
+
+// rawWriter is the baseline: autocommit INSERT, then PUBLISH on one
+// connection of its own.
+type rawWriter struct {
+	name    string
+	pool    *pgxpool.Pool
+	rdb     *redis.Client
+	channel string
+}
+
+func newRawWriters(pool *pgxpool.Pool, redisURL, cluster string, n int) ([]*rawWriter, error) {
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("raw writer: %w", err)
+	}
+	opts.PoolSize = 1
+	ws := make([]*rawWriter, n)
+	for i := range ws {
+		o := *opts
+		ws[i] = &rawWriter{name: fmt.Sprintf("r%d", i+1), pool: pool, rdb: redis.NewClient(&o), channel: rawChannel(cluster)}
+	}
+	return ws, nil
+}
+
+func closeRawWriters(ws []*rawWriter) {
+	for _, w := range ws {
+		w.rdb.Close()
+	}
+}
+
+func (w *rawWriter) write(ctx context.Context, rows json.RawMessage) error {
+	if _, err := w.pool.Exec(ctx, rawInsert, w.name, string(rows)); err != nil {
+		return fmt.Errorf("raw writer %s: insert: %w", w.name, err)
+	}
+	if err := w.rdb.Publish(ctx, w.channel, []byte(rows)).Err(); err != nil {
+		return fmt.Errorf("raw writer %s: publish: %w", w.name, err)
+	}
+	return nil
+}
+
+// writeBatch is one batched INSERT, then one pipeline of PUBLISHes.
+func (w *rawWriter) writeBatch(ctx context.Context, rows []json.RawMessage) error {
+	texts := make([]string, len(rows))
+	for i, r := range rows {
+		texts[i] = string(r)
+	}
+	if _, err := w.pool.Exec(ctx, rawInsertBatch, w.name, texts); err != nil {
+		return fmt.Errorf("raw writer %s: insert batch: %w", w.name, err)
+	}
+	pipe := w.rdb.Pipeline()
+	for _, r := range rows {
+		pipe.Publish(ctx, w.channel, []byte(r))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("raw writer %s: publish batch: %w", w.name, err)
+	}
+	return nil
+}
