@@ -394,7 +394,8 @@ func (s *Server) parseUpdates(r *http.Request) (updatesRequest, *badInput) {
 }
 
 // parsePosition parses a non-negative decimal int64 (digits only: no sign,
-// no spaces) or says why s is not one.
+// no spaces) or says why s is not one. Leading zeros do not count towards
+// the 19 digits: "000...0" is zero however long, not a huge number.
 func parsePosition(s string) (int64, string) {
 	if s == "" {
 		return 0, "empty"
@@ -407,10 +408,14 @@ func parsePosition(s string) (int64, string) {
 			return 0, "not a decimal number"
 		}
 	}
-	if len(s) > 19 {
+	digits := strings.TrimLeft(s, "0")
+	if len(digits) > 19 {
 		return 0, "more than 19 digits"
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
+	if digits == "" {
+		return 0, ""
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
 	if err != nil {
 		return 0, "overflows int64"
 	}

@@ -92,6 +92,7 @@ func TestServerBadInput(t *testing.T) {
 		{"limit negative", "GET", base + "?writer=w1&from=0&to=5&limit=-3", "", 400, "limit"},
 		{"limit non-numeric", "GET", base + "?writer=w1&from=0&to=5&limit=ten", "", 400, "limit"},
 		{"limit empty", "GET", base + "?writer=w1&from=0&to=5&limit=", "", 400, "limit"},
+		{"limit 20 zeros", "GET", base + "?writer=w1&from=0&to=5&limit=00000000000000000000", "", 400, "limit"},
 		{"body too large", "GET", base + "?writer=w1&from=0&to=5", strings.Repeat("x", 2000), 413, "body"},
 		{"unknown stream", "GET", "/_weft/v1/streams/nope/updates?writer=w1&from=0&to=5", "", 404, "stream"},
 		{"unknown route", "GET", "/_weft/v2/whatever", "", 404, ""},
