@@ -77,35 +77,48 @@ func Check(ctx context.Context, q DB, cfg Config) error {
 	if cfg.Sequence == "" {
 		return nil
 	}
+	// Maxima first, the sequence last: every ID in a table or a stored
+	// position came from the sequence, so a sequence read after them is at
+	// or above each of them unless it really is behind. The other order
+	// fails at random while other writers are busy (a restart under load).
+	maxima := make([]int64, len(cfg.Tables))
+	for i, t := range cfg.Tables {
+		m, err := tableMax(ctx, q, t, "", 0)
+		if err != nil {
+			return fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
+		}
+		maxima[i] = m
+	}
+	type stored struct {
+		writer string
+		pos    int64
+	}
+	rows, err := q.Query(ctx, `SELECT writer, position FROM stream_positions WHERE stream = $1 ORDER BY writer`, cfg.Name)
+	if err != nil {
+		return fmt.Errorf("streams: stream %s: read stream_positions: %w", cfg.Name, err)
+	}
+	var positions []stored
+	var st stored
+	if _, err := pgx.ForEachRow(rows, []any{&st.writer, &st.pos}, func() error { positions = append(positions, st); return nil }); err != nil {
+		return fmt.Errorf("streams: stream %s: read stream_positions: %w", cfg.Name, err)
+	}
 	seq, err := sequenceValue(ctx, q, cfg.Sequence)
 	if err != nil {
 		return fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
 	}
 	fix := fixSQL(cfg)
 	var problems []Problem
-	for _, t := range cfg.Tables {
-		m, err := tableMax(ctx, q, t, "", 0)
-		if err != nil {
-			return fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
-		}
-		if m > seq {
+	for i, t := range cfg.Tables {
+		if maxima[i] > seq {
 			problems = append(problems, Problem{Err: ErrSequenceBehind, Stream: cfg.Name, Sequence: cfg.Sequence,
-				Where: fmt.Sprintf("table %s (column %s)", t.Name, t.IDColumn), SequenceValue: seq, Value: m, Fix: fix})
+				Where: fmt.Sprintf("table %s (column %s)", t.Name, t.IDColumn), SequenceValue: seq, Value: maxima[i], Fix: fix})
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT writer, position FROM stream_positions WHERE stream = $1 AND position > $2 ORDER BY writer`, cfg.Name, seq)
-	if err != nil {
-		return fmt.Errorf("streams: stream %s: read stream_positions: %w", cfg.Name, err)
-	}
-	var w string
-	var pos int64
-	_, err = pgx.ForEachRow(rows, []any{&w, &pos}, func() error {
-		problems = append(problems, Problem{Err: ErrPositionAhead, Stream: cfg.Name, Sequence: cfg.Sequence,
-			Where: "stream_positions writer " + w, SequenceValue: seq, Value: pos, Fix: fix})
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("streams: stream %s: read stream_positions: %w", cfg.Name, err)
+	for _, p := range positions {
+		if p.pos > seq {
+			problems = append(problems, Problem{Err: ErrPositionAhead, Stream: cfg.Name, Sequence: cfg.Sequence,
+				Where: "stream_positions writer " + p.writer, SequenceValue: seq, Value: p.pos, Fix: fix})
+		}
 	}
 	if len(problems) > 0 {
 		return &CheckError{Problems: problems}
