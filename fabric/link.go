@@ -134,6 +134,9 @@ type linkEvents interface {
 	// resubscribe, Redis run_id changed); messages may have been missed.
 	// The end of run's context is not reported.
 	linkDown(err error)
+	// linkFresh: a PONG arrived for a PING sent at sent, so every message
+	// published before then has been handed to linkMessage.
+	linkFresh(sent time.Time)
 }
 
 // linkStats is a snapshot for metrics.
@@ -318,9 +321,11 @@ type subConn struct {
 	lastRecv  atomic.Int64  // time since start of the last reply; -1 for none
 	items     chan received // replies and the receive error, in order
 	pings     chan struct{} // asks the pinger for a PING
-	pingErr   chan error    // the PING that failed
-	restarted chan string   // the new run_id, from watchRunID
-	up        bool          // linkUp was called
+	sentMu    sync.Mutex
+	sent      []time.Time // send times of the PINGs not yet answered
+	pingErr   chan error  // the PING that failed
+	restarted chan string // the new run_id, from watchRunID
+	up        bool        // linkUp was called
 }
 
 // connect runs one subscriber connection until it fails or ctx is done. It
@@ -397,6 +402,9 @@ func (c *subConn) ping(ctx context.Context) {
 			return
 		case <-c.pings:
 		}
+		c.sentMu.Lock()
+		c.sent = append(c.sent, time.Now())
+		c.sentMu.Unlock()
 		if err := c.ps.Ping(ctx); err != nil {
 			c.pingErr <- err
 			return
@@ -467,6 +475,7 @@ func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.Wa
 				wg.Go(func() { l.watchRunID(ctx, runID, c.restarted) })
 				l.log.Info("fabric: link: subscribed", "addr", l.addr, "run_id", runID)
 				ev.linkUp()
+				ev.linkFresh(c.start)
 			case *redis.Message:
 				if !c.up {
 					return fmt.Errorf("%w: message before the subscription", errLinkUnexpected)
@@ -475,7 +484,16 @@ func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.Wa
 					ev.linkMessage(m.Payload)
 				}
 			case *redis.Pong:
-				// Liveness only; lastRecv has it.
+				// Liveness is lastRecv's; freshness is the PING's age.
+				c.sentMu.Lock()
+				if len(c.sent) > 0 {
+					sent := c.sent[0]
+					c.sent = c.sent[1:]
+					c.sentMu.Unlock()
+					ev.linkFresh(sent)
+				} else {
+					c.sentMu.Unlock()
+				}
 			default:
 				return fmt.Errorf("%w: %T", errLinkUnexpected, m)
 			}

@@ -45,8 +45,9 @@ type linkRecorder struct {
 	msgs   []string
 }
 
-func (r *linkRecorder) linkUp()            { r.add(linkEvent{kind: "up"}) }
-func (r *linkRecorder) linkDown(err error) { r.add(linkEvent{kind: "down", err: err}) }
+func (r *linkRecorder) linkUp()             { r.add(linkEvent{kind: "up"}) }
+func (r *linkRecorder) linkDown(err error)  { r.add(linkEvent{kind: "down", err: err}) }
+func (r *linkRecorder) linkFresh(time.Time) {}
 
 func (r *linkRecorder) linkMessage(payload string) {
 	r.mu.Lock()

@@ -145,36 +145,46 @@ func (c *Config) Validate() error {
 
 // Node is one instance's end of the fabric.
 type Node struct {
-	cfg      Config
-	log      *slog.Logger
-	core     *core.Core
-	link     *link
-	notify   *notifier
-	m        *metrics
-	codec    *wire.Codec
-	signer   *signer // nil: lines are neither signed nor checked
-	channel  string
-	gens     map[string]*streams.Generator
-	in       chan input
-	tasks    sync.WaitGroup
-	ready    atomic.Bool
-	est      atomic.Bool
-	status   atomic.Pointer[Status]
-	started  atomic.Bool
-	writes   []string               // streams written here
-	behind   map[core.Key]time.Time // since when each lagging view has lagged (loop only)
-	starts   map[string]int64
-	latest   atomic.Pointer[map[string]Peer] // writer name -> its latest instance
-	writeBuf []byte
+	cfg     Config
+	log     *slog.Logger
+	core    *core.Core
+	link    *link
+	notify  *notifier
+	m       *metrics
+	codec   *wire.Codec
+	signer  *signer // nil: lines are neither signed nor checked
+	channel string
+	gens    map[string]*streams.Generator
+	in      chan input
+	tasks   sync.WaitGroup
+	ready   atomic.Bool
+	est     atomic.Bool
+	// Freshness, as offsets from born (monotonic): when the PING was sent
+	// whose PONG the loop handled last, and when the process last came
+	// back from a stall (SIGSTOP, a VM freeze). Ready needs a PONG sent
+	// after the stall: until then, lines read off the socket may be old.
+	born      time.Time
+	freshAt   atomic.Int64
+	stalledAt atomic.Int64
+	tickAt    atomic.Int64 // the stall watchdog's last tick
+	freshMax  time.Duration
+	status    atomic.Pointer[Status]
+	started   atomic.Bool
+	writes    []string               // streams written here
+	behind    map[core.Key]time.Time // since when each lagging view has lagged (loop only)
+	starts    map[string]int64
+	latest    atomic.Pointer[map[string]Peer] // writer name -> its latest instance
+	writeBuf  []byte
 }
 
 type input interface{}
 
 type (
-	inUp   struct{}
-	inDown struct{ err error }
-	inCmd  struct{ cmd wire.Command }
-	inRows struct {
+	inUp    struct{}
+	inDown  struct{ err error }
+	inFresh struct{ sent time.Time }
+	inCmd   struct{ cmd wire.Command }
+	inRows  struct {
 		stream string
 		pos    int64
 		rows   json.RawMessage
@@ -279,6 +289,9 @@ func New(cfg Config) (*Node, error) {
 	if n.link, err = newLink(lc); err != nil {
 		return nil, err
 	}
+	n.born = time.Now()
+	n.tickAt.Store(0)
+	n.freshMax = n.link.cfg.PingInterval + n.link.cfg.PingTimeout
 	n.publishStatus()
 	return n, nil
 }
@@ -302,6 +315,7 @@ func (n *Node) Run(ctx context.Context) error {
 		wg.Go(func() { n.forwardPositions(ctx, g) })
 	}
 	wg.Go(func() { n.housekeeping(ctx) })
+	wg.Go(func() { n.watchStalls(ctx) })
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
@@ -317,6 +331,33 @@ func (n *Node) Run(ctx context.Context) error {
 	return nil
 }
 
+// stallGap is how late a 100 ms tick must be to count as a stall.
+const stallGap = 500 * time.Millisecond
+
+// watchStalls notices that the process was not running (SIGSTOP, a frozen
+// VM, a long stop-the-world): a frozen process cannot tell it is behind
+// from what it has read, so Ready waits for a PING sent after the stall.
+func (n *Node) watchStalls(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			// The tick's own time is when it fired, not when this ran.
+			now := time.Now()
+			n.tickAt.Store(int64(now.Sub(n.born)))
+			if gap := now.Sub(last); gap > stallGap {
+				n.stalledAt.Store(int64(now.Sub(n.born)))
+				n.log.Warn("fabric: the process stalled; not ready until the link answers a fresh PING", "stall", gap.Round(time.Millisecond))
+			}
+			last = now
+		}
+	}
+}
+
 // nodeEvents turns link callbacks into loop inputs; messages are decoded on
 // the link's goroutine so the loop only sees commands.
 type nodeEvents struct {
@@ -326,6 +367,10 @@ type nodeEvents struct {
 
 func (e nodeEvents) linkUp()            { e.n.send(e.ctx, inUp{}) }
 func (e nodeEvents) linkDown(err error) { e.n.send(e.ctx, inDown{err}) }
+
+// linkFresh goes through the loop, so it counts only once every message
+// read before the PONG has been handled.
+func (e nodeEvents) linkFresh(sent time.Time) { e.n.send(e.ctx, inFresh{sent}) }
 func (e nodeEvents) linkMessage(payload string) {
 	// The line is only read while decoding (Decode keeps nothing of it),
 	// so it is viewed without a copy.
@@ -476,6 +521,8 @@ func (n *Node) loop(ctx, loopCtx context.Context) {
 
 func (n *Node) step(ctx context.Context, in input) {
 	switch in := in.(type) {
+	case inFresh:
+		n.freshAt.Store(int64(in.sent.Sub(n.born)))
 	case inUp:
 		n.m.connected.Set(1)
 		n.exec(ctx, n.core.Tick(time.Now()))
@@ -647,7 +694,19 @@ func (n *Node) startFetch(ctx context.Context, f core.Fetch) {
 }
 
 // Ready reports whether the node is established and caught up: /readyz.
-func (n *Node) Ready() bool { return n.ready.Load() }
+func (n *Node) Ready() bool {
+	if !n.ready.Load() {
+		return false
+	}
+	// A request served right after a stall may run before the watchdog
+	// has noticed it: a late tick is a stall in progress.
+	now := time.Since(n.born)
+	if now-time.Duration(n.tickAt.Load()) > stallGap {
+		return false
+	}
+	fresh := n.freshAt.Load()
+	return fresh > n.stalledAt.Load() && now-time.Duration(fresh) < n.freshMax
+}
 
 // Established reports whether the connection is established.
 func (n *Node) Established() bool { return n.est.Load() }

@@ -247,3 +247,30 @@ func TestNodePoisonedRowBacksOff(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready after the row was fixed")
 }
+
+// A process that stalled (SIGSTOP, a frozen VM) cannot tell from what it
+// has read that it is behind: it is not ready until the link has answered
+// a PING sent after the stall, which proves the backlog was read.
+func TestNodeNotReadyAfterStallUntilFreshPing(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	n := reader.node
+	testenv.Eventually(t, 10*time.Second, n.Ready, "reader not ready")
+
+	// The watchdog's view of a stall that just ended.
+	n.stalledAt.Store(int64(time.Since(n.born)))
+	if n.Ready() {
+		t.Fatal("ready right after a stall, before any fresh PING was answered")
+	}
+	resumed := time.Now()
+	testenv.Eventually(t, 5*time.Second, n.Ready, "not ready again after a fresh PING")
+	if d := time.Since(resumed); d > 2*defaultPingInterval+time.Second {
+		t.Fatalf("ready again only after %v; a PING goes out every %v", d, defaultPingInterval)
+	}
+	// A late watchdog tick means a stall in progress: not ready.
+	n.tickAt.Store(int64(time.Since(n.born) - 2*stallGap))
+	if n.Ready() {
+		t.Fatal("ready while the stall watchdog is late")
+	}
+}
