@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -61,9 +62,9 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 		return err
 	}
 	log = log.With("instance", inst)
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pool, err := openPool(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("app: database: %w", err)
+		return err
 	}
 	defer pool.Close()
 	if err := prepareSchema(ctx, pool, role, log); err != nil {
@@ -205,8 +206,12 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 	}
 	if lease != nil {
 		wg.Go(func() {
+			// A writer whose lease was sealed (it stalled past its TTL: GC,
+			// SIGSTOP, a partition) must not linger as a zombie that owns
+			// shards it can no longer write: it exits non-zero, and its
+			// supervisor restarts it as a new instance that claims the name.
 			if err := lease.Run(workCtx, cfg.LeaseTTL/3); err != nil && workCtx.Err() == nil {
-				log.Error("writer lease lost: this instance no longer writes", "err", err)
+				errs <- fmt.Errorf("app: writer lease lost, restart to claim it again: %w", err)
 			}
 		})
 	}
@@ -276,6 +281,25 @@ func shutdown(log *slog.Logger, srv *http.Server, eventsQ, typingQ *shard.Queue,
 			log.Info("sealed own writer", "name", lease.Name())
 		}
 	}
+}
+
+// openPool connects to the database. A writer's sessions end when idle
+// inside a transaction for half its lease: a writer paused mid-transaction
+// (SIGSTOP, a VM freeze) otherwise holds the lock its seal waits for, and
+// persisted-upto stays stuck behind it for as long as the pause lasts.
+func openPool(ctx context.Context, cfg instance.Config) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("app: --database-url: %w", err)
+	}
+	if cfg.WritesEvents() {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("app: database: %w", err)
+	}
+	return pool, nil
 }
 
 func wrap(what string, err error) error {
