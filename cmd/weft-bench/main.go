@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -61,6 +62,7 @@ func main() {
 	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write this process's CPU profile here")
 	flag.BoolVar(&o.SyncCommit, "sync-commit", false, "commit with synchronous_commit = on (the default measures with it off, see BENCHMARKS.md)")
 	flag.BoolVar(&o.Verbose, "v", false, "log progress")
+	flag.StringVar(&o.Render, "render", "", "measure nothing: regenerate the markdown and the chart from this results file (after editing the notes)")
 	flag.Parse()
 	if o.Verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -79,7 +81,7 @@ type options struct {
 	Runs                         int
 	JSON, Markdown, Chart, Notes string
 	RedisURL, DatabaseURL        string
-	Only, CPUProfile             string
+	Only, CPUProfile, Render     string
 	Verbose, SyncCommit          bool
 }
 
@@ -102,6 +104,9 @@ func (e *benchEnv) cluster(what string) string {
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
+	if o.Render != "" {
+		return render(o)
+	}
 	started := time.Now()
 	if o.Runs <= 0 {
 		o.Runs = 3
@@ -253,4 +258,21 @@ func nodeLog(verbose bool) *slog.Logger {
 		level = slog.LevelInfo
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// render regenerates the reports from a results file, unchanged figures.
+func render(o options) error {
+	b, err := os.ReadFile(o.Render)
+	if err != nil {
+		return err
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", o.Render, err)
+	}
+	if err := writeReports(res, o.JSON, o.Markdown, o.Chart, o.Notes); err != nil {
+		return err
+	}
+	fmt.Print(renderTable(res))
+	return nil
 }
