@@ -6,10 +6,16 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench bench-quick gobench fuzz tidy build demo
+.PHONY: test lint bench bench-quick gobench fuzz chaos tidy build demo
 
+# The chaos suite's short scenarios run in here; the binary-running tests
+# need more than go test's default 10 minutes per package on 2 cores.
 test:
-	$(GO) test -race -count=1 $(TESTFLAGS) $(PKGS)
+	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+
+# The chaos scenarios in their long form (more cycles, more load).
+chaos:
+	WEFT_CHAOS=long $(GO) test -count=1 -timeout 90m -run '^TestChaos' -v ./test/
 
 build:
 	$(GO) build -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo

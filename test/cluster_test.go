@@ -58,6 +58,7 @@ type proc struct {
 	bin  string
 	url  string
 	args []string
+	env  []string // appended after the cluster's, so it overrides them
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan struct{}
@@ -88,6 +89,7 @@ func (c *cluster) launch(p *proc) {
 		"WEFT_REDIS_URL="+c.redisURL, "WEFT_DATABASE_URL="+c.dbURL, "WEFT_SECRET="+secret,
 		"WEFT_CLUSTER=e2e", "WEFT_ANNOUNCE_INTERVAL=100ms", "WEFT_LEASE_TTL=3s", "WEFT_LOG_LEVEL=debug")
 	cmd.Env = append(cmd.Env, c.env...)
+	cmd.Env = append(cmd.Env, p.env...)
 	log, err := os.OpenFile(filepath.Join(c.dir, p.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		c.t.Fatal(err)

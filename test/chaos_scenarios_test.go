@@ -1,0 +1,442 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/internal/faultproxy"
+)
+
+// Redis killed with SIGKILL under load and restarted on the same port:
+// writes keep committing during each outage, and every instance converges.
+func TestChaosRedisKill(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("redis-kill", func(ch *chaos) {
+		for i := range pick(3, 10) {
+			ch.rds.Kill(t)
+			time.Sleep(time.Duration(500+(300*i)%1500) * time.Millisecond) // the outage itself
+			ch.rds.Start(t)
+			time.Sleep(2 * time.Second) // load between faults
+		}
+	})
+}
+
+// CLIENT KILL TYPE pubsub every two seconds: every subscriber loses its
+// connection (and whatever was in flight to it) at once.
+func TestChaosPubsubClientKill(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("client-kill-pubsub", func(ch *chaos) {
+		rdb := redis.NewClient(&redis.Options{Addr: ch.rds.Addr()})
+		defer rdb.Close()
+		killed := int64(0)
+		for range pick(5, 20) {
+			n, err := rdb.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			killed += n
+			time.Sleep(2 * time.Second) // load between faults
+		}
+		if killed < 6 {
+			t.Fatalf("CLIENT KILL TYPE pubsub closed %d subscriptions, want every instance's each time", killed)
+		}
+		t.Logf("CLIENT KILL TYPE pubsub closed %d subscriptions", killed)
+	})
+}
+
+// A subscriber that stops reading (SIGSTOP) is pushed past Redis's pubsub
+// output buffer limit and disconnected by Redis; on SIGCONT it must notice,
+// reconnect and catch up.
+func TestChaosSlowSubscriber(t *testing.T) {
+	ch := newChaos(t, chaosOpts{redisArgs: []string{"--client-output-buffer-limit", "pubsub 32kb 16kb 1"}})
+	ch.run("slow-subscriber", func(ch *chaos) {
+		rdb := redis.NewClient(&redis.Options{Addr: ch.rds.Addr()})
+		defer rdb.Close()
+		// Unsigned filler on the channel (skipped by every instance) fills
+		// the kernel's socket buffers, past which Redis buffers for the
+		// stopped subscriber, up to the limit.
+		filler := strings.Repeat("x", 64<<10)
+		for range pick(2, 6) {
+			before := metricSum(t, ch.by["sync2"].url, "weft_fabric_reconnects_total")
+			start := ch.w.ackedCount()
+			ch.signal("sync2", syscall.SIGSTOP)
+			for range 300 {
+				if err := rdb.Publish(context.Background(), "weft:e2e", filler).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitAcked(t, ch, start+200)
+			ch.signal("sync2", syscall.SIGCONT)
+			waitMetricAbove(t, ch.by["sync2"].url, "weft_fabric_reconnects_total", before)
+			time.Sleep(time.Second) // load between faults
+		}
+		t.Logf("sync2 was disconnected by Redis and reconnected %v times", metricSum(t, ch.by["sync2"].url, "weft_fabric_reconnects_total"))
+	})
+}
+
+// An event writer killed with SIGKILL mid-load: the master seals it once
+// its lease expires (so persisted-upto moves on), and it restarts as a new
+// instance of the same name.
+func TestChaosWriterKill(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("writer-kill-9", func(ch *chaos) {
+		for i := range pick(1, 4) {
+			name := []string{"persister1", "persister2"}[i%2]
+			ch.kill(name, syscall.SIGKILL)
+			waitSealed(t, ch, name)
+			ch.restart(name)
+			time.Sleep(2 * time.Second) // load between faults
+		}
+	})
+}
+
+// A writer stopped (SIGSTOP) past its lease is sealed; on SIGCONT the
+// zombie's writes are fenced, it exits, and its supervisor starts it again.
+func TestChaosWriterZombie(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("writer-sigstop-zombie", func(ch *chaos) {
+		for range pick(1, 3) {
+			restarts := ch.restartCount()["persister1"]
+			ch.signal("persister1", syscall.SIGSTOP)
+			waitSealed(t, ch, "persister1")
+			ch.signal("persister1", syscall.SIGCONT)
+			if !poll(30*time.Second, func() bool { return ch.restartCount()["persister1"] > restarts }) {
+				t.Fatal("the sealed zombie did not exit after SIGCONT")
+			}
+			ch.c.waitReady(ch.by["persister1"])
+			time.Sleep(2 * time.Second) // load between faults
+		}
+	})
+}
+
+// The master (which also serves clients, writes typing and seals) is
+// stopped under load, with SIGTERM and with SIGKILL, and restarted.
+func TestChaosMasterRestart(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("master-restart", func(ch *chaos) {
+		for i := range pick(2, 6) {
+			ch.kill("master", []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}[i%2])
+			time.Sleep(time.Second) // the outage itself
+			ch.restart("master")
+			time.Sleep(2 * time.Second) // load between faults
+		}
+	})
+}
+
+// PostgreSQL killed under load and restarted (crash recovery): writes fail
+// with retryable errors while it is down, nothing is half-written, and the
+// retried writes (same transaction IDs) land exactly once.
+func TestChaosPostgresRestart(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("postgres-restart", func(ch *chaos) {
+		for range pick(1, 4) {
+			ch.pg.Kill(t)
+			time.Sleep(time.Second) // the outage itself
+			ch.pg.Start(t)
+			time.Sleep(3 * time.Second) // load between faults
+		}
+	})
+}
+
+// One writer's transactions are held open (a row lock on its rooms' state
+// blocks them after their stream IDs were allocated) while the other
+// writer commits higher IDs: commit order is inverted against ID order,
+// and readers must neither skip the held IDs nor see anything twice.
+func TestChaosLongOpenTransaction(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("long-open-transaction", func(ch *chaos) {
+		ctx := context.Background()
+		for range pick(2, 5) {
+			conn, err := pgx.Connect(ctx, ch.dbURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// persister1's state writes block after their INSERT.
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM room_state WHERE room IN (SELECT room FROM events WHERE writer = 'persister1') FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			var held int64
+			if err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(stream_id), 0) FROM events WHERE writer = 'persister2'`).Scan(&held); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(3 * time.Second) // hold the lock under load
+			var passed int64
+			if err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(stream_id), 0) FROM events WHERE writer = 'persister2'`).Scan(&passed); err != nil {
+				t.Fatal(err)
+			}
+			if passed <= held {
+				t.Fatalf("persister2 committed nothing while persister1 was held (at %d)", held)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			conn.Close(ctx)
+			t.Logf("persister2 committed up to %d while persister1's transactions were held", passed)
+			time.Sleep(time.Second) // load between faults
+		}
+	})
+}
+
+// Transactions rolled back after their nextval (a trigger refuses some
+// bodies): the holes they leave in the sequence must not look like gaps
+// forever, so persisted-upto and every reader move past them.
+func TestChaosRollbacksAfterNextval(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, ch.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `
+		CREATE FUNCTION chaos_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.content->>'body' LIKE 'poison%' THEN RAISE EXCEPTION 'chaos: refused %', NEW.stream_id; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER chaos_refuse BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION chaos_refuse();`); err != nil {
+		t.Fatal(err)
+	}
+	ch.run("rollbacks-after-nextval", func(ch *chaos) {
+		refused := 0
+		for i := range pick(100, 400) {
+			room := fmt.Sprintf("%%21chaos%d:test", i%chaosRooms)
+			code, _ := call(ctx, "POST", ch.procs[i%len(ch.procs)].url+"/v1/rooms/"+room+"/messages",
+				map[string]string{"sender": "@poison:test", "body": fmt.Sprintf("poison %d", i), "txn_id": fmt.Sprintf("poison-%d", i)}, nil)
+			if code/100 == 2 {
+				t.Fatalf("a poisoned write was acknowledged")
+			}
+			refused++
+		}
+		var last int64
+		if err := conn.QueryRow(ctx, `SELECT last_value FROM events_seq`).Scan(&last); err != nil {
+			t.Fatal(err)
+		}
+		// Persisted-upto on every instance passes the holes.
+		for _, p := range ch.procs {
+			if !poll(20*time.Second, func() bool {
+				var st statusDoc
+				return getJSON(ctx, http.DefaultClient, p.url+"/status", &st) == nil && st.PersistedUpto >= last
+			}) {
+				t.Fatalf("%s: persisted-upto stuck below %d after %d rollbacks", p.name, last, refused)
+			}
+		}
+		t.Logf("%d writes rolled back after nextval; persisted-upto passed %d everywhere", refused, last)
+	})
+}
+
+func waitAcked(t *testing.T, ch *chaos, n int) {
+	t.Helper()
+	if !poll(60*time.Second, func() bool { return ch.w.ackedCount() >= n }) {
+		t.Fatalf("load stalled at %d acknowledged writes, want %d", ch.w.ackedCount(), n)
+	}
+}
+
+// waitSealed waits until the master's /status shows name sealed.
+func waitSealed(t *testing.T, ch *chaos, name string) {
+	t.Helper()
+	ok := poll(30*time.Second, func() bool {
+		var st struct {
+			Writers []struct {
+				Name   string `json:"name"`
+				Sealed bool   `json:"sealed"`
+			} `json:"writers"`
+		}
+		if getJSON(context.Background(), http.DefaultClient, ch.by["master"].url+"/status", &st) != nil {
+			return false
+		}
+		for _, w := range st.Writers {
+			if w.Name == name && w.Sealed {
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("%s never sealed", name)
+	}
+}
+
+// metricSum sums every series of the named metric on an instance.
+func metricSum(t *testing.T, base, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
+			continue
+		}
+		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err == nil {
+			sum += f
+		}
+	}
+	return sum
+}
+
+func waitMetricAbove(t *testing.T, base, name string, v float64) {
+	t.Helper()
+	if !poll(30*time.Second, func() bool { return metricSum(t, base, name) > v }) {
+		t.Fatalf("%s at %s never rose above %v", name, base, v)
+	}
+}
+
+// Every instance reaches Redis through its own fault proxy, which drops
+// 5% of the pub/sub messages it delivers; one worker's link is also 200 ms
+// late. Gaps are found by the next command or heartbeat and fetched.
+func TestChaosLossyAndSlowLinks(t *testing.T) {
+	proxies := map[string]*faultproxy.Proxy{}
+	ch := newChaos(t, chaosOpts{before: func(ch *chaos) {
+		for _, p := range ch.procs {
+			px, err := faultproxy.Start(context.Background(), ch.rds.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			proxies[p.name] = px
+			p.env = append(p.env, "WEFT_REDIS_URL=redis://"+px.Addr()+"/0")
+		}
+	}})
+	ch.run("drop-5pct-delay-200ms", func(ch *chaos) {
+		for _, px := range proxies {
+			px.SetDropRate(0.05)
+		}
+		proxies["sync3"].SetDelay(200 * time.Millisecond)
+		gaps := func() float64 {
+			sum := 0.0
+			for _, p := range ch.procs {
+				sum += metricSum(t, p.url, "weft_fabric_gaps_total")
+			}
+			return sum
+		}
+		before := gaps()
+		time.Sleep(pick(10*time.Second, 60*time.Second)) // the lossy period itself
+		for _, px := range proxies {
+			px.SetDropRate(0)
+			px.SetDelay(0)
+		}
+		dropped := int64(0)
+		for _, px := range proxies {
+			dropped += px.Stats().Dropped
+		}
+		if dropped == 0 {
+			t.Fatal("the proxies dropped nothing")
+		}
+		t.Logf("the proxies dropped %d deliveries; the instances detected %v gaps", dropped, gaps()-before)
+	})
+}
+
+// Garbage on the Redis channel (random bytes, huge lines, forged RDATA with
+// bad JSON or positions far ahead, signed with the wrong key or not at all)
+// and fuzzed parameters on every HTTP endpoint: nothing crashes, the lines
+// are counted, nothing is lost.
+func TestChaosGarbage(t *testing.T) {
+	ch := newChaos(t, chaosOpts{})
+	ch.run("garbage-and-fuzzed-http", func(ch *chaos) {
+		ctx := context.Background()
+		rdb := redis.NewClient(&redis.Options{Addr: ch.rds.Addr()})
+		defer rdb.Close()
+		rng := rand.New(rand.NewPCG(7, 7))
+		junk := func(n int) string {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(rng.UintN(256))
+			}
+			return string(b)
+		}
+		before := metricSum(t, ch.by["sync1"].url, "weft_fabric_invalid_commands_total")
+		lines := 0
+		for i := range pick(200, 2000) {
+			for _, g := range []string{
+				junk(1 + rng.IntN(512)),
+				strings.Repeat("R", 1<<20+1),
+				fmt.Sprintf(`RDATA events persister1-aaaaaaaa %d %d [not json`, i, i+1),
+				fmt.Sprintf(`POSITION events persister2-aaaaaaaa 0 %d`, 1<<40+i),
+				fmt.Sprintf(`RDATA events persister1-aaaaaaaa 0 %d [{"x":1}] #AAAAAAAAAAAAAAAAAAAAAA`, 1<<40+i),
+				`SEALED master-aaaaaaaa events persister1 999999999`,
+			} {
+				if err := rdb.Publish(ctx, "weft:e2e", g).Err(); err != nil {
+					t.Fatal(err)
+				}
+				lines++
+			}
+		}
+		waitMetricAbove(t, ch.by["sync1"].url, "weft_fabric_invalid_commands_total", before+float64(lines)-1)
+
+		// Fuzzed HTTP: random methods, paths and parameters on every
+		// endpoint of every instance. Only a 5xx other than 503/504 (a
+		// dependency unavailable, a write not yet visible) is a bug.
+		paths := []string{"/v1/sync", "/v1/rooms/%s/messages", "/v1/rooms/%s/state/%s", "/v1/rooms/%s/state",
+			"/v1/rooms/%s/typing/%s", "/v1/rooms/%s/recompute", "/_weft/v1/streams/%s/updates", "/_weft/v1/ping",
+			"/_weft/v1/shard/%s", "/status", "/readyz", "/healthz", "/metrics"}
+		params := []string{"since", "timeout_ms", "rooms", "from", "to", "limit", "writer", "instance"}
+		values := []string{"", "-1", "0", "m0", "m5~1.9", "m99999999999999999999", "x", "%00", "m1~0.1~0.2", "9223372036854775808",
+			strings.Repeat("9", 40), "m", "~", "!a:b", junk(8)}
+		methods := []string{"GET", "POST", "PUT", "DELETE", "PATCH"}
+		codes := map[int]int{}
+		client := &http.Client{Timeout: 10 * time.Second}
+		for range pick(600, 5000) {
+			p := ch.procs[rng.IntN(len(ch.procs))]
+			path := paths[rng.IntN(len(paths))]
+			args := make([]any, strings.Count(path, "%s"))
+			for j := range args {
+				args[j] = url.PathEscape(values[rng.IntN(len(values))])
+			}
+			q := url.Values{}
+			for range rng.IntN(4) {
+				q.Set(params[rng.IntN(len(params))], values[rng.IntN(len(values))])
+			}
+			if rng.IntN(2) == 0 {
+				q.Set("timeout_ms", "0") // long polls would only slow the fuzzing
+			}
+			var body io.Reader
+			if rng.IntN(2) == 0 {
+				body = strings.NewReader([]string{`{}`, `{"body":1}`, `{"sender":"@a:b","body":"x","txn_id":"` + junk(3) + `"}`, junk(64), `[`, `{"typing":true,"timeout_ms":-5}`}[rng.IntN(6)])
+			}
+			req, err := http.NewRequestWithContext(ctx, methods[rng.IntN(len(methods))], p.url+fmt.Sprintf(path, args...)+"?"+q.Encode(), body)
+			if err != nil {
+				continue // not even a valid request line
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[resp.StatusCode]++
+			if resp.StatusCode >= 500 && resp.StatusCode != 503 && resp.StatusCode != 504 {
+				t.Fatalf("%s %s answered %d", req.Method, req.URL, resp.StatusCode)
+			}
+		}
+		for _, p := range ch.procs {
+			if p.cmd == nil || p.cmd.ProcessState != nil {
+				t.Fatalf("%s died under garbage", p.name)
+			}
+		}
+		t.Logf("%d garbage lines on the channel, all counted invalid; fuzzed HTTP answered %v", lines, codes)
+	})
+}
