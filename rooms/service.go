@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -117,27 +118,38 @@ func (s *Service) room(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 // decodeBody reads a size-limited JSON object into v, rejecting unknown
-// fields; the error names the field when it can.
+// fields and anything after the object; the error names the field when it
+// can.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		field := "body"
-		var te *json.UnmarshalTypeError
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &te):
-			field = te.Field
-		case errors.As(err, &mbe):
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("body over %d bytes", maxBody), Field: "body"})
-			return false
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			field = strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+	err := dec.Decode(v)
+	if err == nil {
+		// A second value or stray bytes after the first are bad input, not
+		// something to ignore: the client meant something else.
+		if _, err = dec.Token(); err == io.EOF {
+			return true
+		} else if err == nil {
+			err = errors.New("data after the JSON object")
 		}
-		badRequest(w, field, "invalid JSON body: %v", err)
-		return false
 	}
-	return true
+	field := "body"
+	var te *json.UnmarshalTypeError
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		field = te.Field
+	case errors.As(err, &mbe):
+		writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("body over %d bytes", maxBody), Field: "body"})
+		return false
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// The key as sent (the error quotes it); an empty key is the body's.
+		if name, uerr := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field ")); uerr == nil && name != "" {
+			field = name
+		}
+	}
+	badRequest(w, field, "invalid JSON body: %v", err)
+	return false
 }
 
 type messageReq struct {
@@ -344,8 +356,8 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
-func parseTimeout(r *http.Request) (time.Duration, error) {
-	v := r.URL.Query().Get("timeout_ms")
+// parseTimeout parses sync's timeout_ms ("" means 0).
+func parseTimeout(v string) (time.Duration, error) {
 	if v == "" {
 		return 0, nil
 	}

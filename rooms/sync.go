@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -47,44 +48,67 @@ func (s *Service) currentToken(ctx context.Context) (streams.Token, error) {
 	return streams.NewToken(max(low, 0), views), nil
 }
 
-func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	timeout, err := parseTimeout(r)
-	if err != nil {
-		badRequest(w, "timeout_ms", "%v", err)
-		return
+// syncParams is a checked sync query.
+type syncParams struct {
+	timeout  time.Duration
+	rooms    []string // nil: every room
+	since    streams.Token
+	hasSince bool // false: an initial sync
+}
+
+// paramError is a bad client parameter: a 400 naming it.
+type paramError struct {
+	field, reason string
+}
+
+func (e *paramError) Error() string { return e.field + ": " + e.reason }
+
+// parseSync checks the sync query, touching nothing else, so that bad
+// input is a 400 whatever the state of the instance.
+func parseSync(q url.Values) (syncParams, *paramError) {
+	var p syncParams
+	var err error
+	if p.timeout, err = parseTimeout(q.Get("timeout_ms")); err != nil {
+		return p, &paramError{"timeout_ms", err.Error()}
 	}
-	var rooms []string
 	if v := q.Get("rooms"); v != "" {
 		for _, room := range strings.Split(v, ",") {
 			if !roomRE.MatchString(room) {
-				badRequest(w, "rooms", "room %.64q: want 1-255 of [A-Za-z0-9!:._@#-]", room)
-				return
+				return p, &paramError{"rooms", fmt.Sprintf("room %.64q: want 1-255 of [A-Za-z0-9!:._@#-]", room)}
 			}
-			rooms = append(rooms, room)
+			p.rooms = append(p.rooms, room)
 		}
 	}
+	if v := q.Get("since"); v != "" {
+		if p.since, err = streams.ParseToken(v); err != nil {
+			return p, &paramError{"since", err.Error()}
+		}
+		p.hasSince = true
+	}
+	return p, nil
+}
+
+func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
+	p, bad := parseSync(r.URL.Query())
+	if bad != nil {
+		badRequest(w, bad.field, "%s", bad.reason)
+		return
+	}
+	rooms, timeout := p.rooms, p.timeout
 	ctx := r.Context()
 	cur, err := s.currentToken(ctx)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 		return
 	}
-	since := cur // no token: start from now
-	if v := q.Get("since"); v != "" {
-		t, err := streams.ParseToken(v)
-		if err != nil {
-			badRequest(w, "since", "%v", err)
-			return
-		}
-		// A token from the future is clamped to what exists here, never
-		// waited on forever.
-		since = t.Bound(cur)
-	} else {
+	if !p.hasSince {
 		// An initial sync returns the current token and typing at once.
 		s.writeSync(w, rooms, nil, cur)
 		return
 	}
+	// A token from the future is clamped to what exists here, never
+	// waited on forever.
+	since := p.since.Bound(cur)
 	deadline := time.Now().Add(timeout)
 	for {
 		changed := s.live.waitChange()
