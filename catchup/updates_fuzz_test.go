@@ -84,7 +84,7 @@ func FuzzUpdatesParams(f *testing.F) {
 				t.Fatalf("%d with body %q: want {\"error\":...}", w.Code, w.Body)
 			}
 		}
-		clean := path.Clean(r.URL.Path) == r.URL.Path
+		clean := path.Clean(r.URL.EscapedPath()) == r.URL.EscapedPath()
 		switch {
 		case flags&fuzzNoAuth != 0:
 			if w.Code != http.StatusUnauthorized {
