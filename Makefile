@@ -6,7 +6,7 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench bench-quick gobench fuzz chaos tidy build demo
+.PHONY: test lint bench bench-quick gobench fuzz fuzz-ci chaos tidy build demo
 
 # The chaos suite's short scenarios run in here; the binary-running tests
 # need more than go test's default 10 minutes per package on 2 cores.
@@ -44,11 +44,21 @@ bench-quick:
 gobench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKGS)
 
-# Each fuzz target for a short while: crashers are saved under testdata/fuzz.
-FUZZTIME ?= 10s
-fuzz:
+# Every fuzz target in the tree, FUZZTIME each: crashers are saved under
+# testdata/fuzz, to commit as regression entries. CI runs `make fuzz-ci`
+# after the tests; fuzz longer with `make fuzz FUZZTIME=5m`.
+FUZZTIME ?= 5s
+fuzz: fuzz-ci
+fuzz-ci:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME) ./streams/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./fabric/wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzCore$$' -fuzztime $(FUZZTIME) ./fabric/core/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidJSON$$' -fuzztime $(FUZZTIME) ./catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodePage$$' -fuzztime $(FUZZTIME) ./catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzUpdatesParams$$' -fuzztime $(FUZZTIME) ./catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzSyncParams$$' -fuzztime $(FUZZTIME) ./rooms/
+	$(GO) test -run '^$$' -fuzz '^FuzzPathParams$$' -fuzztime $(FUZZTIME) ./rooms/
+	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
 
 tidy:
 	$(GO) mod tidy
