@@ -106,9 +106,15 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 		s.writeSync(w, rooms, nil, cur)
 		return
 	}
-	// A token from the future is clamped to what exists here, never
-	// waited on forever.
-	since := p.since.Bound(cur)
+	// A token may be ahead of this instance: a client behind a load
+	// balancer got it from an instance further along. It is used as it is:
+	// eventsBetween returns nothing for a writer this instance has not
+	// reached yet and keeps the token's position for it, so the answer
+	// neither repeats events the client has nor moves its token backwards
+	// (clamping it to this instance's view did both). A forged token from
+	// the future costs its client that writer's events until the stream
+	// gets there, and each poll still ends at its timeout.
+	since := p.since
 	deadline := time.Now().Add(timeout)
 	for {
 		changed := s.live.waitChange()

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -59,6 +61,10 @@ func pick[T any](short, long T) T {
 	}
 	return short
 }
+
+// roaming is the oracle's view of a client that syncs on a random
+// instance each time, as behind a load balancer.
+const roaming = "roaming"
 
 var chaosNames = []string{"master", "persister1", "persister2", "sync1", "sync2", "sync3"}
 
@@ -142,9 +148,15 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	}()
 	ch.wg.Go(func() { ch.supervise(ctx) })
 	for _, p := range ch.procs {
-		ch.wg.Go(func() { ch.o.syncLoop(ctx, p) })
+		ch.wg.Go(func() { ch.o.syncLoop(ctx, p.name, func() *proc { return p }) })
 		ch.wg.Go(func() { ch.o.sampleLoop(ctx, p) })
 	}
+	// A client behind a load balancer: each sync on a random instance,
+	// with the token the previous one returned.
+	ch.wg.Go(func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		ch.o.syncLoop(ctx, roaming, func() *proc { ts := ch.targets(); return ts[rng.IntN(len(ts))] })
+	})
 	var loadWG sync.WaitGroup
 	for g := range 6 {
 		loadWG.Go(func() { ch.w.writer(loadCtx, t, g, ch.targets) })
@@ -164,7 +176,7 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	loadWG.Wait()
 	all := ch.w.ackedSnapshot()
 	ch.o.awaitSeen(t, all, 60*time.Second)
-	ch.o.awaitAgreement(t, 30*time.Second)
+	ch.o.awaitDatabase(t, ch.dbURL, 30*time.Second)
 	cancel()
 	ch.wg.Wait()
 
@@ -441,6 +453,7 @@ func newOracle(procs []*proc) *oracle {
 	for _, p := range procs {
 		o.views[p.name] = &instView{seen: map[string]int{}, maxPos: map[string]int64{}}
 	}
+	o.views[roaming] = &instView{seen: map[string]int{}, maxPos: map[string]int64{}}
 	return o
 }
 
@@ -473,14 +486,14 @@ func (o *oracle) ackedBy(writer string, t time.Time) int64 {
 
 // syncLoop long-polls p's /v1/sync from the beginning of time until ctx
 // ends, checking order, duplicates and token monotonicity.
-func (o *oracle) syncLoop(ctx context.Context, p *proc) {
+func (o *oracle) syncLoop(ctx context.Context, name string, next func() *proc) {
 	since := "m0"
 	client := &http.Client{Timeout: 10 * time.Second}
 	for ctx.Err() == nil {
 		var r syncResp
-		err := getJSON(ctx, client, p.url+"/v1/sync?timeout_ms=500&since="+url.QueryEscape(since), &r)
+		err := getJSON(ctx, client, next().url+"/v1/sync?timeout_ms=500&since="+url.QueryEscape(since), &r)
 		o.mu.Lock()
-		v := o.views[p.name]
+		v := o.views[name]
 		if err != nil {
 			v.syncErrs++
 			o.mu.Unlock()
@@ -491,7 +504,7 @@ func (o *oracle) syncLoop(ctx context.Context, p *proc) {
 			continue
 		}
 		v.syncs++
-		o.apply(v, p.name, since, r)
+		o.apply(v, name, since, r)
 		since = r.NextBatch
 		o.mu.Unlock()
 	}
@@ -654,29 +667,54 @@ func (o *oracle) missing(want map[string]ack) []string {
 	return out
 }
 
-// awaitAgreement waits until every instance has returned the same set of
-// events: writes whose outcome the client never learned are on all of
-// them or on none.
-func (o *oracle) awaitAgreement(t *testing.T, timeout time.Duration) {
+// awaitDatabase waits until the events table stops changing (writes
+// whose client gave up may still be committing), then until every view
+// has returned exactly the committed events: the database is the ground
+// truth, so a write whose answer was lost is on every instance or on none.
+func (o *oracle) awaitDatabase(t *testing.T, dbURL string, timeout time.Duration) {
 	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	committed := func() map[string]bool {
+		rows, err := conn.Query(ctx, `SELECT COALESCE(content->>'body', content->'value'->>'txn') FROM events`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		txns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make(map[string]bool, len(txns))
+		for _, txn := range txns {
+			out[txn] = true
+		}
+		return out
+	}
+	want := committed()
+	for stable := time.Now(); time.Since(stable) < time.Second; {
+		time.Sleep(100 * time.Millisecond) // polling the table until it is still
+		if now := committed(); len(now) != len(want) {
+			want, stable = now, time.Now()
+		}
+	}
 	var diff string
 	ok := poll(timeout, func() bool {
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		var ref map[string]int
-		var refName string
 		for name, v := range o.views {
-			if ref == nil {
-				ref, refName = v.seen, name
-				continue
-			}
-			if len(v.seen) != len(ref) {
-				diff = fmt.Sprintf("%s has %d events, %s %d", name, len(v.seen), refName, len(ref))
-				return false
-			}
-			for txn := range ref {
+			for txn := range want {
 				if v.seen[txn] == 0 {
-					diff = fmt.Sprintf("%s lacks %s that %s has", name, txn, refName)
+					diff = fmt.Sprintf("%s lacks %s, committed", name, txn)
+					return false
+				}
+			}
+			for txn := range v.seen {
+				if !want[txn] {
+					diff = fmt.Sprintf("%s returned %s, which is not in the database", name, txn)
 					return false
 				}
 			}
@@ -684,7 +722,7 @@ func (o *oracle) awaitAgreement(t *testing.T, timeout time.Duration) {
 		return true
 	})
 	if !ok {
-		t.Fatalf("instances disagree after %v: %s", timeout, diff)
+		t.Fatalf("instances do not return exactly the %d committed events after %v: %s", len(want), timeout, diff)
 	}
 }
 
