@@ -8,6 +8,13 @@ var (
 	// ErrNotInFlight: an ID was finished that was never allocated here, or
 	// was finished twice.
 	ErrNotInFlight = errors.New("streams: id not in flight")
+	// ErrNotFromSequence: a statement that allocates IDs (AllocQuery)
+	// returned an ID the stream's sequence cannot have handed out to it:
+	// at or below what was known before it ran, repeated, or in flight.
+	ErrNotFromSequence = errors.New("streams: id not drawn from the sequence")
+	// ErrNoSequence: an operation that needs the stream's PostgreSQL
+	// sequence was asked of a stream with an in-process counter.
+	ErrNoSequence = errors.New("streams: stream has no sequence")
 	// ErrNotWriter: an instance that does not write a stream tried to
 	// allocate on it.
 	ErrNotWriter = errors.New("streams: not a writer of this stream")

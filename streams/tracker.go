@@ -126,6 +126,34 @@ func (t *Tracker) Allocated(tk Ticket, ids ...int64) {
 	t.update()
 }
 
+// CheckAllocated reports whether ids (sorted ascending) can be what the
+// sequence returned for tk, before Allocated records them. IDs drawn from
+// the sequence after BeginAlloc are distinct, lie above tk's floor (the
+// highest ID or position known when it began: every one of those came from
+// the sequence earlier) and are not in flight already. An ID that breaks
+// this did not come from the sequence in that call; recording it could let
+// the local position (which may already be past it, or pass it when
+// another allocation that holds it finishes) cover a row still being
+// written. The error wraps ErrNotFromSequence.
+func (t *Tracker) CheckAllocated(tk Ticket, ids []int64) error {
+	floor, ok := t.tickets[tk.id]
+	if !ok {
+		return fmt.Errorf("%w: ticket %d is not open", ErrNotFromSequence, tk.id)
+	}
+	for i, id := range ids {
+		switch {
+		case id <= floor:
+			return fmt.Errorf("%w: id %d is at or below %d, known before the IDs were asked for", ErrNotFromSequence, id, floor)
+		case i > 0 && id <= ids[i-1]:
+			return fmt.Errorf("%w: id %d returned twice (or IDs not sorted)", ErrNotFromSequence, id)
+		}
+		if _, found := slices.BinarySearch(t.unfinished, id); found {
+			return fmt.Errorf("%w: id %d is already in flight", ErrNotFromSequence, id)
+		}
+	}
+	return nil
+}
+
 // AbortAlloc ends a ticket whose sequence call failed.
 func (t *Tracker) AbortAlloc(tk Ticket) {
 	delete(t.tickets, tk.id)

@@ -3,6 +3,7 @@ package streams
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -113,6 +114,55 @@ func TestTrackerIdleWriter(t *testing.T) {
 	}
 }
 
+// CheckAllocated refuses IDs the sequence cannot have handed to a ticket,
+// and a refused ticket, once aborted, leaves the tracker as it was.
+func TestTrackerCheckAllocated(t *testing.T) {
+	tr := NewTracker(1, map[WriterID]int64{1: 10, 2: 10})
+	held := tr.BeginAlloc()
+	tr.Allocated(held, 11, 12)
+	tk := tr.BeginAlloc() // floor 12
+	early := tr.BeginAlloc()
+	for _, c := range []struct {
+		name string
+		tk   Ticket
+		ids  []int64
+		ok   bool
+	}{
+		{"fresh", tk, []int64{13, 20}, true},
+		{"at the floor", tk, []int64{12}, false},
+		{"below the floor", tk, []int64{5, 13}, false},
+		{"repeated", tk, []int64{13, 13}, false},
+		{"unsorted", tk, []int64{14, 13}, false},
+		{"closed ticket", held, []int64{13}, false},
+	} {
+		err := tr.CheckAllocated(c.tk, c.ids)
+		if c.ok && err != nil {
+			t.Errorf("%s %v: %v, want nil", c.name, c.ids, err)
+		}
+		if !c.ok && !errors.Is(err, ErrNotFromSequence) {
+			t.Errorf("%s %v: %v, want ErrNotFromSequence", c.name, c.ids, err)
+		}
+	}
+	// Two tickets open at once share a floor: only the in-flight set shows
+	// that an ID already went to the other one.
+	tr.Allocated(tk, 13)
+	if err := tr.CheckAllocated(early, []int64{13}); !errors.Is(err, ErrNotFromSequence) {
+		t.Fatalf("ID in flight for another ticket: %v, want ErrNotFromSequence", err)
+	}
+	tr.AbortAlloc(early)
+	if got := tr.SelfPosition(); got != 10 {
+		t.Fatalf("position %d after the refused ticket, want 10 (11 in flight)", got)
+	}
+	for _, id := range []int64{11, 12, 13} {
+		if _, err := tr.Finish(id); err != nil {
+			t.Fatalf("finish %d: %v", id, err)
+		}
+	}
+	if got := tr.SelfPosition(); got != 13 {
+		t.Fatalf("position %d, want 13", got)
+	}
+}
+
 func TestTrackerSkipsKnownPersisted(t *testing.T) {
 	tr := NewTracker(1, map[WriterID]int64{2: 5})
 	tk := tr.BeginAlloc()
@@ -198,8 +248,43 @@ func TestTrackerModel(t *testing.T) {
 					t.Skip()
 				}
 				i := rapid.IntRange(0, len(pending)-1).Draw(t, "i")
+				// What the sequence really returned always passes the
+				// check AllocQuery makes.
+				if err := tr.CheckAllocated(pending[i], pendingIDs[i]); err != nil {
+					t.Fatalf("genuine IDs %v refused: %v", pendingIDs[i], err)
+				}
 				tr.Allocated(pending[i], pendingIDs[i]...)
 				mine = append(mine, pendingIDs[i]...)
+				pending = append(pending[:i], pending[i+1:]...)
+				pendingIDs = append(pendingIDs[:i], pendingIDs[i+1:]...)
+			},
+			// An AllocQuery statement returned, besides what it drew, an
+			// ID whose recording would be unsafe: at or below the local
+			// position (already announced past) or in flight for another
+			// allocation (whose Finish would let the position pass it).
+			// It must be refused; the ticket is aborted and the
+			// transaction rolled back, so the IDs it drew are finished
+			// without ever being recorded.
+			"refuse": func(t *rapid.T) {
+				if len(pending) == 0 {
+					t.Skip()
+				}
+				i := rapid.IntRange(0, len(pending)-1).Draw(t, "i")
+				unsafe := slices.Clone(mine)
+				for id := int64(0); id <= tr.SelfPosition(); id++ {
+					unsafe = append(unsafe, id)
+				}
+				bogus := rapid.SampledFrom(unsafe).Draw(t, "bogus")
+				got := append(slices.Clone(pendingIDs[i]), bogus)
+				slices.Sort(got)
+				if err := tr.CheckAllocated(pending[i], got); !errors.Is(err, ErrNotFromSequence) {
+					t.Fatalf("unsafe id %d with %v (position %d, in flight %v): %v, want ErrNotFromSequence",
+						bogus, pendingIDs[i], tr.SelfPosition(), mine, err)
+				}
+				tr.AbortAlloc(pending[i])
+				for _, id := range pendingIDs[i] {
+					finished[id] = true
+				}
 				pending = append(pending[:i], pending[i+1:]...)
 				pendingIDs = append(pendingIDs[:i], pendingIDs[i+1:]...)
 			},
