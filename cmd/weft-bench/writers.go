@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -23,15 +24,20 @@ import (
 // binaries sign theirs: signing is part of what a row costs.
 const benchSecret = "weft-bench-secret-0123456789"
 
-// Statements of the two write paths. The raw one takes its ID from the
-// sequence inside the INSERT (one round trip); weft allocates the ID first
-// (Generator.Alloc) because the writer must track it as unfinished before
-// the transaction that may commit it starts.
+// Statements of the two write paths. Both take their IDs from the
+// sequence inside the INSERT (one round trip); weft's return them, so that
+// Generator.AllocQuery can track them as unfinished (it takes its ticket
+// before sending the statement), and the batch returns each ID with the
+// index of its row: RETURNING order is not promised, and RETURNING cannot
+// see the ordinality, so the IDs are drawn once in a materialized CTE.
 const (
-	weftInsert      = `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`
-	weftInsertBatch = `INSERT INTO events (stream_id, writer, rows) SELECT unnest($1::bigint[]), $2, unnest($3::text[])::jsonb`
-	rawInsert       = `INSERT INTO raw_events (stream_id, writer, rows) VALUES (nextval('raw_seq'), $1, $2)`
-	rawInsertBatch  = `INSERT INTO raw_events (stream_id, writer, rows) SELECT nextval('raw_seq'), $1, r::jsonb FROM unnest($2::text[]) AS r`
+	weftInsert      = `INSERT INTO events (stream_id, writer, rows) VALUES (nextval('events_seq'), $1, $2) RETURNING stream_id`
+	weftInsertBatch = `WITH src AS MATERIALIZED (
+			SELECT nextval('events_seq') AS id, r, i FROM unnest($2::text[]) WITH ORDINALITY AS u(r, i)),
+		ins AS (INSERT INTO events (stream_id, writer, rows) SELECT id, $1, r::jsonb FROM src)
+		SELECT id, i FROM src`
+	rawInsert      = `INSERT INTO raw_events (stream_id, writer, rows) VALUES (nextval('raw_seq'), $1, $2)`
+	rawInsertBatch = `INSERT INTO raw_events (stream_id, writer, rows) SELECT nextval('raw_seq'), $1, r::jsonb FROM unnest($2::text[]) AS r`
 )
 
 func fabricHello(name string) wire.Hello { return wire.Hello{Name: name, Role: "bench"} }
@@ -137,39 +143,47 @@ func stopWriters(ws []*weftWriter) error {
 	return errors.Join(errs...)
 }
 
-// write is one row in its own transaction: allocate the ID, INSERT
-// (autocommit), hand the rows to the node, finish the ID. It returns the
-// row's position.
+// write is one row in its own transaction: INSERT (autocommit) with the ID
+// drawn in the statement, hand the rows to the node, finish the ID. It
+// returns the row's position.
 func (w *weftWriter) write(ctx context.Context, rows json.RawMessage) (int64, error) {
-	a, err := w.gen.Alloc(ctx, 1)
+	a, err := w.gen.AllocQuery(ctx, w.pool, nil, weftInsert, w.name, string(rows))
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("writer %s: insert: %w", w.name, err)
 	}
 	defer a.Finish()
 	id := a.IDs()[0]
-	if _, err := w.pool.Exec(ctx, weftInsert, id, w.name, string(rows)); err != nil {
-		return 0, fmt.Errorf("writer %s: insert: %w", w.name, err)
-	}
 	w.node.Rows(ctx, eventsCfg.Name, id, rows)
 	return id, nil
 }
 
-// writeBatch is rows in one transaction: one allocation of len(rows) IDs,
-// one INSERT.
+// writeBatch is rows in one transaction: one INSERT that draws len(rows)
+// IDs and returns each with the index of its row.
 func (w *weftWriter) writeBatch(ctx context.Context, rows []json.RawMessage) error {
-	a, err := w.gen.Alloc(ctx, len(rows))
-	if err != nil {
-		return err
-	}
-	defer a.Finish()
 	texts := make([]string, len(rows))
 	for i, r := range rows {
 		texts[i] = string(r)
 	}
-	if _, err := w.pool.Exec(ctx, weftInsertBatch, a.IDs(), w.name, texts); err != nil {
+	pos := make([]int64, len(rows)) // by row index
+	a, err := w.gen.AllocQuery(ctx, w.pool, func(row pgx.CollectableRow) (int64, error) {
+		var id, i int64
+		if err := row.Scan(&id, &i); err != nil {
+			return 0, err
+		}
+		if i < 1 || i > int64(len(pos)) || pos[i-1] != 0 {
+			return 0, fmt.Errorf("row index %d out of range or returned twice", i)
+		}
+		pos[i-1] = id
+		return id, nil
+	}, weftInsertBatch, w.name, texts)
+	if err != nil {
 		return fmt.Errorf("writer %s: insert batch: %w", w.name, err)
 	}
-	for i, id := range a.IDs() {
+	defer a.Finish()
+	if n := len(a.IDs()); n != len(rows) {
+		return fmt.Errorf("writer %s: insert batch: %d IDs for %d rows", w.name, n, len(rows))
+	}
+	for i, id := range pos {
 		w.node.Rows(ctx, eventsCfg.Name, id, rows[i])
 	}
 	return nil
