@@ -375,18 +375,20 @@ func (e nodeEvents) linkMessage(payload string) {
 	// The line is only read while decoding (Decode keeps nothing of it),
 	// so it is viewed without a copy.
 	line := unsafe.Slice(unsafe.StringData(payload), len(payload))
+	decode := e.n.codec.Decode
 	if e.n.signer != nil {
 		var ok bool
 		if line, ok = e.n.signer.verify(line); !ok {
 			e.n.m.invalid.WithLabelValues("bad_signature").Inc()
 			return
 		}
+		decode = e.n.codec.DecodeSigned
 	}
 	if string(wire.PeekSender(line)) == e.n.cfg.Instance {
 		e.n.m.echoes.Inc() // our own echo: half the lines a writer receives
 		return
 	}
-	cmd, err := e.n.codec.Decode(line)
+	cmd, err := decode(line)
 	if err != nil {
 		e.n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
 		e.n.log.Debug("skipping invalid command", "err", err)

@@ -62,7 +62,7 @@ func positions(verb string, prevTok, posTok []byte, strict bool) (prev, pos int6
 	return prev, pos, nil
 }
 
-func (c *Codec) decodeRData(args []byte) (Command, error) {
+func (c *Codec) decodeRData(args []byte, signed bool) (Command, error) {
 	const verb = VerbRData
 	var f [4][]byte
 	rows, err := fixedFields(verb, args, []string{"stream", "writer", "prev", "pos"}, f[:], "rows")
@@ -80,7 +80,11 @@ func (c *Codec) decodeRData(args []byte) (Command, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p := jsonProblem(rows, '[', ']'); p != "" {
+	check := jsonProblem
+	if signed {
+		check = shapeProblem
+	}
+	if p := check(rows, '[', ']'); p != "" {
 		return nil, malformed(ReasonBadJSON, verb, "rows", p)
 	}
 	return &RData{

@@ -122,28 +122,37 @@ func hasNewline(b []byte) bool {
 // whitespace, so that an accepted line is canonical; an RDATA rows array may
 // not be empty, since rows-less data is a POSITION.
 func jsonProblem(b []byte, open, close byte) string {
-	if len(b) < 2 || b[0] != open || b[len(b)-1] != close {
-		return "must start with '" + string(open) + "' and end with '" + string(close) + "', no whitespace around"
+	if p := shapeProblem(b, open, close); p != "" {
+		return p
 	}
 	if !json.Valid(b) {
 		return "invalid JSON"
 	}
-	if open == '[' && emptyArray(b) {
+	return ""
+}
+
+// shapeProblem is jsonProblem without parsing: for a tail from a sender
+// that validated it (a verified signature).
+func shapeProblem(b []byte, open, close byte) string {
+	if len(b) < 2 || b[0] != open || b[len(b)-1] != close {
+		return "must start with '" + string(open) + "' and end with '" + string(close) + "', no whitespace around"
+	}
+	if open == '[' && emptyArrayShape(b) {
 		return "empty rows array"
 	}
 	return ""
 }
 
-// emptyArray reports whether b, a valid JSON array, has no elements.
-func emptyArray(b []byte) bool {
-	for _, c := range b[1:] {
+// emptyArrayShape reports whether b, bracketed, holds only whitespace.
+func emptyArrayShape(b []byte) bool {
+	for _, c := range b[1 : len(b)-1] {
 		switch c {
-		case ' ', '\t', '\r', '\n':
+		case ' ', '\t', '\n', '\r':
 		default:
-			return c == ']'
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // cutField splits b at its first space: tok before it, rest after it; more
