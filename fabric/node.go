@@ -262,6 +262,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	specs := make([]core.StreamSpec, len(cfg.Streams))
 	copy(specs, cfg.Streams)
+	for i, sp := range specs {
+		// A fresh instance waits for the writers the database knows.
+		if g := n.gens[sp.Name]; g != nil && len(sp.Writers) == 0 {
+			specs[i].Writers = g.Writers()
+		}
+	}
 	n.starts = map[string]int64{}
 	for _, sp := range specs {
 		n.starts[sp.Name] = sp.Start
@@ -769,7 +775,11 @@ type Peer struct {
 }
 
 // Status returns the last snapshot (refreshed every 250 ms by the loop).
-func (n *Node) Status() Status { return *n.status.Load() }
+func (n *Node) Status() Status {
+	st := *n.status.Load()
+	st.Ready = n.Ready() // live, with the freshness the snapshot lacks
+	return st
+}
 
 func (n *Node) publishStatus() {
 	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.core.Ready(),

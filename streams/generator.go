@@ -440,6 +440,22 @@ func (g *Generator) KnownWriterID(name string) (WriterID, bool) {
 	return id, ok
 }
 
+// Writers are the names of the writers the generator counts for
+// persisted-upto (every unsealed writer with a stored position, and this
+// one), sorted.
+func (g *Generator) Writers() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for id := range g.tr.Writers() {
+		if n, ok := g.names[id]; ok {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // WriterName is the name of writer w, if known.
 func (g *Generator) WriterName(w WriterID) (string, bool) {
 	g.mu.Lock()

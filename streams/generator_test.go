@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -538,5 +539,17 @@ func TestCheckUnderConcurrentWriters(t *testing.T) {
 		if err := streams.Check(context.Background(), pool, eventsCfg); err != nil {
 			t.Fatalf("check %d under concurrent writers: %v", i, err)
 		}
+	}
+}
+
+// Writers lists the writers a generator counts: a reader opened after two
+// writers registered knows both (a fresh fabric node waits for them).
+func TestGeneratorWriters(t *testing.T) {
+	pool, _ := setup(t)
+	open(t, pool, eventsCfg, "persister1")
+	open(t, pool, eventsCfg, "persister2")
+	r := open(t, pool, eventsCfg, "")
+	if got := r.Writers(); !slices.Equal(got, []string{"persister1", "persister2"}) {
+		t.Fatalf("Writers() = %v, want persister1 and persister2", got)
 	}
 }

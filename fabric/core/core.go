@@ -30,6 +30,11 @@ type StreamSpec struct {
 	// durable stream the persisted-upto the application loaded its state
 	// at; 0 for ephemeral streams.
 	Start int64
+	// Writers are the durable writers known to exist when the instance
+	// starts (from the database). A connection waits for their POSITION
+	// as for writers heard from before: without it a fresh instance was
+	// established, and ready, before it knew where any writer was.
+	Writers []string
 }
 
 // Config configures a Core. Zero durations and sizes mean the defaults.
@@ -128,6 +133,7 @@ type view struct {
 	positioned bool  // a POSITION arrived on this connection
 	awaited    bool  // the connection waits for this writer's POSITION
 	suspect    bool  // did not answer a connection in time
+	expected   bool  // a known writer (StreamSpec.Writers), maybe not heard from yet
 
 	catching bool   // catching up to `to`
 	to       int64  // fetch target
@@ -197,6 +203,11 @@ func New(cfg Config) (*Core, error) {
 			return nil, fmt.Errorf("%w: Streams: %s listed twice", ErrConfig, s.Name)
 		}
 		c.streams[s.Name] = s
+		for _, w := range s.Writers {
+			if w != cfg.Hello.Name {
+				c.view(Key{Stream: s.Name, Writer: w}).expected = true
+			}
+		}
 	}
 	for k, p := range cfg.Views {
 		if _, ok := c.streams[k.Stream]; !ok {
@@ -274,7 +285,7 @@ func (c *Core) Connected() []Action {
 	c.connected, c.established = true, false
 	for _, v := range c.views {
 		v.positioned = false
-		v.awaited = v.instance != "" && !v.suspect && v.instance != c.cfg.Instance
+		v.awaited = (v.instance != "" || v.expected) && !v.suspect && v.instance != c.cfg.Instance
 	}
 	c.windowEnd = c.now.Add(c.cfg.ReplicateWait)
 	c.writersEnd = c.now.Add(c.cfg.WriterWait)

@@ -19,7 +19,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 // A scenario file is a list of blocks: one directive, "----", then the
 // actions it must produce, one per line, then a blank line. Directives:
 //
-//	new self=ID streams=a,b:ephemeral [views=a/w1=3,...] [writes=a=0,...]
+//	new self=ID streams=a,b:ephemeral [views=a/w1=3,...] [writes=a=0,...] [writers=a/w1,...]
 //	connect | disconnect | shutdown | tick DURATION
 //	recv LINE                      (a wire line, decoded by the codec)
 //	fetched ID upto=N [err] [gone]
@@ -164,6 +164,15 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, line string) ([]Action, 
 					st, p, _ := strings.Cut(s, "=")
 					n, _ := strconv.ParseInt(p, 10, 64)
 					cfg.Writes[st] = n
+				}
+			case "writers":
+				for _, s := range strings.Split(v, ",") {
+					st, w, _ := strings.Cut(s, "/")
+					for i := range cfg.Streams {
+						if cfg.Streams[i].Name == st {
+							cfg.Streams[i].Writers = append(cfg.Streams[i].Writers, w)
+						}
+					}
 				}
 			case "buffer":
 				cfg.MaxBuffer, _ = strconv.Atoi(v)
