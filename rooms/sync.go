@@ -115,6 +115,15 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 	// the future costs its client that writer's events until the stream
 	// gets there, and each poll still ends at its timeout.
 	since := p.since
+	if !since.LessOrEqual(cur) {
+		if bad, err := s.beyondStream(ctx, since); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+			return
+		} else if bad != "" {
+			badRequest(w, "since", "%s", bad)
+			return
+		}
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		changed := s.live.waitChange()
@@ -207,4 +216,19 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 		}
 	}
 	return out, streams.NewToken(max(low, 0), next), nil
+}
+
+// beyondStream says why a token ahead of this instance cannot have come
+// from any instance: a position above every ID the sequence has handed
+// out. Only such a token is refused; one merely ahead of this instance is
+// served as the instance catches up.
+func (s *Service) beyondStream(ctx context.Context, t streams.Token) (string, error) {
+	var last int64
+	if err := s.pool.QueryRow(ctx, `SELECT last_value FROM `+EventsConfig.Sequence).Scan(&last); err != nil {
+		return "", fmt.Errorf("rooms: read %s: %w", EventsConfig.Sequence, err)
+	}
+	if m := t.Max(); m > last {
+		return fmt.Sprintf("token %s is ahead of the stream: position %d was never handed out (the sequence is at %d)", t, m, last), nil
+	}
+	return "", nil
 }
