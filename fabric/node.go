@@ -207,6 +207,10 @@ type (
 		id     streams.WriterID
 		pos    int64
 	}
+	inStored struct {
+		key core.Key
+		pos int64
+	}
 )
 
 // New builds a Node; Run starts it.
@@ -461,17 +465,37 @@ func (n *Node) housekeeping(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, g := range n.gens {
-			n.track(ctx, "refresh", func(ctx context.Context) error {
-				if err := g.Refresh(ctx); err != nil {
-					return err
+		n.refreshAll(ctx)
+	}
+}
+
+// refreshAll re-reads each durable stream's registry and positions, hands
+// the core every other writer's position as the database knows it (the
+// repair for a writer whose link is down), and stores this instance's.
+func (n *Node) refreshAll(ctx context.Context) {
+	for _, g := range n.gens {
+		n.track(ctx, "refresh", func(ctx context.Context) error {
+			if err := g.Refresh(ctx); err != nil {
+				return err
+			}
+			stream := g.Stream().Name
+			if _, follows := n.starts[stream]; follows {
+				for _, name := range g.Writers() {
+					if name == g.Self() {
+						continue
+					}
+					if id, ok := g.KnownWriterID(name); ok {
+						if pos, ok := g.WriterPosition(id); ok {
+							n.send(ctx, inStored{core.Key{Stream: stream, Writer: name}, pos})
+						}
+					}
 				}
-				if g.Self() != "" {
-					return g.SavePosition(ctx)
-				}
-				return nil
-			})
-		}
+			}
+			if g.Self() != "" {
+				return g.SavePosition(ctx)
+			}
+			return nil
+		})
 	}
 }
 
@@ -532,6 +556,7 @@ func (n *Node) step(ctx context.Context, in input) {
 	case inFresh:
 		n.freshAt.Store(int64(in.sent.Sub(n.born)))
 	case inUp:
+		n.refreshAll(ctx) // what writers committed while we were away
 		n.m.connected.Set(1)
 		n.exec(ctx, n.core.Tick(time.Now()))
 		n.exec(ctx, n.core.Connected())
@@ -554,6 +579,8 @@ func (n *Node) step(ctx context.Context, in input) {
 		if g := n.gens[in.stream]; g != nil {
 			g.Observe(in.id, in.pos)
 		}
+	case inStored:
+		n.exec(ctx, n.core.Stored(in.key, in.pos))
 	}
 	n.updateReady()
 }

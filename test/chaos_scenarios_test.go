@@ -440,3 +440,32 @@ func TestChaosGarbage(t *testing.T) {
 		t.Logf("%d garbage lines on the channel, all counted invalid; fuzzed HTTP answered %v", lines, codes)
 	})
 }
+
+// One event writer is cut off from Redis alone (its proxy refuses and
+// cuts) while it keeps committing: nobody hears it on the channel, so the
+// readers learn its progress from the positions it stores in the database
+// and fetch its rows there, and no reader is ready while missing them.
+func TestChaosWriterPartitionedFromRedis(t *testing.T) {
+	var px *faultproxy.Proxy
+	ch := newChaos(t, chaosOpts{before: func(ch *chaos) {
+		var err error
+		if px, err = faultproxy.Start(context.Background(), ch.rds.Addr()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { px.Close() })
+		p := ch.by["persister2"]
+		p.env = append(p.env, "WEFT_REDIS_URL=redis://"+px.Addr()+"/0")
+	}})
+	ch.run("writer-partitioned-from-redis", func(ch *chaos) {
+		for range pick(1, 4) {
+			px.SetRefuse(true)
+			px.Cut()
+			start := ch.w.ackedCount()
+			waitAcked(t, ch, start+300) // persister2's rooms included
+			time.Sleep(2 * time.Second) // the partition itself
+			px.SetRefuse(false)
+			time.Sleep(2 * time.Second) // load between faults
+		}
+		t.Logf("persister2's link was refused %d times", px.Stats().Refused)
+	})
+}

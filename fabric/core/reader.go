@@ -102,6 +102,28 @@ func (c *Core) sealed(cmd *wire.Sealed) {
 	c.handle(v, &wire.Position{Stream: cmd.Stream, Writer: cmd.Writer, Prev: cmd.Pos, Pos: cmd.Pos})
 }
 
+// Stored is a durable writer's position as the database has it (stored by
+// the writer at its announce pace, or learned at a registry refresh):
+// every ID of it up to pos is committed. Pub/sub cannot show what a writer
+// commits while its own link is down (still reconnecting after a Redis
+// restart, or cut off from Redis alone); a reader that hears nothing from
+// it learns here, at its next refresh, and fetches the range from the
+// database instead of being ready while behind. Like "POSITION s w pos
+// pos", without touching what the connection waits for.
+func (c *Core) Stored(k Key, pos int64) []Action {
+	spec, ok := c.streams[k.Stream]
+	if !ok || spec.Ephemeral || k.Writer == c.cfg.Hello.Name {
+		return nil
+	}
+	v := c.view(k)
+	if pos > v.announced {
+		v.announced = pos
+		c.handle(v, &wire.Position{Stream: k.Stream, Writer: v.instance, Prev: pos, Pos: pos})
+	}
+	c.checkEstablished()
+	return c.flush()
+}
+
 // AnnounceSealed publishes that this instance sealed a writer at its
 // final position, and applies it locally as every reader will.
 func (c *Core) AnnounceSealed(stream, writer string, pos int64) []Action {

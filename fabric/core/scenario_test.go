@@ -26,6 +26,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	apply-failed STREAM/WRITER PREV POS
 //	rows STREAM POS JSON           (LocalRows)
 //	position STREAM POS            (LocalPosition)
+//	stored STREAM/WRITER POS       (Stored)
 //	state                          (views, readiness)
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
@@ -238,6 +239,10 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, line string) ([]Action, 
 	case "position":
 		pos, _ := strconv.ParseInt(f[2], 10, 64)
 		return c.LocalPosition(f[1], pos), nil
+	case "stored":
+		st, w, _ := strings.Cut(f[1], "/")
+		pos, _ := strconv.ParseInt(f[2], 10, 64)
+		return c.Stored(Key{st, w}, pos), nil
 	}
 	return nil, fmt.Errorf("unknown directive %q", f[0])
 }
