@@ -803,13 +803,16 @@ type Peer struct {
 
 // Status returns the last snapshot (refreshed every 250 ms by the loop).
 func (n *Node) Status() Status {
+	// Ready only if it was when the views were taken and still is: a
+	// snapshot from before a stall, or from before the backlog after it,
+	// must not pair stale views with a live "ready".
 	st := *n.status.Load()
-	st.Ready = n.Ready() // live, with the freshness the snapshot lacks
+	st.Ready = st.Ready && n.Ready()
 	return st
 }
 
 func (n *Node) publishStatus() {
-	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.core.Ready(),
+	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.Ready(),
 		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
 	latest := map[string]Peer{}
 	for inst, h := range n.core.Peers() {
