@@ -1,0 +1,94 @@
+package fabric
+
+import (
+	"time"
+
+	"github.com/weft-dev/weft/fabric/core"
+)
+
+// Status is a snapshot for status pages.
+type Status struct {
+	Instance    string           `json:"instance"`
+	Established bool             `json:"established"`
+	Ready       bool             `json:"ready"`
+	Views       []core.ViewInfo  `json:"views"`
+	Peers       map[string]Peer  `json:"peers"`
+	Link        linkStats        `json:"link"`
+	Writes      map[string]int64 `json:"writes"`
+}
+
+// Peer is an instance heard from.
+type Peer struct {
+	Instance string   `json:"instance"`
+	Name     string   `json:"name"`
+	Role     string   `json:"role"`
+	URL      string   `json:"url"`
+	Writes   []string `json:"writes"`
+}
+
+// Status returns the last snapshot (refreshed every 250 ms by the loop).
+func (n *Node) Status() Status {
+	// Ready only if it was when the views were taken and still is: a
+	// snapshot from before a stall, or from before the backlog after it,
+	// must not pair stale views with a live "ready".
+	st := *n.status.Load()
+	st.Ready = st.Ready && n.Ready()
+	return st
+}
+
+func (n *Node) publishStatus() {
+	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.Ready(),
+		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
+	latest := map[string]Peer{}
+	for inst, h := range n.core.Peers() {
+		p := Peer{Instance: inst, Name: h.Name, Role: h.Role, URL: h.URL, Writes: h.Streams}
+		s.Peers[inst] = p
+		if li, _, ok := n.core.Latest(h.Name); ok && li == inst {
+			latest[h.Name] = p
+		}
+	}
+	latest[n.cfg.Hello.Name] = Peer{Instance: n.cfg.Instance, Name: n.cfg.Hello.Name, Role: n.cfg.Hello.Role, URL: n.cfg.Hello.URL, Writes: n.writes}
+	n.latest.Store(&latest)
+	lag := map[string]int64{}
+	low := map[string]int64{}
+	lagSecs := map[string]float64{}
+	now := time.Now()
+	if n.behind == nil {
+		n.behind = map[core.Key]time.Time{}
+	}
+	for _, v := range s.Views {
+		if v.Announced > v.Pos {
+			since, ok := n.behind[v.Key]
+			if !ok {
+				since, n.behind[v.Key] = now, now
+			}
+			lagSecs[v.Key.Stream] = max(lagSecs[v.Key.Stream], now.Sub(since).Seconds())
+		} else {
+			delete(n.behind, v.Key)
+			lagSecs[v.Key.Stream] = max(lagSecs[v.Key.Stream], 0)
+		}
+		lag[v.Key.Stream] = max(lag[v.Key.Stream], v.Announced-v.Pos)
+		if p, ok := low[v.Key.Stream]; !ok || v.Pos < p {
+			low[v.Key.Stream] = v.Pos
+		}
+	}
+	for _, v := range s.Views {
+		n.m.position.WithLabelValues(v.Key.Stream, v.Key.Writer).Set(float64(v.Pos))
+	}
+	for name, g := range n.gens {
+		n.m.persisted.WithLabelValues(name).Set(float64(g.PersistedUpto()))
+	}
+	for st, secs := range lagSecs {
+		n.m.viewLagSecs.WithLabelValues(st).Set(secs)
+	}
+	for st, l := range lag {
+		n.m.viewLag.WithLabelValues(st).Set(float64(l))
+		n.m.viewPos.WithLabelValues(st).Set(float64(low[st]))
+	}
+	for _, st := range n.writes {
+		if _, pos, ok := n.core.WriterPosition(st); ok {
+			s.Writes[st] = pos
+		}
+	}
+	n.status.Store(s)
+}
