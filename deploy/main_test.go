@@ -6,8 +6,6 @@
 package deploy
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
 	"testing"
 
@@ -18,20 +16,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "weft-deploy-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	if err := testenv.BuildCommands(dir, "master", "worker"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testenv.MainWithCommands(m, &binDir, "master", "worker")
 }
 
 // requireTool finds a program the test needs: skipped locally when it is

@@ -13,19 +13,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
 
 // notifEventually polls cond until it holds, failing the test after a deadline.
 func notifEventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, cond, "timed out waiting for %s", what)
 }
 
 // waitersAre polls until n has exactly want waiters.

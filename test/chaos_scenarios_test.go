@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/internal/faultproxy"
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // Redis killed with SIGKILL under load and restarted on the same port:
@@ -29,7 +30,7 @@ func TestChaosRedisKill(t *testing.T) {
 			ch.rds.Kill(t)
 			time.Sleep(time.Duration(500+(300*i)%1500) * time.Millisecond) // the outage itself
 			ch.rds.Start(t)
-			time.Sleep(2 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 	})
 }
@@ -48,7 +49,7 @@ func TestChaosPubsubClientKill(t *testing.T) {
 				t.Fatal(err)
 			}
 			killed += n
-			time.Sleep(2 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 		if killed < 6 {
 			t.Fatalf("CLIENT KILL TYPE pubsub closed %d subscriptions, want every instance's each time", killed)
@@ -71,17 +72,16 @@ func TestChaosSlowSubscriber(t *testing.T) {
 		filler := strings.Repeat("x", 64<<10)
 		for range pick(2, 6) {
 			before := metricSum(t, ch.by["sync2"].url, "weft_fabric_reconnects_total")
-			start := ch.w.ackedCount()
 			ch.signal("sync2", syscall.SIGSTOP)
 			for range 300 {
 				if err := rdb.Publish(context.Background(), "weft:e2e", filler).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			waitAcked(t, ch, start+200)
+			ch.loadFor(200)
 			ch.signal("sync2", syscall.SIGCONT)
 			waitMetricAbove(t, ch.by["sync2"].url, "weft_fabric_reconnects_total", before)
-			time.Sleep(time.Second) // load between faults
+			ch.loadFor(150)
 		}
 		t.Logf("sync2 was disconnected by Redis and reconnected %v times", metricSum(t, ch.by["sync2"].url, "weft_fabric_reconnects_total"))
 	})
@@ -98,7 +98,7 @@ func TestChaosWriterKill(t *testing.T) {
 			ch.kill(name, syscall.SIGKILL)
 			waitSealed(t, ch, name)
 			ch.restart(name)
-			time.Sleep(2 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 	})
 }
@@ -113,11 +113,11 @@ func TestChaosWriterZombie(t *testing.T) {
 			ch.signal("persister1", syscall.SIGSTOP)
 			waitSealed(t, ch, "persister1")
 			ch.signal("persister1", syscall.SIGCONT)
-			if !poll(30*time.Second, func() bool { return ch.restartCount()["persister1"] > restarts }) {
+			if !testenv.Poll(30*time.Second, func() bool { return ch.restartCount()["persister1"] > restarts }) {
 				t.Fatal("the sealed zombie did not exit after SIGCONT")
 			}
 			ch.c.waitReady(ch.by["persister1"])
-			time.Sleep(2 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 	})
 }
@@ -131,7 +131,7 @@ func TestChaosMasterRestart(t *testing.T) {
 			ch.kill("master", []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}[i%2])
 			time.Sleep(time.Second) // the outage itself
 			ch.restart("master")
-			time.Sleep(2 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 	})
 }
@@ -146,7 +146,7 @@ func TestChaosPostgresRestart(t *testing.T) {
 			ch.pg.Kill(t)
 			time.Sleep(time.Second) // the outage itself
 			ch.pg.Start(t)
-			time.Sleep(3 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 	})
 }
@@ -189,7 +189,7 @@ func TestChaosLongOpenTransaction(t *testing.T) {
 			}
 			conn.Close(ctx)
 			t.Logf("persister2 committed up to %d while persister1's transactions were held", passed)
-			time.Sleep(time.Second) // load between faults
+			ch.loadFor(150)
 		}
 	})
 }
@@ -231,9 +231,9 @@ func TestChaosRollbacksAfterNextval(t *testing.T) {
 		}
 		// Persisted-upto on every instance passes the holes.
 		for _, p := range ch.procs {
-			if !poll(20*time.Second, func() bool {
+			if !testenv.Poll(20*time.Second, func() bool {
 				var st statusDoc
-				return getJSON(ctx, http.DefaultClient, p.url+"/status", &st) == nil && st.PersistedUpto >= last
+				return get(ctx, 2*time.Second, p.url+"/status", &st) == nil && st.PersistedUpto >= last
 			}) {
 				t.Fatalf("%s: persisted-upto stuck below %d after %d rollbacks", p.name, last, refused)
 			}
@@ -242,24 +242,17 @@ func TestChaosRollbacksAfterNextval(t *testing.T) {
 	})
 }
 
-func waitAcked(t *testing.T, ch *chaos, n int) {
-	t.Helper()
-	if !poll(60*time.Second, func() bool { return ch.w.ackedCount() >= n }) {
-		t.Fatalf("load stalled at %d acknowledged writes, want %d", ch.w.ackedCount(), n)
-	}
-}
-
 // waitSealed waits until the master's /status shows name sealed.
 func waitSealed(t *testing.T, ch *chaos, name string) {
 	t.Helper()
-	ok := poll(30*time.Second, func() bool {
+	ok := testenv.Poll(30*time.Second, func() bool {
 		var st struct {
 			Writers []struct {
 				Name   string `json:"name"`
 				Sealed bool   `json:"sealed"`
 			} `json:"writers"`
 		}
-		if getJSON(context.Background(), http.DefaultClient, ch.by["master"].url+"/status", &st) != nil {
+		if get(context.Background(), 2*time.Second, ch.by["master"].url+"/status", &st) != nil {
 			return false
 		}
 		for _, w := range st.Writers {
@@ -300,7 +293,7 @@ func metricSum(t *testing.T, base, name string) float64 {
 
 func waitMetricAbove(t *testing.T, base, name string, v float64) {
 	t.Helper()
-	if !poll(30*time.Second, func() bool { return metricSum(t, base, name) > v }) {
+	if !testenv.Poll(30*time.Second, func() bool { return metricSum(t, base, name) > v }) {
 		t.Fatalf("%s at %s never rose above %v", name, base, v)
 	}
 }
@@ -460,11 +453,10 @@ func TestChaosWriterPartitionedFromRedis(t *testing.T) {
 		for range pick(1, 4) {
 			px.SetRefuse(true)
 			px.Cut()
-			start := ch.w.ackedCount()
-			waitAcked(t, ch, start+300) // persister2's rooms included
+			ch.loadFor(300)             // persister2's rooms included
 			time.Sleep(2 * time.Second) // the partition itself
 			px.SetRefuse(false)
-			time.Sleep(2 * time.Second) // load between faults
+			ch.loadFor(300)
 		}
 		t.Logf("persister2's link was refused %d times", px.Stats().Refused)
 	})

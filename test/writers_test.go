@@ -188,7 +188,11 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	// It restarts as a new instance of the same name.
 	c.launch(p1)
 	c.waitReady(p1)
-	time.Sleep(time.Second) // keep the load running across the restart
+	l.mu.Lock()
+	restarted := len(l.acked)
+	l.mu.Unlock()
+	testenv.Eventually(t, 20*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > restarted+200 },
+		"load stalled after the restart")
 	stop()
 	checkAll(t, l, procs...)
 }

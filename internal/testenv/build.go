@@ -27,3 +27,23 @@ func BuildCommands(dir string, names ...string) error {
 	}
 	return nil
 }
+
+// MainWithCommands is a TestMain for packages that run the real binaries:
+// it builds cmd/<name> for each name into a temp dir, stores the dir in
+// *binDir, runs the tests, removes the dir and exits with their code.
+func MainWithCommands(m interface{ Run() int }, binDir *string, names ...string) {
+	dir, err := os.MkdirTemp("", "weft-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*binDir = dir
+	if err := BuildCommands(dir, names...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}

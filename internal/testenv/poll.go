@@ -16,15 +16,20 @@ const (
 // until it returns true; after timeout the test fails with the message.
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
-	err := poll(timeout, func() error {
+	if !Poll(timeout, cond) {
+		t.Fatalf("testenv: not true after %v: %s", timeout, fmt.Sprintf(format, args...))
+	}
+}
+
+// Poll polls cond like Eventually and reports whether it became true
+// within timeout, for callers that explain a failure themselves.
+func Poll(timeout time.Duration, cond func() bool) bool {
+	return poll(timeout, func() error {
 		if cond() {
 			return nil
 		}
 		return errNotYet
-	})
-	if err != nil {
-		t.Fatalf("testenv: not true after %v: %s", timeout, fmt.Sprintf(format, args...))
-	}
+	}) == nil
 }
 
 // WaitFor polls f like Eventually until it returns nil; after timeout the

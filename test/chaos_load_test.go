@@ -1,0 +1,113 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// ack is one acknowledged write.
+type ack struct {
+	txn     string
+	eventID string
+	writer  string
+	pos     int64
+	at      time.Time
+}
+
+// workload writes messages and state events through random instances.
+// A failed write is retried with the same transaction ID until it is
+// acknowledged, so the oracle can hold the cluster to exactly once.
+type workload struct {
+	o         *oracle
+	mu        sync.Mutex
+	acked     map[string]ack
+	attempted map[string]bool
+	failures  atomic.Int64
+	statuses  sync.Map // "503" -> *atomic.Int64
+}
+
+func newWorkload(o *oracle) *workload {
+	return &workload{o: o, acked: map[string]ack{}, attempted: map[string]bool{}}
+}
+
+const chaosRooms = 30
+
+func (w *workload) writer(ctx context.Context, t *testing.T, g int, targets func() []*proc) {
+	rng := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
+	sender := fmt.Sprintf("@load%d:test", g)
+	for i := 0; ctx.Err() == nil; i++ {
+		txn := fmt.Sprintf("g%d-%d", g, i)
+		room := url.PathEscape(fmt.Sprintf("!chaos%d:test", rng.IntN(chaosRooms)))
+		method, path := "POST", "/v1/rooms/"+room+"/messages"
+		var body any = map[string]string{"sender": sender, "body": txn, "txn_id": txn}
+		if rng.IntN(10) == 0 {
+			method, path = "PUT", fmt.Sprintf("/v1/rooms/%s/state/k%d", room, rng.IntN(3))
+			body = map[string]any{"sender": sender, "txn_id": txn, "value": map[string]any{"txn": txn}}
+		}
+		w.mu.Lock()
+		w.attempted[txn] = false
+		w.mu.Unlock()
+		for ctx.Err() == nil {
+			procs := targets()
+			p := procs[rng.IntN(len(procs))]
+			var resp writeAck
+			rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			code, err := call(rctx, method, p.url+path, body, &resp)
+			cancel()
+			if err == nil {
+				w.mu.Lock()
+				w.acked[txn] = ack{txn: txn, eventID: resp.EventID, writer: resp.Writer, pos: resp.StreamPos, at: time.Now()}
+				w.attempted[txn] = true
+				w.mu.Unlock()
+				w.o.acked(resp.Writer, resp.StreamPos)
+				break
+			}
+			if code/100 == 4 {
+				t.Errorf("write %s to %s answered %d: %v", txn, p.name, code, err)
+				return
+			}
+			w.failures.Add(1)
+			c, _ := w.statuses.LoadOrStore(fmt.Sprint(code), new(atomic.Int64))
+			c.(*atomic.Int64).Add(1)
+			select { // pacing after a failure, not synchronisation
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
+func (w *workload) ackedCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acked)
+}
+
+func (w *workload) ackedSnapshot() map[string]ack {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.acked)
+}
+
+// txnOf is the transaction ID the workload put in an event's content.
+func txnOf(e event) string {
+	var c struct {
+		Body  string `json:"body"`
+		Value struct {
+			Txn string `json:"txn"`
+		} `json:"value"`
+	}
+	_ = json.Unmarshal(e.Content, &c)
+	if c.Body != "" {
+		return c.Body
+	}
+	return c.Value.Txn
+}
