@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -251,29 +250,7 @@ func TestAllocQueryConcurrent(t *testing.T) {
 	reader := open(t, newPoolFor(t, url), eventsCfg, "")
 	truth := &groundTruth{done: map[int64]bool{}}
 
-	var lastUpto int64
-	var monitorErr error
-	monitorDone := make(chan struct{})
-	go func() {
-		defer close(monitorDone)
-		for ctx.Err() == nil {
-			if err := reader.Refresh(ctx); err != nil && ctx.Err() == nil {
-				monitorErr = err
-				return
-			}
-			u := reader.PersistedUpto()
-			if u < lastUpto {
-				monitorErr = errors.New("persisted-upto went backwards")
-				return
-			}
-			lastUpto = u
-			if err := truth.check(u); err != nil {
-				monitorErr = fmt.Errorf("at %d: %w", u, err)
-				return
-			}
-			time.Sleep(time.Millisecond) // sampling rate, not synchronisation
-		}
-	}()
+	monitor := startMonitor(ctx, reader, truth)
 
 	var committedMu sync.Mutex
 	committed := map[int64]bool{}
@@ -349,9 +326,8 @@ func TestAllocQueryConcurrent(t *testing.T) {
 		}
 	}
 	cancel()
-	<-monitorDone
-	if monitorErr != nil {
-		t.Fatal(monitorErr)
+	if err := monitor(); err != nil {
+		t.Fatal(err)
 	}
 	announce(a, b, reader)
 	announce(b, a, reader)

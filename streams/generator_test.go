@@ -3,6 +3,7 @@ package streams_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -150,6 +151,36 @@ func TestGeneratorReaderCannotAllocate(t *testing.T) {
 }
 
 // groundTruth records which IDs are finished, before the generator hears.
+// startMonitor plays a reader that checks persisted-upto against the
+// ground truth, and that it never goes backwards, until ctx ends; the
+// returned func waits for it and returns the first violation.
+func startMonitor(ctx context.Context, reader *streams.Generator, truth *groundTruth) func() error {
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var last int64
+		for ctx.Err() == nil {
+			if e := reader.Refresh(ctx); e != nil && ctx.Err() == nil {
+				err = e
+				return
+			}
+			u := reader.PersistedUpto()
+			if u < last {
+				err = fmt.Errorf("persisted-upto went backwards: %d after %d", u, last)
+				return
+			}
+			last = u
+			if e := truth.check(u); e != nil {
+				err = fmt.Errorf("at %d: %w", u, e)
+				return
+			}
+			time.Sleep(time.Millisecond) // sampling rate, not synchronisation
+		}
+	}()
+	return func() error { <-done; return err }
+}
+
 type groundTruth struct {
 	mu   sync.Mutex
 	done map[int64]bool
@@ -194,29 +225,7 @@ func TestTwoWritersOneProcess(t *testing.T) {
 
 	// The monitor plays a reader that checks persisted-upto against the
 	// ground truth while the writers run.
-	var lastUpto int64
-	var monitorErr error
-	monitorDone := make(chan struct{})
-	go func() {
-		defer close(monitorDone)
-		for ctx.Err() == nil {
-			if err := reader.Refresh(ctx); err != nil && ctx.Err() == nil {
-				monitorErr = err
-				return
-			}
-			u := reader.PersistedUpto()
-			if u < lastUpto {
-				monitorErr = errors.New("persisted-upto went backwards")
-				return
-			}
-			lastUpto = u
-			if err := truth.check(u); err != nil {
-				monitorErr = err
-				return
-			}
-			time.Sleep(time.Millisecond) // sampling rate, not synchronisation
-		}
-	}()
+	monitor := startMonitor(ctx, reader, truth)
 
 	const perWriter = 5000
 	write := func(self, peer *streams.Generator, seed uint64) error {
@@ -262,9 +271,8 @@ func TestTwoWritersOneProcess(t *testing.T) {
 		}
 	}
 	cancel()
-	<-monitorDone
-	if monitorErr != nil {
-		t.Fatal(monitorErr)
+	if err := monitor(); err != nil {
+		t.Fatal(err)
 	}
 	announce(a, b, reader)
 	announce(b, a, reader)
