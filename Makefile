@@ -12,6 +12,7 @@ BENCHTIME ?= 1s
 # need more than go test's default 10 minutes per package on 2 cores.
 test:
 	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+	$(GO) test -count=1 -run '^TestAllocs$$' ./fabric/wire/ # skipped under -race
 
 # The chaos scenarios in their long form (more cycles, more load).
 chaos:

@@ -111,9 +111,8 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 	// eventsBetween returns nothing for a writer this instance has not
 	// reached yet and keeps the token's position for it, so the answer
 	// neither repeats events the client has nor moves its token backwards
-	// (clamping it to this instance's view did both). A forged token from
-	// the future costs its client that writer's events until the stream
-	// gets there, and each poll still ends at its timeout.
+	// (clamping it to this instance's view did both). Only a token beyond
+	// every ID the sequence handed out is refused: no instance made it.
 	since := p.since
 	if !since.LessOrEqual(cur) {
 		if bad, err := s.beyondStream(ctx, since); err != nil {
