@@ -168,7 +168,7 @@ func BenchmarkLatency(b *testing.B) {
 				if err != nil {
 					return err
 				}
-				lines[j] = string(line)
+				lines[j] = string(benchStamp(line))
 			}
 			return pub.publish(ctx, benchRawChannel, lines)
 		}
@@ -293,7 +293,7 @@ func BenchmarkReaderCPU(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := pub.publish(ctx, benchChannel, []string{string(first)}); err != nil {
+		if err := pub.publish(ctx, benchChannel, []string{string(benchStamp(first))}); err != nil {
 			b.Fatal(err)
 		}
 		testenv.Eventually(b, 10*time.Second, func() bool { return knows(reader, benchKey) }, "reader never heard of %s", benchKey)
@@ -505,9 +505,26 @@ func benchLines(b *testing.B, from int64, n int, rows json.RawMessage) []string 
 		if err != nil {
 			b.Fatal(err)
 		}
-		lines[i] = string(buf)
+		lines[i] = string(benchStamp(buf))
 	}
 	return lines
+}
+
+// benchSeq is the bench writer's stamp sequence, as a live writer's: from
+// the clock, increasing with every line.
+var benchSeq atomic.Uint64
+
+// benchStamp stamps a line of the bench writer (unsigned, as the bench
+// nodes have no secret).
+func benchStamp(line []byte) []byte {
+	now := uint64(time.Now().UnixMicro())
+	for {
+		old := benchSeq.Load()
+		next := max(old+1, now)
+		if benchSeq.CompareAndSwap(old, next) {
+			return wire.AppendStamp(line, wire.Stamp{Seq: next})
+		}
+	}
 }
 
 // rawPub is the raw baseline's publisher: one connection, PUBLISHes in

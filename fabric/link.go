@@ -19,6 +19,7 @@ const (
 	defaultPingTimeout  = 2 * time.Second
 	defaultRunIDCheck   = 2 * time.Second
 	defaultPublishQueue = 65536
+	defaultQueueBytes   = 16 << 20
 	defaultMaxBatch     = 512
 )
 
@@ -66,8 +67,13 @@ type linkConfig struct {
 	PingTimeout time.Duration
 	// RunIDCheck is how often the Redis run_id is read while subscribed [2s].
 	RunIDCheck time.Duration
-	// PublishQueue is how many lines may wait before publish blocks [65536].
+	// PublishQueue is how many lines may wait to be published [65536].
 	PublishQueue int
+	// QueueBytes bounds the bytes of the lines waiting [16 MiB]. A line
+	// that would pass either bound is dropped and counted, never waited
+	// for: writers must not block on a Redis outage, and readers repair
+	// a lost line from the next one's prev.
+	QueueBytes int64
 	// MaxBatch is the most lines PUBLISHed per pipeline round trip [512].
 	MaxBatch int
 	// Logger gets the link's logs [discard].
@@ -93,6 +99,8 @@ func (c linkConfig) validate() error {
 		return fmt.Errorf("fabric: linkConfig.PublishQueue %d is negative", c.PublishQueue)
 	case c.MaxBatch < 0:
 		return fmt.Errorf("fabric: linkConfig.MaxBatch %d is negative", c.MaxBatch)
+	case c.QueueBytes < 0:
+		return fmt.Errorf("fabric: linkConfig.QueueBytes %d is negative", c.QueueBytes)
 	}
 	return c.Backoff.Validate() // it names BackoffConfig's field
 }
@@ -112,6 +120,9 @@ func (c linkConfig) withDefaults() linkConfig {
 	}
 	if c.MaxBatch == 0 {
 		c.MaxBatch = defaultMaxBatch
+	}
+	if c.QueueBytes == 0 {
+		c.QueueBytes = defaultQueueBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -145,7 +156,10 @@ type linkStats struct {
 	Reconnects     uint64 // subscriptions confirmed after the first
 	Published      uint64 // lines Redis accepted
 	PublishErrors  uint64 // lines whose PUBLISH failed (lost, not retried)
+	PublishDropped uint64 // lines dropped because the queue was full
 	PublishBatches uint64 // pipeline round trips
+	QueuedLines    int    // lines waiting to be published
+	QueuedBytes    int64  // their bytes
 	Connected      bool   // between linkUp and linkDown
 	LastRunID      string // the Redis run_id last read
 }
@@ -173,7 +187,12 @@ type link struct {
 	reconnects     atomic.Uint64
 	published      atomic.Uint64
 	publishErrors  atomic.Uint64
+	publishDropped atomic.Uint64
 	publishBatches atomic.Uint64
+	queuedBytes    atomic.Int64
+	// finalFlush is what the last flush of run's end did: nil when every
+	// queued line was published. Read it after run returned.
+	finalFlush error
 
 	mu         sync.Mutex
 	session    uint64 // current connection, counting from 1; 0 before the first
@@ -235,7 +254,10 @@ func (l *link) stats() linkStats {
 		Reconnects:     l.reconnects.Load(),
 		Published:      l.published.Load(),
 		PublishErrors:  l.publishErrors.Load(),
+		PublishDropped: l.publishDropped.Load(),
 		PublishBatches: l.publishBatches.Load(),
+		QueuedLines:    len(l.queue),
+		QueuedBytes:    l.queuedBytes.Load(),
 		Connected:      connected,
 		LastRunID:      runID,
 	}
@@ -254,21 +276,39 @@ func (l *link) established() {
 	}
 }
 
+// errPublishDropped: the publish queue was full; the line was dropped.
+var errPublishDropped = errors.New("fabric: publish queue full: line dropped")
+
 // publish queues one line for the publisher. Lines are PUBLISHed in the
 // order queued, on one connection, in pipelines of up to MaxBatch. It
-// blocks only while the queue is full, until ctx is done. Queued lines go
-// out only while run runs; a failed batch is logged and counted, not
-// retried. The line is copied.
-func (l *link) publish(ctx context.Context, line []byte) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("fabric: publish: %w", err)
+// never blocks: a line that does not fit the queue (PublishQueue lines,
+// QueueBytes bytes) is dropped, counted and reported as errPublishDropped.
+// Queued lines go out only while run runs; a failed batch is logged and
+// counted, not retried. The line is copied.
+func (l *link) publish(line []byte) error {
+	n := int64(len(line))
+	if l.queuedBytes.Add(n) > l.cfg.QueueBytes {
+		l.queuedBytes.Add(-n)
+		l.publishDropped.Add(1)
+		return errPublishDropped
 	}
 	select {
 	case l.queue <- string(line):
 		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("fabric: publish: %w", ctx.Err())
+	default:
+		l.queuedBytes.Add(-n)
+		l.publishDropped.Add(1)
+		return errPublishDropped
 	}
+}
+
+// dequeued accounts for lines taken off the queue.
+func (l *link) dequeued(lines []string) {
+	var n int64
+	for _, line := range lines {
+		n += int64(len(line))
+	}
+	l.queuedBytes.Add(-n)
 }
 
 // run connects, subscribes and keeps reconnecting with backoff until ctx
@@ -608,6 +648,7 @@ func (l *link) runPublisher(ctx context.Context) {
 		case line := <-l.queue:
 			batch = l.fill(append(batch[:0], line))
 		}
+		l.dequeued(batch)
 		if err := l.send(sendCtx, batch); err != nil {
 			delay := retry.NextBackOff()
 			l.log.Warn("fabric: link: publish failed", "err", err, "lines", len(batch), "retry_in", delay)
@@ -636,17 +677,24 @@ func (l *link) fill(batch []string) []string {
 	return batch
 }
 
-// flush sends what is queued, for at most flushTimeout.
+// flush sends what is queued, for at most flushTimeout, and records in
+// finalFlush whether all of it was published.
 func (l *link) flush(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
 	defer cancel()
 	batch := make([]string, 0, l.cfg.MaxBatch)
-	for ctx.Err() == nil {
+	for {
 		batch = l.fill(batch[:0])
+		l.dequeued(batch)
 		if len(batch) == 0 {
 			return
 		}
+		if err := ctx.Err(); err != nil {
+			l.finalFlush = fmt.Errorf("fabric: link: final flush: %d lines left: %w", len(batch)+len(l.queue), err)
+			return
+		}
 		if err := l.send(ctx, batch); err != nil {
+			l.finalFlush = err
 			l.log.Warn("fabric: link: final publish failed", "err", err, "lines", len(batch))
 			return
 		}

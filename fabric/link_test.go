@@ -157,9 +157,7 @@ func (tl *testLink) doStop() {
 // its subscriber and its publisher work.
 func (tl *testLink) echo(payload string) {
 	tl.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := tl.publish(ctx, []byte(payload)); err != nil {
+	if err := tl.publish([]byte(payload)); err != nil {
 		tl.t.Fatal(err)
 	}
 	testenv.Eventually(tl.t, 5*time.Second, func() bool { return slices.Contains(tl.rec.messages(), payload) },
@@ -225,27 +223,33 @@ func TestLinkConfigValidate(t *testing.T) {
 	}
 }
 
-// TestLinkPublishBlocksWhenFull: publish queues without Redis and blocks
-// only once the queue is full, until its context is done.
-func TestLinkPublishBlocksWhenFull(t *testing.T) {
+// TestLinkPublishDropsWhenFull: publish queues without Redis and never
+// blocks: past PublishQueue lines or QueueBytes bytes a line is dropped and
+// counted, and room made by the publisher is used again.
+func TestLinkPublishDropsWhenFull(t *testing.T) {
 	defer goleak.VerifyNone(t, linkLeakOptions()...)
-	l, err := newLink(linkConfig{Options: &redis.Options{Addr: "127.0.0.1:1"}, Channel: "c", PublishQueue: 2})
+	l, err := newLink(linkConfig{Options: &redis.Options{Addr: "127.0.0.1:1"}, Channel: "c", PublishQueue: 2, QueueBytes: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.close()
-	ctx := context.Background()
 	for i := range 2 {
-		if err := l.publish(ctx, []byte{'a' + byte(i)}); err != nil {
+		if err := l.publish([]byte{'a' + byte(i)}); err != nil {
 			t.Fatalf("publish %d into a queue with room: %v", i, err)
 		}
 	}
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	err = l.publish(short, []byte("c"))
-	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) < 40*time.Millisecond {
-		t.Fatalf("publish into a full queue = %v after %v, want DeadlineExceeded after 50ms", err, time.Since(start))
+	if err := l.publish([]byte("c")); !errors.Is(err, errPublishDropped) {
+		t.Fatalf("publish into a full queue = %v, want errPublishDropped", err)
+	}
+	l.dequeued([]string{<-l.queue, <-l.queue})
+	if err := l.publish([]byte("12345678901")); !errors.Is(err, errPublishDropped) {
+		t.Fatalf("publish of 11 bytes with QueueBytes 10 = %v, want errPublishDropped", err)
+	}
+	if err := l.publish([]byte("1234567890")); err != nil {
+		t.Fatalf("publish of 10 bytes into an empty queue: %v", err)
+	}
+	if st := l.stats(); st.PublishDropped != 2 || st.QueuedLines != 1 || st.QueuedBytes != 10 {
+		t.Fatalf("stats %+v: want 2 dropped, 1 line of 10 bytes queued", st)
 	}
 }
 
@@ -263,9 +267,8 @@ func TestLinkOrder(t *testing.T) {
 	receiver.rec.waitEvents(t, 1, 10*time.Second)
 
 	start := time.Now()
-	ctx := context.Background()
 	for i := range lines {
-		if err := sender.publish(ctx, []byte(strconv.Itoa(i))); err != nil {
+		if err := sender.publish([]byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -310,7 +313,7 @@ func TestLinkFlushOnStop(t *testing.T) {
 	defer sender.stop() // on failure; stopping twice is fine
 	sender.rec.waitEvents(t, 1, 10*time.Second)
 	for i := range 1000 {
-		if err := sender.publish(context.Background(), []byte(strconv.Itoa(i))); err != nil {
+		if err := sender.publish([]byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -439,7 +442,7 @@ func TestLinkBackoffOutage(t *testing.T) {
 	// publisher must neither spin nor stay broken after the outage.
 	sent := 0
 	for time.Since(killed) < outage {
-		if err := tl.publish(context.Background(), []byte("lost "+strconv.Itoa(sent))); err != nil {
+		if err := tl.publish([]byte("lost "+strconv.Itoa(sent))); err != nil {
 			t.Fatal(err)
 		}
 		sent++

@@ -26,6 +26,8 @@ type metrics struct {
 	applied      *prometheus.CounterVec
 	persisted    *prometheus.GaugeVec
 	position     *prometheus.GaugeVec
+	degraded     prometheus.Gauge
+	peers        *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -67,12 +69,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		applied: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "rows_applied_total", Help: "Row batches delivered to the application, by stream and source (live or catchup)."}, []string{"stream", "source"}),
 	}
+	m.degraded = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "degraded", Help: "1 while the connection, once established, is not (Redis down or reconnecting): readiness then rests on positions followed from PostgreSQL."})
+	m.peers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "peers", Help: "The peer table: live instances, departed ones remembered (to refuse their replayed lines), and writer names with a known holder."}, []string{"kind"})
 	m.persisted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",
 		Name: "persisted_upto", Help: "Position at or below which every ID of the stream is persisted, as this instance knows it."}, []string{"stream"})
 	m.position = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",
 		Name: "position", Help: "Each writer's position (delivered view; the own position for writers) as this instance knows it."}, []string{"stream", "writer"})
 	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
-		m.connected, m.established, m.ready, m.viewLag, m.viewLagSecs, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied} {
+		m.connected, m.established, m.ready, m.viewLag, m.viewLagSecs, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied,
+		m.degraded, m.peers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -107,6 +108,22 @@ type Config struct {
 	// a forged position could otherwise make readers skip rows. Every
 	// instance of a cluster must use the same secret.
 	Secret string
+	// Epoch is the epoch of the writer name this instance holds
+	// (streams.Lease.Epoch, or streams.ClaimName's for an ephemeral
+	// writer); 0 when it holds none. Every line carries it, and readers
+	// follow only the highest epoch of a name: a previous holder that is
+	// still running, or a replay of its lines, is ignored.
+	Epoch uint64
+	// MaxLineAge: a line from an instance never heard of is refused as a
+	// replay when older than this [1 min]; it also bounds the clock skew
+	// between instances.
+	MaxLineAge time.Duration
+	// DegradedFreshness: once established, while the connection is lost
+	// (Redis down) or being established again, the node stays ready as
+	// long as it has caught up with the writer positions PostgreSQL held
+	// at most this long ago (degraded mode) [3 * AnnounceInterval, at
+	// least 1 s]. Negative disables degraded readiness.
+	DegradedFreshness time.Duration
 	// Codec decodes the channel; register application verbs on it. Nil
 	// means a codec with the built-in verbs only.
 	Codec *wire.Codec
@@ -152,7 +169,7 @@ type Node struct {
 	notify  *notifier
 	m       *metrics
 	codec   *wire.Codec
-	signer  *signer // nil: lines are neither signed nor checked
+	env     *envelope
 	channel string
 	gens    map[string]*streams.Generator
 	in      chan input
@@ -175,6 +192,24 @@ type Node struct {
 	starts    map[string]int64
 	latest    atomic.Pointer[map[string]Peer] // writer name -> its latest instance
 	writeBuf  []byte
+	writesSet map[string]bool
+	followed  int // durable streams followed through a generator
+
+	// Degraded mode: everEst is set once the connection was established;
+	// dbFresh (offset from born) is when the writer positions were read
+	// that every view has since caught up with (loop: pendingFresh).
+	everEst      atomic.Bool
+	dbFresh      atomic.Int64
+	pendingFresh map[string]freshTarget
+	streamFresh  map[string]time.Duration // per durable stream followed
+	refused      map[string]time.Time     // cause -> last logged (loop only)
+}
+
+// freshTarget is what a registry refresh read at `at`: the views must
+// reach want for the node to count as fresh from PostgreSQL as of then.
+type freshTarget struct {
+	at   time.Duration
+	want map[core.Key]int64
 }
 
 type input interface{}
@@ -183,7 +218,10 @@ type (
 	inUp    struct{}
 	inDown  struct{ err error }
 	inFresh struct{ sent time.Time }
-	inCmd   struct{ cmd wire.Command }
+	inCmd   struct {
+		cmd wire.Command
+		st  wire.Stamp
+	}
 	inRows  struct {
 		stream string
 		pos    int64
@@ -211,6 +249,11 @@ type (
 		key core.Key
 		pos int64
 	}
+	// inRefreshed: a refresh of stream read its stored positions at `at`.
+	inRefreshed struct {
+		stream string
+		target freshTarget
+	}
 )
 
 // New builds a Node; Run starts it.
@@ -223,6 +266,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.AnnounceInterval <= 0 {
 		cfg.AnnounceInterval = core.DefaultAnnounceInterval
+	}
+	if cfg.DegradedFreshness == 0 {
+		cfg.DegradedFreshness = max(3*cfg.AnnounceInterval, time.Second)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -240,8 +286,10 @@ func New(cfg Config) (*Node, error) {
 	if codec == nil {
 		codec = wire.NewCodec(wire.Config{})
 	}
-	n := &Node{cfg: cfg, log: log.With("instance", cfg.Instance), notify: newNotifier(), m: m, codec: codec, signer: newSigner(cfg.Secret),
-		channel: "weft:" + cfg.Cluster, gens: map[string]*streams.Generator{}, in: make(chan input, 4096)}
+	channel := "weft:" + cfg.Cluster
+	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, env: newEnvelope(channel, cfg.Secret, cfg.Epoch),
+		channel: channel, gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
+		writesSet: map[string]bool{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{}}
 
 	writes := map[string]int64{}
 	for s, p := range cfg.Ephemeral {
@@ -260,6 +308,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	slices.Sort(hello.Streams)
 	n.writes = hello.Streams
+	for _, s := range n.writes {
+		n.writesSet[s] = true
+	}
 	views := map[core.Key]int64{}
 	for k, v := range cfg.Views {
 		views[k] = v
@@ -275,11 +326,14 @@ func New(cfg Config) (*Node, error) {
 	n.starts = map[string]int64{}
 	for _, sp := range specs {
 		n.starts[sp.Name] = sp.Start
+		if n.gens[sp.Name] != nil && !sp.Ephemeral {
+			n.followed++
+		}
 	}
 	c, err := core.New(core.Config{
 		Instance: cfg.Instance, Hello: hello, Streams: specs, Views: views, Writes: writes,
 		ReplicateWait: cfg.ReplicateWait, HeartbeatInterval: cfg.HeartbeatInterval,
-		AnnounceInterval: cfg.AnnounceInterval, RetryDelay: cfg.Backoff.delays(),
+		AnnounceInterval: cfg.AnnounceInterval, RetryDelay: cfg.Backoff.delays(), MaxLineAge: cfg.MaxLineAge,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fabric: %w", err)
@@ -315,9 +369,13 @@ func (n *Node) Run(ctx context.Context) error {
 	defer n.link.close()
 	loopCtx, stopLoop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLoop()
+	// The link outlives ctx until the loop has queued BYE: its publisher
+	// then flushes the queue, BYE last, and run returns.
+	linkCtx, stopLink := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLink()
 	var wg sync.WaitGroup
 	linkErr := make(chan error, 1)
-	wg.Go(func() { linkErr <- n.link.run(ctx, nodeEvents{n, ctx}) })
+	wg.Go(func() { linkErr <- n.link.run(linkCtx, nodeEvents{n, ctx}) })
 	for _, g := range n.gens {
 		if g.Self() == "" {
 			continue
@@ -333,8 +391,14 @@ func (n *Node) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	<-loopDone
+	stopLink()
 	wg.Wait()
 	n.tasks.Wait()
+	if err := n.link.finalFlush; err != nil {
+		n.log.Warn("fabric: BYE not published: the channel may keep this instance until it times out", "err", err)
+	} else {
+		n.log.Info("fabric: said BYE")
+	}
 	if err := <-linkErr; err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -358,32 +422,33 @@ func (e nodeEvents) linkMessage(payload string) {
 	// The line is only read while decoding (Decode keeps nothing of it),
 	// so it is viewed without a copy.
 	line := unsafe.Slice(unsafe.StringData(payload), len(payload))
-	decode := e.n.codec.Decode
-	if e.n.signer != nil {
-		var ok bool
-		if line, ok = e.n.signer.verify(line); !ok {
-			e.n.m.invalid.WithLabelValues("bad_signature").Inc()
-			return
-		}
-		decode = e.n.codec.DecodeSigned
-	}
-	if string(wire.PeekSender(line)) == e.n.cfg.Instance {
-		e.n.m.echoes.Inc() // our own echo: half the lines a writer receives
+	n := e.n
+	line, st, reason := n.env.open(line)
+	if reason != "" {
+		n.m.invalid.WithLabelValues(reason).Inc()
 		return
+	}
+	if string(wire.PeekSender(line)) == n.cfg.Instance {
+		n.m.echoes.Inc() // our own echo: half the lines a writer receives
+		return
+	}
+	decode := n.codec.Decode
+	if n.env.signed() {
+		decode = n.codec.DecodeSigned
 	}
 	cmd, err := decode(line)
 	if err != nil {
-		e.n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
-		e.n.log.Debug("skipping invalid command", "err", err)
+		n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
+		n.log.Debug("skipping invalid command", "err", err)
 		return
 	}
-	e.n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()
+	n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()
 	switch cmd.(type) {
 	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye, *wire.Sealed:
-		e.n.send(e.ctx, inCmd{cmd})
+		n.send(e.ctx, inCmd{cmd, st})
 	default:
-		if e.n.cfg.OnCommand != nil {
-			e.n.cfg.OnCommand(cmd)
+		if n.cfg.OnCommand != nil {
+			n.cfg.OnCommand(cmd)
 		}
 	}
 }
@@ -395,17 +460,49 @@ func (n *Node) send(ctx context.Context, in input) {
 	}
 }
 
+// ErrNotWriter: the stream is not one this node writes.
+var ErrNotWriter = errors.New("fabric: not a writer of the stream")
+
+// ErrBadRows: rows are not a non-empty JSON array.
+var ErrBadRows = errors.New("fabric: rows must be a non-empty JSON array")
+
 // Rows queues rows this instance committed at pos on a stream it writes.
 // Call it after the commit and before finishing the IDs: rows go out once
-// the writer's position passes them.
-func (n *Node) Rows(ctx context.Context, stream string, pos int64, rows json.RawMessage) {
-	n.send(ctx, inRows{stream, pos, rows})
+// the writer's position passes them. It fails with ErrNotWriter or
+// ErrBadRows (nothing is queued) or ctx's error.
+func (n *Node) Rows(ctx context.Context, stream string, pos int64, rows json.RawMessage) error {
+	if !n.writesSet[stream] {
+		return fmt.Errorf("%w: %s", ErrNotWriter, stream)
+	}
+	if pos < 1 {
+		return fmt.Errorf("fabric: rows of %s at %d: positions start at 1", stream, pos)
+	}
+	if t := bytes.TrimSpace(rows); len(t) < 2 || t[0] != '[' || !json.Valid(t) || emptyArray(t) {
+		return fmt.Errorf("%w: %s at %d: %.64q", ErrBadRows, stream, pos, rows)
+	}
+	return n.sendErr(ctx, inRows{stream, pos, rows})
+}
+
+func emptyArray(b []byte) bool {
+	return len(bytes.TrimSpace(b[1:len(b)-1])) == 0
 }
 
 // Position reports the writer position of an ephemeral stream written
 // here (durable streams are followed through their Generator).
-func (n *Node) Position(ctx context.Context, stream string, pos int64) {
-	n.send(ctx, inPosition{stream, pos})
+func (n *Node) Position(ctx context.Context, stream string, pos int64) error {
+	if !n.writesSet[stream] {
+		return fmt.Errorf("%w: %s", ErrNotWriter, stream)
+	}
+	return n.sendErr(ctx, inPosition{stream, pos})
+}
+
+func (n *Node) sendErr(ctx context.Context, in input) error {
+	select {
+	case n.in <- in:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // AnnounceSealed tells the cluster that this instance sealed the writer
@@ -445,24 +542,31 @@ func (n *Node) housekeeping(ctx context.Context) {
 // refreshAll re-reads each durable stream's registry and positions, hands
 // the core every other writer's position as the database knows it (the
 // repair for a writer whose link is down), and stores this instance's.
+// Once the views reach what a refresh read, the node is fresh from
+// PostgreSQL as of that read (degraded mode).
 func (n *Node) refreshAll(ctx context.Context) {
 	for _, g := range n.gens {
 		n.track(ctx, "refresh", func(ctx context.Context) error {
+			at := time.Since(n.born) // before the read: conservative
 			if err := g.Refresh(ctx); err != nil {
 				return err
 			}
 			stream := g.Stream().Name
 			if _, follows := n.starts[stream]; follows {
+				want := map[core.Key]int64{}
 				for _, name := range g.Writers() {
 					if name == g.Self() {
 						continue
 					}
 					if id, ok := g.KnownWriterID(name); ok {
 						if pos, ok := g.WriterPosition(id); ok {
-							n.send(ctx, inStored{core.Key{Stream: stream, Writer: name}, pos})
+							k := core.Key{Stream: stream, Writer: name}
+							want[k] = pos
+							n.send(ctx, inStored{k, pos})
 						}
 					}
 				}
+				n.send(ctx, inRefreshed{stream, freshTarget{at: at, want: want}})
 			}
 			if g.Self() != "" {
 				return g.SavePosition(ctx)
@@ -539,7 +643,7 @@ func (n *Node) step(ctx context.Context, in input) {
 		n.log.Info("subscription lost", "err", in.err)
 		n.exec(ctx, n.core.Disconnected())
 	case inCmd:
-		n.exec(ctx, n.core.Receive(in.cmd))
+		n.exec(ctx, n.core.Receive(in.cmd, in.st))
 	case inRows:
 		n.exec(ctx, n.core.LocalRows(in.stream, in.pos, in.rows))
 	case inPosition:
@@ -554,9 +658,40 @@ func (n *Node) step(ctx context.Context, in input) {
 		}
 	case inStored:
 		n.exec(ctx, n.core.Stored(in.key, in.pos))
+	case inRefreshed:
+		n.pendingFresh[in.stream] = in.target // a newer read supersedes
 	}
+	n.checkFresh()
 	n.updateReady()
 }
+
+// checkFresh marks each stream fresh from PostgreSQL as of its pending
+// refresh once every view has reached what that refresh read.
+func (n *Node) checkFresh() {
+	for stream, t := range n.pendingFresh {
+		caught := true
+		for k, want := range t.want {
+			if pos, _ := n.core.View(k); pos < want {
+				caught = false
+				break
+			}
+		}
+		if !caught {
+			continue
+		}
+		n.streamFresh[stream] = t.at
+		delete(n.pendingFresh, stream)
+		oldest := t.at
+		for _, at := range n.streamFresh {
+			oldest = min(oldest, at)
+		}
+		if len(n.streamFresh) == n.followed {
+			n.dbFresh.Store(int64(oldest))
+		}
+	}
+}
+
+
 
 // updateReady publishes the core's readiness; it changes on inputs and on
 // ticks (the REPLICATE window closing), so both call it.
@@ -640,15 +775,12 @@ func (n *Node) exec(ctx context.Context, actions []core.Action) {
 			n.est.Store(a.Established)
 			n.m.established.Set(b2f(a.Established))
 			if a.Established {
+				n.everEst.Store(true)
 				n.link.established()
 				n.log.Info("connection established")
 			}
 		case core.Note:
-			if a.Kind == core.NoteGap {
-				n.m.gaps.WithLabelValues(a.Stream, a.Cause).Inc()
-			} else {
-				n.m.notes.WithLabelValues(a.Stream, a.Kind, a.Cause).Inc()
-			}
+			n.note(a)
 		}
 	}
 }
@@ -675,18 +807,39 @@ func (n *Node) observe(ctx context.Context, k core.Key, pos int64) {
 	})
 }
 
-func (n *Node) publish(ctx context.Context, cmd wire.Command) {
+// refusedLogEvery rate-limits the log line for refused lines, per cause.
+const refusedLogEvery = 10 * time.Second
+
+// note counts a core note and logs what an operator must see.
+func (n *Node) note(a core.Note) {
+	switch a.Kind {
+	case core.NoteGap:
+		n.m.gaps.WithLabelValues(a.Stream, a.Cause).Inc()
+	case core.NoteRefused:
+		n.m.invalid.WithLabelValues(a.Cause).Inc()
+		if now := time.Now(); now.Sub(n.refused[a.Cause]) >= refusedLogEvery {
+			n.refused[a.Cause] = now
+			n.log.Warn("fabric: refused a line on the channel (replayed, or from an older holder of its writer name); counted in weft_fabric_invalid_commands_total",
+				"cause", a.Cause, "sender", a.Instance)
+		}
+	case core.NoteExpired:
+		n.m.notes.WithLabelValues(a.Stream, a.Kind, a.Cause).Inc()
+		n.log.Info("fabric: forgot an instance not heard from", "peer", a.Instance)
+	default:
+		n.m.notes.WithLabelValues(a.Stream, a.Kind, a.Cause).Inc()
+	}
+}
+
+func (n *Node) publish(_ context.Context, cmd wire.Command) {
 	var err error
 	n.writeBuf, err = wire.Encode(n.writeBuf[:0], cmd)
 	if err != nil {
 		n.log.Error("cannot encode command", "verb", cmd.Verb(), "err", err)
 		return
 	}
-	if n.signer != nil {
-		n.writeBuf = n.signer.sign(n.writeBuf)
-	}
-	if err := n.link.publish(ctx, n.writeBuf); err != nil { // publish copies
-		return // ctx done
+	n.writeBuf = n.env.seal(n.writeBuf, time.Now())
+	if err := n.link.publish(n.writeBuf); err != nil { // publish copies
+		return // dropped and counted: readers repair it from the next prev
 	}
 	n.m.commandsOut.WithLabelValues(cmd.Verb()).Inc()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -152,16 +153,21 @@ func TestNodeGarbageOnChannel(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, g := range garbage {
-			if err := rc.Publish(ctx, "weft:test", g).Err(); err != nil {
-				t.Fatal(err)
+			// Each line as it is (no stamp: refused before decoding) and
+			// stamped (so that the decoder judges it).
+			stamped := wire.AppendStamp([]byte(g), wire.Stamp{Seq: uint64(time.Now().UnixMicro())})
+			for _, line := range []string{g, string(stamped)} {
+				if err := rc.Publish(ctx, "weft:test", line).Err(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
 	converged(t, pool, reader, "persister1")
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		return metricSum(reader.node.m.invalid)-before >= float64(10*len(garbage))
+		return metricSum(reader.node.m.invalid)-before >= float64(2*10*len(garbage))
 	}, "invalid commands counted: %v", metricSum(reader.node.m.invalid)-before)
-	for _, reason := range []string{"too_long", "bad_json", "unknown_verb", "bad_range"} {
+	for _, reason := range []string{"unstamped", "too_long", "bad_json", "unknown_verb", "bad_range"} {
 		if v := testutil.ToFloat64(reader.node.m.invalid.WithLabelValues(reason)); v == 0 {
 			t.Errorf("no invalid command counted with reason %s", reason)
 		}

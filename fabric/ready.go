@@ -8,19 +8,35 @@ import (
 // Readiness: established and caught up, fresh (the link answered a PING
 // sent after any stall of the process), and not stalled now.
 
-// Ready reports whether the node is established and caught up: /readyz.
+// Ready reports whether the node serves fresh data: /readyz. That is
+// established and caught up, with a fresh PING; or, in degraded mode (the
+// connection, once established, is lost or being established again),
+// caught up with the writer positions PostgreSQL held a moment ago.
 func (n *Node) Ready() bool {
-	if !n.ready.Load() {
-		return false
-	}
 	// A request served right after a stall may run before the watchdog
 	// has noticed it: a late tick is a stall in progress.
 	now := time.Since(n.born)
 	if now-time.Duration(n.tickAt.Load()) > stallGap {
 		return false
 	}
-	fresh := n.freshAt.Load()
-	return fresh > n.stalledAt.Load() && now-time.Duration(fresh) < n.freshMax
+	stalled := n.stalledAt.Load()
+	if n.ready.Load() {
+		fresh := n.freshAt.Load()
+		if fresh > stalled && now-time.Duration(fresh) < n.freshMax {
+			return true
+		}
+	}
+	if !n.degraded() || n.cfg.DegradedFreshness < 0 {
+		return false
+	}
+	db := n.dbFresh.Load()
+	return db > stalled && now-time.Duration(db) < n.cfg.DegradedFreshness
+}
+
+// degraded reports that the connection was established once and is not
+// now, for a node that follows durable streams from PostgreSQL.
+func (n *Node) degraded() bool {
+	return n.everEst.Load() && !n.est.Load() && n.followed > 0
 }
 
 // stallGap is how late a 100 ms tick must be to count as a stall.

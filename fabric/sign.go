@@ -6,58 +6,108 @@ import (
 	"encoding/base64"
 	"hash"
 	"sync"
+	"time"
+
+	"github.com/weft-dev/weft/fabric/wire"
 )
 
-// Commands are signed when the cluster has a secret: anyone who can
-// publish on the channel could otherwise forge a writer's position far
-// ahead and make readers skip its rows. A signed line is
+// Every line a node publishes is stamped (wire.Stamp: the sender's epoch
+// and a per-instance increasing sequence) and, when the cluster has a
+// secret, signed:
 //
-//	<command> #<22 chars: base64url of the first 16 bytes of HMAC-SHA256>
+//	<command> #<epoch>.<seq>.<22 chars: base64url of the first 16 bytes of HMAC-SHA256>
 //
-// The suffix never appears inside a valid command (JSON tails end in ']'
-// or '}', positions are digits), so it is cut off before decoding.
-const (
-	sigMarker = " #"
-	sigChars  = 22
-	sigLen    = len(sigMarker) + sigChars
-)
+// The MAC covers the channel name (so a line replayed into another cluster
+// sharing the secret fails), the command (which names the sender) and the
+// stamp (so a replayed line cannot be given a fresh sequence). Without a
+// secret lines are stamped but unsigned: anyone on the channel can forge
+// them, so that mode is for development only.
+const sigChars = 22
 
-// signer signs and verifies lines with the cluster secret.
-type signer struct {
-	pool sync.Pool // hash.Hash, one per goroutine at a time
+// envelope stamps and signs what this node publishes and opens what it
+// receives. Seal is called from the node's loop only; Open from the link's
+// receive goroutine.
+type envelope struct {
+	channel string
+	epoch   uint64
+	pool    *sync.Pool // of hash.Hash; nil: unsigned
+	lastSeq uint64     // loop only
 }
 
-func newSigner(secret string) *signer {
-	if secret == "" {
-		return nil
+func newEnvelope(channel, secret string, epoch uint64) *envelope {
+	e := &envelope{channel: channel, epoch: epoch}
+	if secret != "" {
+		key := []byte(secret)
+		e.pool = &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
 	}
-	key := []byte(secret)
-	return &signer{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+	return e
 }
 
-func (s *signer) mac(line []byte, dst []byte) []byte {
-	h := s.pool.Get().(hash.Hash)
-	defer s.pool.Put(h)
+// nextSeq is the next sequence: the wall clock in microseconds, or one
+// above the last when the clock has not moved (or went back).
+func (e *envelope) nextSeq(now time.Time) uint64 {
+	s := uint64(now.UnixMicro())
+	if s <= e.lastSeq {
+		s = e.lastSeq + 1
+	}
+	e.lastSeq = s
+	return s
+}
+
+// seal appends the stamp, and the signature if signing, to line.
+func (e *envelope) seal(line []byte, now time.Time) []byte {
+	line = wire.AppendStamp(line, wire.Stamp{Epoch: e.epoch, Seq: e.nextSeq(now)})
+	if e.pool == nil {
+		return line
+	}
+	n := len(line)
+	line = append(line, '.')
+	return e.mac(line[:n], line)
+}
+
+func (e *envelope) mac(stamped, dst []byte) []byte {
+	h := e.pool.Get().(hash.Hash)
+	defer e.pool.Put(h)
 	h.Reset()
-	h.Write(line)
+	h.Write([]byte(e.channel))
+	h.Write([]byte{'\n'})
+	h.Write(stamped)
 	var sum [sha256.Size]byte
 	return base64.RawURLEncoding.AppendEncode(dst, h.Sum(sum[:0])[:16])
 }
 
-// sign appends the signature of line to it.
-func (s *signer) sign(line []byte) []byte {
-	line = append(line, sigMarker...)
-	return s.mac(line[:len(line)-len(sigMarker)], line)
+// Reasons open gives for a line it refuses (invalid_commands_total).
+const (
+	reasonUnstamped    = "unstamped"
+	reasonBadSignature = "bad_signature"
+)
+
+// open returns the command of a received line and its stamp, or the reason
+// it is refused.
+func (e *envelope) open(line []byte) (cmd []byte, st wire.Stamp, reason string) {
+	cmd, st, rest, ok := wire.CutStamp(line)
+	if !ok {
+		if e.pool != nil {
+			return nil, st, reasonBadSignature
+		}
+		return nil, st, reasonUnstamped
+	}
+	if e.pool == nil {
+		if len(rest) != 0 {
+			return nil, st, reasonUnstamped // signed by a cluster with a secret: not ours
+		}
+		return cmd, st, ""
+	}
+	if len(rest) != 1+sigChars {
+		return nil, st, reasonBadSignature
+	}
+	stamped := line[:len(line)-len(rest)]
+	var buf [sigChars + 2]byte
+	if !hmac.Equal(e.mac(stamped, buf[:0]), rest[1:]) {
+		return nil, st, reasonBadSignature
+	}
+	return cmd, st, ""
 }
 
-// verify returns the command part of a signed line, or false when the
-// signature is missing or wrong.
-func (s *signer) verify(line []byte) ([]byte, bool) {
-	if len(line) <= sigLen || string(line[len(line)-sigLen:len(line)-sigChars]) != sigMarker {
-		return nil, false
-	}
-	cmd := line[:len(line)-sigLen]
-	var buf [sigChars + 2]byte
-	want := s.mac(cmd, buf[:0])
-	return cmd, hmac.Equal(want, line[len(line)-sigChars:])
-}
+// signed reports whether lines are signed (and so checked).
+func (e *envelope) signed() bool { return e.pool != nil }

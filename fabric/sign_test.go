@@ -2,36 +2,55 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
-func TestSignerRoundTripAndTamper(t *testing.T) {
-	s := newSigner("k1")
+func TestEnvelopeRoundTripAndTamper(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	e := newEnvelope("weft:a", "k1", 7)
 	line := []byte(`RDATA events w-aaaaaaaa 1 2 [{"a":" #x"}]`)
-	signed := s.sign(append([]byte(nil), line...))
-	got, ok := s.verify(signed)
-	if !ok || string(got) != string(line) {
-		t.Fatalf("verify(sign(x)) = %q, %v", got, ok)
+	sealed := e.seal(append([]byte(nil), line...), now)
+	got, st, reason := e.open(sealed)
+	if reason != "" || string(got) != string(line) || st != (wire.Stamp{Epoch: 7, Seq: uint64(now.UnixMicro())}) {
+		t.Fatalf("open(seal(x)) = %q, %+v, %q", got, st, reason)
+	}
+	// The next line at the same instant still gets a higher sequence.
+	_, st2, _ := e.open(e.seal(append([]byte(nil), line...), now))
+	if st2.Seq != st.Seq+1 {
+		t.Fatalf("second sequence %d after %d", st2.Seq, st.Seq)
 	}
 	for name, bad := range map[string][]byte{
-		"unsigned":    line,
-		"other key":   newSigner("k2").sign(append([]byte(nil), line...)),
-		"tampered":    []byte(strings.Replace(string(signed), " 1 2 ", " 1 9 ", 1)),
-		"short":       []byte("BYE x"),
-		"sig mangled": append(append([]byte(nil), signed[:len(signed)-1]...), 'A'),
+		"unsigned":     line,
+		"stamp only":   wire.AppendStamp(append([]byte(nil), line...), wire.Stamp{Seq: 5}),
+		"other key":    newEnvelope("weft:a", "k2", 7).seal(append([]byte(nil), line...), now),
+		"other chan":   newEnvelope("weft:b", "k1", 7).seal(append([]byte(nil), line...), now),
+		"tampered":     []byte(strings.Replace(string(sealed), " 1 2 ", " 1 9 ", 1)),
+		"new sequence": []byte(strings.Replace(string(sealed), fmt.Sprintf(".%d.", st.Seq), fmt.Sprintf(".%d.", st.Seq+1000), 1)),
+		"new epoch":    []byte(strings.Replace(string(sealed), " #7.", " #8.", 1)),
+		"short":        []byte("BYE x"),
+		"sig mangled":  append(append([]byte(nil), sealed[:len(sealed)-1]...), sealed[len(sealed)-1]^1),
 	} {
-		if _, ok := s.verify(bad); ok {
-			t.Errorf("%s line verified", name)
+		if _, _, reason := e.open(bad); reason != reasonBadSignature {
+			t.Errorf("%s line: reason %q, want %q", name, reason, reasonBadSignature)
 		}
 	}
-	if newSigner("") != nil {
-		t.Fatal("an empty secret must mean no signing")
+	open := newEnvelope("weft:a", "", 0)
+	if _, _, reason := open.open(line); reason != reasonUnstamped {
+		t.Errorf("unstamped line without a secret: reason %q", reason)
+	}
+	if _, _, reason := open.open(sealed); reason != reasonUnstamped {
+		t.Errorf("a signed line on a cluster without a secret: reason %q", reason)
+	}
+	if got, st, reason := open.open(open.seal(append([]byte(nil), line...), now)); reason != "" || string(got) != string(line) || st.Epoch != 0 {
+		t.Errorf("unsigned round trip: %q %+v %q", got, st, reason)
 	}
 }
 
@@ -57,7 +76,7 @@ func TestNodeRejectsForgedCommands(t *testing.T) {
 			for _, forged := range []string{
 				`POSITION events persister1-aaaaaaaa 1000000 1000000`,
 				`RDATA events persister1-aaaaaaaa 999999 1000000 [{"forged":true}]`,
-				string(newSigner("wrong-secret").sign([]byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`))),
+				string(newEnvelope("weft:test", "wrong-secret", 0).seal([]byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`), time.Now())),
 			} {
 				if err := rc.Publish(ctx, "weft:test", forged).Err(); err != nil {
 					t.Fatal(err)

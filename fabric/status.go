@@ -8,22 +8,30 @@ import (
 
 // Status is a snapshot for status pages.
 type Status struct {
-	Instance    string           `json:"instance"`
-	Established bool             `json:"established"`
-	Ready       bool             `json:"ready"`
+	Instance    string `json:"instance"`
+	Established bool   `json:"established"`
+	Ready       bool   `json:"ready"`
+	// Degraded: the connection was established and is not now (Redis
+	// down, or establishing again); readiness then rests on positions
+	// followed from PostgreSQL.
+	Degraded    bool             `json:"degraded"`
 	Views       []core.ViewInfo  `json:"views"`
 	Peers       map[string]Peer  `json:"peers"`
 	Link        linkStats        `json:"link"`
 	Writes      map[string]int64 `json:"writes"`
 }
 
-// Peer is an instance heard from.
+// Peer is a live instance: heard from within the peer timeout.
 type Peer struct {
 	Instance string   `json:"instance"`
 	Name     string   `json:"name"`
 	Role     string   `json:"role"`
 	URL      string   `json:"url"`
 	Writes   []string `json:"writes"`
+	// Epoch of the writer name it holds; 0 for none.
+	Epoch uint64 `json:"epoch"`
+	// LastHeard is when its last accepted line arrived.
+	LastHeard time.Time `json:"last_heard"`
 }
 
 // Status returns the last snapshot (refreshed every 250 ms by the loop).
@@ -37,17 +45,23 @@ func (n *Node) Status() Status {
 }
 
 func (n *Node) publishStatus() {
-	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.Ready(),
+	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.Ready(), Degraded: n.degraded(),
 		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
+	n.m.degraded.Set(b2f(s.Degraded))
+	live, gone, holders := n.core.PeerCounts()
+	n.m.peers.WithLabelValues("live").Set(float64(live))
+	n.m.peers.WithLabelValues("departed").Set(float64(gone))
+	n.m.peers.WithLabelValues("holders").Set(float64(holders))
 	latest := map[string]Peer{}
-	for inst, h := range n.core.Peers() {
-		p := Peer{Instance: inst, Name: h.Name, Role: h.Role, URL: h.URL, Writes: h.Streams}
+	for inst, pi := range n.core.Peers() {
+		h := pi.Hello
+		p := Peer{Instance: inst, Name: h.Name, Role: h.Role, URL: h.URL, Writes: h.Streams, Epoch: pi.Epoch, LastHeard: pi.Heard}
 		s.Peers[inst] = p
 		if li, _, ok := n.core.Latest(h.Name); ok && li == inst {
 			latest[h.Name] = p
 		}
 	}
-	latest[n.cfg.Hello.Name] = Peer{Instance: n.cfg.Instance, Name: n.cfg.Hello.Name, Role: n.cfg.Hello.Role, URL: n.cfg.Hello.URL, Writes: n.writes}
+	latest[n.cfg.Hello.Name] = Peer{Instance: n.cfg.Instance, Name: n.cfg.Hello.Name, Role: n.cfg.Hello.Role, URL: n.cfg.Hello.URL, Writes: n.writes, Epoch: n.cfg.Epoch}
 	n.latest.Store(&latest)
 	lag := map[string]int64{}
 	low := map[string]int64{}

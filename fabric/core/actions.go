@@ -72,6 +72,9 @@ type Note struct {
 	Kind   string
 	Stream string
 	Cause  string
+	// Instance is the instance concerned, when there is one: for logs,
+	// never for labels.
+	Instance string
 }
 
 // Note kinds.
@@ -79,9 +82,11 @@ const (
 	NoteGap           = "gap"            // cause: rdata, position, overflow, apply_failed
 	NoteStale         = "stale"          // a command at or below the view
 	NoteDropped       = "dropped"        // cause: before_position, unknown_stream, bad_writer, late_rows, not_writer
-	NoteReset         = "reset"          // cause: new_instance, bye, gone
+	NoteReset         = "reset"          // cause: new_instance, bye, gone, expired, sealed
 	NoteCatchupFailed = "catchup_failed" // a fetch failed; it is retried after a delay
 	NoteSuspect       = "suspect"        // a writer did not answer a new connection in time
+	NoteRefused       = "refused"        // a line refused by the peer table; cause: replayed, stale_instance, peers_full
+	NoteExpired       = "expired"        // an instance not heard from for PeerTimeout was forgotten
 )
 
 func (a Publish) String() string {
@@ -112,8 +117,12 @@ func (a Established) String() string {
 }
 
 func (a Note) String() string {
-	if a.Cause == "" {
-		return fmt.Sprintf("note %s %s", a.Kind, a.Stream)
+	s := fmt.Sprintf("note %s %s", a.Kind, a.Stream)
+	if a.Cause != "" {
+		s += " " + a.Cause
 	}
-	return fmt.Sprintf("note %s %s %s", a.Kind, a.Stream, a.Cause)
+	if a.Instance != "" {
+		s += " (" + a.Instance + ")"
+	}
+	return s
 }

@@ -18,6 +18,9 @@ const (
 	DefaultAnnounceInterval  = time.Second
 	DefaultMaxRowsBytes      = 64 << 10
 	DefaultMaxBuffer         = 10000
+	DefaultMaxLineAge        = time.Minute
+	DefaultMaxPeers          = 4096
+	DefaultMaxGone           = 4096
 )
 
 // StreamSpec is one stream this instance follows or writes.
@@ -74,6 +77,21 @@ type Config struct {
 	// (1, 2, ...). Nil means 100 ms doubling up to 5 s. The runner usually
 	// injects a jittered one.
 	RetryDelay func(attempt int) time.Duration
+	// PeerTimeout: an instance not heard from this long while connected is
+	// forgotten (its ephemeral state reset, nobody waits for it) [3 *
+	// HeartbeatInterval].
+	PeerTimeout time.Duration
+	// MaxLineAge: a line from an instance this core has never heard of is
+	// refused as a replay when its stamp is older than this, by this core's
+	// clock [1 min]. It bounds the clock skew between instances too.
+	MaxLineAge time.Duration
+	// MaxPeers bounds the live instances (and the writer names) tracked;
+	// lines from further new instances are refused [4096].
+	MaxPeers int
+	// MaxGone bounds the departed instances remembered, to refuse their
+	// replayed lines; beyond it the oldest are forgotten and MaxLineAge
+	// alone refuses their lines [4096].
+	MaxGone int
 }
 
 func (c *Config) setDefaults() {
@@ -97,6 +115,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryDelay == nil {
 		c.RetryDelay = DoublingDelay(100*time.Millisecond, 5*time.Second)
+	}
+	if c.PeerTimeout <= 0 {
+		c.PeerTimeout = 3 * c.HeartbeatInterval
+	}
+	if c.MaxLineAge <= 0 {
+		c.MaxLineAge = DefaultMaxLineAge
+	}
+	if c.MaxPeers <= 0 {
+		c.MaxPeers = DefaultMaxPeers
+	}
+	if c.MaxGone <= 0 {
+		c.MaxGone = DefaultMaxGone
 	}
 }
 
@@ -139,6 +169,7 @@ type view struct {
 	to       int64  // fetch target
 	fetchID  uint64 // the fetch in flight, 0 when waiting to retry
 	attempt  int
+	gones    int // consecutive resets by a Gone fetch
 	retryAt  time.Time
 	buf      []wire.Command // *wire.RData and *wire.Position, by position
 	overflow bool
@@ -167,9 +198,13 @@ type Core struct {
 	views    map[Key]*view
 	fetches  map[uint64]*view
 	nextID   uint64
-	peers    map[string]wire.Hello
-	latest   map[string]string // name -> the instance of that name heard from last
-	own      map[string]*ownStream
+	// The peer table (peers.go).
+	peers     map[string]*peer
+	gone      map[string]uint64 // departed instance -> last sequence refused
+	goneOrder []string          // departure order, from goneHead
+	goneHead  int
+	holders   map[string]holder // writer name -> its highest epoch
+	own       map[string]*ownStream
 	ownList  []*ownStream // in name order, for deterministic output
 
 	now         time.Time
@@ -194,8 +229,9 @@ func New(cfg Config) (*Core, error) {
 		streams:  make(map[string]StreamSpec, len(cfg.Streams)),
 		views:    map[Key]*view{},
 		fetches:  map[uint64]*view{},
-		peers:    map[string]wire.Hello{},
-		latest:   map[string]string{},
+		peers:    map[string]*peer{},
+		gone:     map[string]uint64{},
+		holders:  map[string]holder{},
 		own:      map[string]*ownStream{},
 	}
 	for _, s := range cfg.Streams {
@@ -257,9 +293,11 @@ func (c *Core) view(k Key) *view {
 // Tick moves the core's clock: retries fall due, coalesced positions are
 // announced, heartbeats sent, and the connection may become established.
 func (c *Core) Tick(now time.Time) []Action {
+	prev := c.now
 	if now.After(c.now) {
 		c.now = now
 	}
+	c.expirePeers(prev)
 	for _, k := range c.sortedKeys() {
 		v := c.views[k]
 		if v.catching && v.fetchID == 0 && !c.now.Before(v.retryAt) {
@@ -283,6 +321,9 @@ func (c *Core) Tick(now time.Time) []Action {
 // announces its own.
 func (c *Core) Connected() []Action {
 	c.connected, c.established = true, false
+	for _, p := range c.peers {
+		p.heard = c.now // silence counts from now
+	}
 	for _, v := range c.views {
 		v.positioned = false
 		v.awaited = (v.instance != "" || v.expected) && !v.suspect && v.instance != c.cfg.Instance
@@ -354,31 +395,6 @@ func (c *Core) Views() []ViewInfo {
 		out = append(out, ViewInfo{Key: k, Instance: v.instance, Pos: v.pos, Announced: max(v.announced, v.pos), Catching: v.catching})
 	}
 	return out
-}
-
-// Peer is the last HELLO of an instance, if any.
-func (c *Core) Peer(inst string) (wire.Hello, bool) {
-	h, ok := c.peers[inst]
-	return h, ok
-}
-
-// Latest is the instance of a name that announced itself last, and its
-// HELLO: where to reach the current holder of a writer name.
-func (c *Core) Latest(name string) (string, wire.Hello, bool) {
-	inst, ok := c.latest[name]
-	if !ok {
-		return "", wire.Hello{}, false
-	}
-	return inst, c.peers[inst], true
-}
-
-// Peers lists the instances heard from, with their HELLO.
-func (c *Core) Peers() map[string]wire.Hello {
-	m := make(map[string]wire.Hello, len(c.peers))
-	for k, v := range c.peers {
-		m[k] = v
-	}
-	return m
 }
 
 func (c *Core) sortedKeys() []Key {

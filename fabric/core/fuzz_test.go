@@ -15,6 +15,7 @@ import (
 type simWriter struct {
 	key       Key
 	inst      string
+	seq       uint64 // the last stamp sequence it published
 	ephemeral bool
 	log       map[int64]bool // positions that carry rows
 	pos, sent int64
@@ -154,17 +155,25 @@ func (s *sim) publish(w *simWriter, drop, dup bool, rows bool, step int64) {
 		cmd = &wire.Position{Stream: w.key.Stream, Writer: w.inst, Prev: prev, Pos: w.pos}
 	}
 	w.sent = w.pos
+	st := s.stamp(w)
 	if drop {
 		return
 	}
-	s.apply(s.c.Receive(cmd))
-	if dup {
-		s.apply(s.c.Receive(cmd))
+	s.apply(s.c.Receive(cmd, st))
+	if dup { // a duplicate on the wire carries the same stamp: refused
+		s.apply(s.c.Receive(cmd, st))
 	}
 }
 
+// stamp is the next stamp of w: a sequence that starts at the clock when
+// the instance starts and increases with every line.
+func (s *sim) stamp(w *simWriter) wire.Stamp {
+	w.seq = max(w.seq+1, uint64(s.now.UnixMicro()))
+	return wire.Stamp{Seq: w.seq}
+}
+
 func (s *sim) probe(w *simWriter) {
-	s.apply(s.c.Receive(&wire.Position{Stream: w.key.Stream, Writer: w.inst, Prev: w.pos, Pos: w.pos}))
+	s.apply(s.c.Receive(&wire.Position{Stream: w.key.Stream, Writer: w.inst, Prev: w.pos, Pos: w.pos}, s.stamp(w)))
 }
 
 // run interprets data as a schedule of events.
@@ -215,6 +224,9 @@ func (s *sim) run(data []byte) {
 		s.apply(s.c.Tick(s.now))
 		if len(s.pending) == 0 {
 			break
+		}
+		for _, w := range s.writers {
+			s.probe(w) // heartbeats: live writers are never forgotten
 		}
 		for len(s.pending) > 0 {
 			s.serve(0, 1<<30, false)

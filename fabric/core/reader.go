@@ -7,11 +7,17 @@ import (
 	"github.com/weft-dev/weft/instance"
 )
 
-// Receive handles one command from the channel. Application verbs are not
-// the core's business and are ignored here.
-func (c *Core) Receive(cmd wire.Command) []Action {
+// Receive handles one command from the channel with the stamp it carried
+// (see wire.Stamp). The peer table decides first whether the line is
+// accepted: replays, lines of departed instances and of older holders of a
+// writer name are refused (and noted). Application verbs are not the
+// core's business beyond that.
+func (c *Core) Receive(cmd wire.Command, st wire.Stamp) []Action {
 	if cmd.Sender() == c.cfg.Instance {
 		return nil // our own echo
+	}
+	if !c.admit(cmd.Sender(), st) {
+		return c.flush()
 	}
 	switch cmd := cmd.(type) {
 	case *wire.RData:
@@ -22,27 +28,12 @@ func (c *Core) Receive(cmd wire.Command) []Action {
 		c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
 		c.answerReplicate()
 	case *wire.HelloCmd:
-		if _, known := c.peers[cmd.Instance]; !known {
-			c.latest[cmd.Hello.Name] = cmd.Instance
-		}
-		c.peers[cmd.Instance] = cmd.Hello
+		p := c.peers[cmd.Instance]
+		p.hello, p.helloed = cmd.Hello, true
 	case *wire.Sealed:
 		c.sealed(cmd)
 	case *wire.Bye:
-		if h, ok := c.peers[cmd.Instance]; ok && c.latest[h.Name] == cmd.Instance {
-			delete(c.latest, h.Name)
-		}
-		delete(c.peers, cmd.Instance)
-		for _, k := range c.sortedKeys() {
-			v := c.views[k]
-			if v.instance != cmd.Instance {
-				continue
-			}
-			if v.ephemeral {
-				c.reset(v, "bye")
-			}
-			v.instance, v.awaited = "", false // gone: not waited for on reconnect
-		}
+		c.forget(cmd.Instance, goneForever, "bye")
 	}
 	c.checkEstablished()
 	return c.flush()
@@ -93,6 +84,10 @@ func (c *Core) sealed(cmd *wire.Sealed) {
 	if !ok {
 		c.note(NoteDropped, cmd.Stream, "bad_writer")
 		return
+	}
+	if _, live := c.peers[cmd.Writer]; live || c.gone[cmd.Writer] != goneForever {
+		// Fenced: whatever it still publishes is in the database already.
+		c.forget(cmd.Writer, goneForever, "sealed")
 	}
 	v := c.view(Key{Stream: cmd.Stream, Writer: name})
 	if v.instance == "" || v.instance == cmd.Writer {
@@ -224,7 +219,11 @@ func (c *Core) issueFetch(v *view) {
 	c.nextID++
 	v.fetchID = c.nextID
 	c.fetches[v.fetchID] = v
-	c.emit(Fetch{ID: v.fetchID, Key: v.key, Instance: v.instance, URL: c.peers[v.instance].URL,
+	var url string
+	if p := c.peers[v.instance]; p != nil {
+		url = p.hello.URL
+	}
+	c.emit(Fetch{ID: v.fetchID, Key: v.key, Instance: v.instance, URL: url,
 		Ephemeral: v.ephemeral, From: v.pos, To: v.to})
 }
 
@@ -246,8 +245,15 @@ func (c *Core) FetchDone(r FetchResult) []Action {
 	v.fetchID = 0
 	switch {
 	case r.Gone:
-		announced := v.announced
+		announced, gones := v.announced, v.gones+1
 		c.reset(v, "gone")
+		v.gones = gones
+		if gones > 1 {
+			// Gone again right after a reset: the source answers 410 for
+			// what it announced (a stale instance, a broken writer). Back
+			// off like any failed catch-up rather than loop.
+			v.retryAt = c.now.Add(c.cfg.RetryDelay(gones - 1))
+		}
 		if announced > 0 {
 			v.announced = announced
 			c.startFetch(v, announced)
@@ -270,7 +276,7 @@ func (c *Core) FetchDone(r FetchResult) []Action {
 		c.issueFetch(v) // the next page
 		return c.flush()
 	}
-	v.attempt = 0
+	v.attempt, v.gones = 0, 0
 	v.catching = false
 	c.drain(v)
 	c.checkEstablished()
@@ -325,6 +331,6 @@ func (c *Core) reset(v *view, cause string) {
 		delete(c.fetches, v.fetchID)
 	}
 	v.pos, v.announced, v.to = 0, 0, 0
-	v.catching, v.fetchID, v.attempt, v.retryAt = false, 0, 0, c.now
+	v.catching, v.fetchID, v.attempt, v.gones, v.retryAt = false, 0, 0, 0, c.now
 	v.buf, v.overflow = nil, false
 }

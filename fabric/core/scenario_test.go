@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,6 +29,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	position STREAM POS            (LocalPosition)
 //	stored STREAM/WRITER POS       (Stored)
 //	state                          (views, readiness)
+//	peers                          (the peer table)
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -81,11 +83,12 @@ func runScenario(t *testing.T, path string) {
 	codec := wire.NewCodec(wire.Config{})
 	var c *Core
 	now := time.Unix(1_700_000_000, 0)
+	var seq uint64
 	var out strings.Builder
 	failed := false
 	for i := range blocks {
 		b := &blocks[i]
-		actions, err := step(&c, codec, &now, b.cmd)
+		actions, err := step(&c, codec, &now, &seq, b.cmd)
 		var got strings.Builder
 		if err != nil {
 			fmt.Fprintf(&got, "error: %v\n", err)
@@ -98,6 +101,20 @@ func runScenario(t *testing.T, path string) {
 				fmt.Fprintf(&got, "view %s pos=%d announced=%d catching=%v instance=%s\n", v.Key, v.Pos, v.Announced, v.Catching, v.Instance)
 			}
 			fmt.Fprintf(&got, "established=%v ready=%v\n", c.IsEstablished(), c.Ready())
+		}
+		if c != nil && b.cmd == "peers" {
+			peers := c.Peers()
+			names := make([]string, 0, len(peers))
+			for inst := range peers {
+				names = append(names, inst)
+			}
+			slices.Sort(names)
+			for _, inst := range names {
+				p := peers[inst]
+				fmt.Fprintf(&got, "peer %s name=%s epoch=%d helloed=%v url=%s\n", inst, p.Hello.Name, p.Epoch, p.Helloed, p.Hello.URL)
+			}
+			live, gone, holders := c.PeerCounts()
+			fmt.Fprintf(&got, "live=%d departed=%d holders=%d\n", live, gone, holders)
 		}
 		if *rewrite {
 			b.expected = got.String()
@@ -130,7 +147,7 @@ func headerComments(t *testing.T, path string) string {
 	return b.String()
 }
 
-func step(cp **Core, codec *wire.Codec, now *time.Time, line string) ([]Action, error) {
+func step(cp **Core, codec *wire.Codec, now *time.Time, seq *uint64, line string) ([]Action, error) {
 	f := strings.Fields(line)
 	c := *cp
 	if len(f) == 0 {
@@ -195,7 +212,7 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, line string) ([]Action, 
 		return c.Disconnected(), nil
 	case "shutdown":
 		return c.Shutdown(), nil
-	case "state":
+	case "state", "peers":
 		return nil, nil
 	case "tick":
 		d, err := time.ParseDuration(f[1])
@@ -205,11 +222,21 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, line string) ([]Action, 
 		*now = now.Add(d)
 		return c.Tick(*now), nil
 	case "recv":
-		cmd, err := codec.Decode([]byte(strings.TrimPrefix(line, "recv ")))
+		// A line with a stamp (" #epoch.seq") is received with it; one
+		// without gets the next of a sequence that starts at the clock, as
+		// a live sender's would.
+		raw := []byte(strings.TrimPrefix(line, "recv "))
+		cmdLine, st, _, stamped := wire.CutStamp(raw)
+		if !stamped {
+			cmdLine = raw
+			*seq = max(*seq+1, uint64(now.UnixMicro()))
+			st = wire.Stamp{Seq: *seq}
+		}
+		cmd, err := codec.Decode(cmdLine)
 		if err != nil {
 			return nil, err
 		}
-		return c.Receive(cmd), nil
+		return c.Receive(cmd, st), nil
 	case "fetched":
 		r := FetchResult{}
 		id, err := strconv.ParseUint(strings.TrimPrefix(f[1], "#"), 10, 64)
