@@ -442,7 +442,7 @@ func TestLinkBackoffOutage(t *testing.T) {
 	// publisher must neither spin nor stay broken after the outage.
 	sent := 0
 	for time.Since(killed) < outage {
-		if err := tl.publish([]byte("lost "+strconv.Itoa(sent))); err != nil {
+		if err := tl.publish([]byte("lost " + strconv.Itoa(sent))); err != nil {
 			t.Fatal(err)
 		}
 		sent++

@@ -222,7 +222,7 @@ type (
 		cmd wire.Command
 		st  wire.Stamp
 	}
-	inRows  struct {
+	inRows struct {
 		stream string
 		pos    int64
 		rows   json.RawMessage
@@ -690,8 +690,6 @@ func (n *Node) checkFresh() {
 		}
 	}
 }
-
-
 
 // updateReady publishes the core's readiness; it changes on inputs and on
 // ticks (the REPLICATE window closing), so both call it.

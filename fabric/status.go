@@ -14,11 +14,11 @@ type Status struct {
 	// Degraded: the connection was established and is not now (Redis
 	// down, or establishing again); readiness then rests on positions
 	// followed from PostgreSQL.
-	Degraded    bool             `json:"degraded"`
-	Views       []core.ViewInfo  `json:"views"`
-	Peers       map[string]Peer  `json:"peers"`
-	Link        linkStats        `json:"link"`
-	Writes      map[string]int64 `json:"writes"`
+	Degraded bool             `json:"degraded"`
+	Views    []core.ViewInfo  `json:"views"`
+	Peers    map[string]Peer  `json:"peers"`
+	Link     linkStats        `json:"link"`
+	Writes   map[string]int64 `json:"writes"`
 }
 
 // Peer is a live instance: heard from within the peer timeout.

@@ -205,7 +205,7 @@ type Core struct {
 	goneHead  int
 	holders   map[string]holder // writer name -> its highest epoch
 	own       map[string]*ownStream
-	ownList  []*ownStream // in name order, for deterministic output
+	ownList   []*ownStream // in name order, for deterministic output
 
 	now         time.Time
 	connected   bool
