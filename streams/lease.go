@@ -33,6 +33,14 @@ type LeaseConfig struct {
 	// previous holder it sets the holder's final position on each of them
 	// (see Seal). Empty means the takeover only fences the old holder out.
 	Streams []Config
+	// URL is where the holder serves (its advertised base URL), recorded
+	// with the holding so that others forward to the name's owner by the
+	// registry rather than by announcements. Empty records none.
+	URL string
+	// OnWait, if set, is called at every look at a name held by a live
+	// instance while Claim waits for it: who holds it, at which epoch, and
+	// until when (database clock), so the caller can say what it waits for.
+	OnWait func(holder string, epoch int64, until time.Time)
 }
 
 // withDefaults fills zero fields and reports the first invalid one.
@@ -110,7 +118,7 @@ func Claim(ctx context.Context, db DB, name, instance string, cfg LeaseConfig) (
 	}
 	var prev *Sealed
 	for {
-		l, st, err := takeOver(ctx, db, id, name, instance, cfg.TTL)
+		l, st, err := takeOver(ctx, db, id, name, instance, cfg.URL, cfg.TTL)
 		switch {
 		case err != nil:
 			return nil, err
@@ -133,6 +141,9 @@ func Claim(ctx context.Context, db DB, name, instance string, cfg LeaseConfig) (
 		default: // held by a live instance
 			if !cfg.Wait {
 				return nil, st.heldErr(name)
+			}
+			if cfg.OnWait != nil {
+				cfg.OnWait(st.holder, st.epoch, st.until)
 			}
 			t := time.NewTimer(cfg.Poll)
 			select {
@@ -160,7 +171,7 @@ func (h holding) heldErr(name string) error {
 // takeOver makes instance the holder of writer id if nobody else holds it:
 // the row is free (never held, or sealed). Otherwise it returns who holds
 // it and whether that holder must be sealed first.
-func takeOver(ctx context.Context, db DB, id WriterID, name, instance string, ttl time.Duration) (*Lease, holding, error) {
+func takeOver(ctx context.Context, db DB, id WriterID, name, instance, url string, ttl time.Duration) (*Lease, holding, error) {
 	var l *Lease
 	var h holding
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -184,8 +195,8 @@ func takeOver(ctx context.Context, db DB, id WriterID, name, instance string, tt
 		l = &Lease{db: db, id: id, name: name, instance: instance, ttl: ttl}
 		return tx.QueryRow(ctx, `
 			UPDATE weft_writers SET instance = $2, sealed = false, epoch = epoch + 1,
-				lease_until = now() + $3 * interval '1 microsecond', heartbeat_at = now()
-			WHERE id = $1 RETURNING epoch, lease_until`, id, instance, ttl.Microseconds()).Scan(&l.epoch, &l.until)
+				lease_until = now() + $3 * interval '1 microsecond', heartbeat_at = now(), url = NULLIF($4, '')
+			WHERE id = $1 RETURNING epoch, lease_until`, id, instance, ttl.Microseconds(), url).Scan(&l.epoch, &l.until)
 	})
 	if err != nil {
 		return nil, h, fmt.Errorf("streams: claim writer %s as %s: %w", name, instance, err)
@@ -312,4 +323,36 @@ func (l *Lease) Release(ctx context.Context, streams []Config) error {
 
 func (l *Lease) sealedErr(op string) error {
 	return fmt.Errorf("%w: writer %s, instance %s, epoch %d: %s refused: the holding was sealed or taken over", ErrSealed, l.name, l.instance, l.epoch, op)
+}
+
+// ClaimName takes writer name for instance on an ephemeral stream (one
+// that lives in its writer's memory and needs no fencing): it makes
+// instance the holder at once, with a new epoch, whoever held it before.
+// The newest holder wins: readers follow the highest epoch of a name and
+// refuse the lines of older ones, so two instances that both think they
+// write the name (a rolling update with surge) never make readers flip
+// between them. url is recorded for forwarding, as with LeaseConfig.URL.
+//
+// A name held under a lease (a durable writer, not sealed) is not taken:
+// that holder must be sealed first; the error wraps ErrNameHeld.
+func ClaimName(ctx context.Context, db DB, name, instance, url string) (epoch int64, err error) {
+	if instance == "" {
+		return 0, fmt.Errorf("%w: claim writer name %s: empty instance ID", ErrBadConfig, name)
+	}
+	id, err := RegisterWriter(ctx, db, name)
+	if err != nil {
+		return 0, err
+	}
+	err = db.QueryRow(ctx, `
+		UPDATE weft_writers SET instance = $2, url = NULLIF($3, ''), sealed = false, epoch = epoch + 1,
+			lease_until = NULL, heartbeat_at = now()
+		WHERE id = $1 AND (lease_until IS NULL OR sealed)
+		RETURNING epoch`, id, instance, url).Scan(&epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: %s is held under a lease: it is a durable writer's name", ErrNameHeld, name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("streams: claim writer name %s as %s: %w", name, instance, err)
+	}
+	return epoch, nil
 }

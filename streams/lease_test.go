@@ -458,3 +458,79 @@ func BenchmarkFence(b *testing.B) {
 		})
 	}
 }
+
+// The holding records where its holder serves, and a claim waiting for a
+// live holder says, at every look, who it waits for.
+func TestLeaseURLAndOnWait(t *testing.T) {
+	pool, _ := leaseSetup(t)
+	ctx := context.Background()
+	a := claim(t, pool, "persister1", "inst-a", streams.LeaseConfig{TTL: time.Minute, URL: "http://10.0.0.1:8080"})
+	if w := writerRow(t, pool, "persister1"); w.URL != "http://10.0.0.1:8080" || w.Instance != "inst-a" {
+		t.Fatalf("row %+v, want inst-a at http://10.0.0.1:8080", w)
+	}
+	waits := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() {
+		_, err := streams.Claim(ctx, pool, "persister1", "inst-b", streams.LeaseConfig{TTL: time.Minute, Wait: true, Poll: 10 * time.Millisecond,
+			URL: "http://10.0.0.2:8080", OnWait: func(holder string, epoch int64, until time.Time) {
+				if epoch == a.Epoch() && until.After(time.Now()) {
+					select {
+					case waits <- holder:
+					default:
+					}
+				}
+			}})
+		done <- err
+	}()
+	select {
+	case h := <-waits:
+		if h != "inst-a" {
+			t.Fatalf("OnWait named %q, want inst-a", h)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("OnWait never called while waiting")
+	}
+	if err := a.Release(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if w := writerRow(t, pool, "persister1"); w.URL != "http://10.0.0.2:8080" || w.Instance != "inst-b" {
+		t.Fatalf("row after takeover %+v, want inst-b at http://10.0.0.2:8080", w)
+	}
+}
+
+// ClaimName takes an ephemeral writer's name at once with a higher epoch
+// each time (the newest holder wins), and never a durable writer's name
+// that is held under a lease.
+func TestClaimName(t *testing.T) {
+	pool, _ := leaseSetup(t)
+	ctx := context.Background()
+	e1, err := streams.ClaimName(ctx, pool, "master", "master-aaaaaaaa", "http://m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2, err := streams.ClaimName(ctx, pool, "master", "master-bbbbbbbb", "http://m2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e2 <= e1 {
+		t.Fatalf("second claim epoch %d, not above %d", e2, e1)
+	}
+	if w := writerRow(t, pool, "master"); w.Instance != "master-bbbbbbbb" || w.URL != "http://m2" || w.Epoch != e2 || w.Sealed {
+		t.Fatalf("row %+v after the second claim", w)
+	}
+	// Not expired, never sealed by a survivor: it has no lease.
+	expired, err := streams.Expired(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(expired) != 0 {
+		t.Fatalf("an ephemeral holder listed as expired: %+v", expired)
+	}
+	claim(t, pool, "persister1", "persister1-aaaaaaaa", streams.LeaseConfig{TTL: time.Minute})
+	if _, err := streams.ClaimName(ctx, pool, "persister1", "persister1-bbbbbbbb", ""); !errors.Is(err, streams.ErrNameHeld) {
+		t.Fatalf("ClaimName of a leased name = %v, want ErrNameHeld", err)
+	}
+}

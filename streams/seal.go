@@ -30,6 +30,9 @@ type WriterRow struct {
 	LeaseUntil time.Time
 	Sealed     bool
 	Epoch      int64
+	// URL is where the holder serves, as it recorded when it took the
+	// name; "" if it recorded none.
+	URL string
 }
 
 // Seal fences out writer name as held by instance, and sets its final
@@ -164,7 +167,7 @@ func Writers(ctx context.Context, db DB) ([]WriterRow, error) {
 }
 
 func writers(ctx context.Context, db DB, where string) ([]WriterRow, error) {
-	rows, err := db.Query(ctx, `SELECT id, name, instance, lease_until, sealed, epoch FROM weft_writers `+where+` ORDER BY name`)
+	rows, err := db.Query(ctx, `SELECT id, name, instance, lease_until, sealed, epoch, COALESCE(url, '') FROM weft_writers `+where+` ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("streams: list writers: %w", err)
 	}
@@ -172,7 +175,7 @@ func writers(ctx context.Context, db DB, where string) ([]WriterRow, error) {
 	var w WriterRow
 	var instance *string
 	var until *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&w.ID, &w.Name, &instance, &until, &w.Sealed, &w.Epoch}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&w.ID, &w.Name, &instance, &until, &w.Sealed, &w.Epoch, &w.URL}, func() error {
 		r := w
 		if instance != nil {
 			r.Instance = *instance
