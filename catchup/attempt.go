@@ -7,22 +7,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/weft-dev/weft/fabric"
 )
 
-// sourceError is a failed HTTP attempt; cause is a bounded label value.
+// Bounded causes of a source failure or a fallback (label values).
+const (
+	causeUnreachable = "unreachable" // refused, reset, no route
+	causeTimeout     = "timeout"     // no answer, or a body stalled, within the attempt's time
+	causeBusy        = "busy"        // no slot of PerSourceLimit within the attempt's time
+	causeStatus5xx   = "status_5xx"
+	causeStatus429   = "status_429"
+	causeStatus4xx   = "status_4xx" // any other status but 410: not retried
+	causeGone        = "gone"       // 410: not retried
+	causeBadPage     = "bad_page"
+	causeNoURL       = "no_url"   // fallback only: the writer announced no URL
+	causeCooldown    = "cooldown" // fallback only: the source failed moments ago
+)
+
+// sourceError is a failed HTTP attempt; cause is one of the causes above.
 type sourceError struct {
-	cause string // unreachable, timeout, status_5xx, status_429, status_4xx, gone, bad_page
+	cause string
 	err   error
 }
 
@@ -38,34 +50,70 @@ func causeOf(err error) string {
 	return "error"
 }
 
-// attempt is one HTTP request under the source's concurrency limit.
-// Errors not worth retrying are backoff.Permanent.
-func (c *Client) attempt(ctx context.Context, r request, canFallBack bool) (fabric.Page, error) {
-	release, err := c.acquire(ctx, r.url)
+// retryable reports whether another attempt may get the page where err
+// did not. A caller's cancellation is not a sourceError: not retryable.
+func retryable(err error) bool {
+	var se *sourceError
+	return errors.As(err, &se) && se.cause != causeGone && se.cause != causeStatus4xx
+}
+
+// attemptTimeout is SourceTimeout, or half of what remains of ctx's
+// budget when that is less: the fallback or the next attempt keeps the
+// other half.
+func (c *Client) attemptTimeout(ctx context.Context) time.Duration {
+	d := c.cfg.SourceTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return d
+}
+
+// attempt is one HTTP request under the source's concurrency limit, all
+// of it (the wait for a slot included) within attemptTimeout. A source
+// that times out or is unreachable starts its cooldown; one that serves a
+// page ends it.
+func (c *Client) attempt(ctx context.Context, r request) (fabric.Page, error) {
+	timeout := c.attemptTimeout(ctx)
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	release, err := c.acquire(actx, r.url)
 	if err != nil {
-		return fabric.Page{}, backoff.Permanent(err)
+		if ctx.Err() != nil {
+			return fabric.Page{}, fmt.Errorf("catchup: %s: %w", r, context.Cause(ctx))
+		}
+		c.m.requests.WithLabelValues(r.stream, outcomeBusy).Inc()
+		return fabric.Page{}, &sourceError{causeBusy, fmt.Errorf("catchup: %s: no free slot of PerSourceLimit (%d) within %v",
+			r, c.cfg.PerSourceLimit, timeout)}
 	}
 	defer release()
 	start := time.Now()
-	p, outcome, err := c.do(ctx, r, canFallBack)
+	p, outcome, err := c.do(ctx, actx, timeout, r)
 	if ctx.Err() != nil && err != nil {
 		outcome = outcomeCanceled
 	}
 	c.m.requests.WithLabelValues(r.stream, outcome).Inc()
 	c.m.duration.WithLabelValues(r.stream).Observe(time.Since(start).Seconds())
+	if c.cfg.SourceCooldown > 0 {
+		switch cause := causeOf(err); {
+		case err == nil:
+			c.cool.remove(r.url)
+		case cause == causeTimeout || cause == causeUnreachable:
+			c.cool.put(r.url, c.cfg.SourceCooldown)
+		}
+	}
 	if err == nil {
 		c.m.rows.WithLabelValues(r.stream, "http").Add(float64(len(p.Rows)))
 	}
 	return p, err
 }
 
-// do sends the request and reads the page.
-func (c *Client) do(ctx context.Context, r request, canFallBack bool) (fabric.Page, string, error) {
-	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
-	defer cancel()
+// do sends the request under actx, which ends after timeout, and reads
+// the page. ctx is the page's context: when it is done the caller gave
+// up; when only actx is, the source was too slow.
+func (c *Client) do(ctx, actx context.Context, timeout time.Duration, r request) (fabric.Page, string, error) {
 	req, err := http.NewRequestWithContext(actx, http.MethodGet, updatesURL(r), nil)
 	if err != nil {
-		return fabric.Page{}, outcomeRejected, backoff.Permanent(fmt.Errorf("catchup: %s: %w", r, err))
+		return fabric.Page{}, outcomeRejected, fmt.Errorf("catchup: %s: %w", r, err)
 	}
 	if c.cfg.Secret != "" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Secret)
@@ -75,16 +123,11 @@ func (c *Client) do(ctx context.Context, r request, canFallBack bool) (fabric.Pa
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
-			return fabric.Page{}, outcomeCanceled, backoff.Permanent(err)
+			return fabric.Page{}, outcomeCanceled, fmt.Errorf("catchup: %s: %w", r, err)
 		case actx.Err() != nil:
-			return fabric.Page{}, outcomeRetry, &sourceError{"timeout", fmt.Errorf("catchup: %s: %w", r, err)}
+			return fabric.Page{}, outcomeRetry, &sourceError{causeTimeout, fmt.Errorf("catchup: %s: no answer within %v: %w", r, timeout, err)}
 		}
-		se := &sourceError{"unreachable", fmt.Errorf("catchup: %s: %w", r, err)}
-		var op *net.OpError
-		if canFallBack && errors.As(err, &op) && op.Op == "dial" {
-			return fabric.Page{}, outcomeRetry, backoff.Permanent(se)
-		}
-		return fabric.Page{}, outcomeRetry, se
+		return fabric.Page{}, outcomeRetry, &sourceError{causeUnreachable, fmt.Errorf("catchup: %s: %w", r, err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -101,25 +144,24 @@ func (c *Client) do(ctx context.Context, r request, canFallBack bool) (fabric.Pa
 		err := fmt.Errorf("catchup: %s: status %d: %s", r, resp.StatusCode, reason)
 		switch code := resp.StatusCode; {
 		case code == http.StatusGone:
-			return fabric.Page{}, outcomeGone, backoff.Permanent(&sourceError{"gone", fmt.Errorf("%w: %w", fabric.ErrGone, err)})
+			return fabric.Page{}, outcomeGone, &sourceError{causeGone, fmt.Errorf("%w: %w", fabric.ErrGone, err)}
 		case code == http.StatusTooManyRequests:
-			return fabric.Page{}, outcomeRetry, &sourceError{"status_429", err}
+			return fabric.Page{}, outcomeRetry, &sourceError{causeStatus429, err}
 		case code >= 500:
-			return fabric.Page{}, outcomeRetry, &sourceError{"status_5xx", err}
+			return fabric.Page{}, outcomeRetry, &sourceError{causeStatus5xx, err}
 		default:
-			return fabric.Page{}, outcomeRejected, backoff.Permanent(&sourceError{"status_4xx", err})
+			return fabric.Page{}, outcomeRejected, &sourceError{causeStatus4xx, err}
 		}
 	}
 	p, err := c.decode(resp, r)
 	if err != nil {
-		if ctx.Err() != nil {
-			return fabric.Page{}, outcomeCanceled, backoff.Permanent(err)
+		switch {
+		case ctx.Err() != nil:
+			return fabric.Page{}, outcomeCanceled, fmt.Errorf("catchup: %s: %w", r, err)
+		case actx.Err() != nil:
+			return fabric.Page{}, outcomeRetry, &sourceError{causeTimeout, fmt.Errorf("catchup: %s: page not read within %v: %w", r, timeout, err)}
 		}
-		cause := "bad_page"
-		if actx.Err() != nil {
-			cause = "timeout"
-		}
-		return fabric.Page{}, outcomeRetry, &sourceError{cause, fmt.Errorf("catchup: %s: %w", r, err)}
+		return fabric.Page{}, outcomeRetry, &sourceError{causeBadPage, fmt.Errorf("catchup: %s: %w", r, err)}
 	}
 	return p, outcomeOK, nil
 }

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
@@ -22,8 +21,10 @@ import (
 
 // Client defaults.
 const (
+	DefaultSourceTimeout    = 2 * time.Second
 	DefaultRequestTimeout   = 10 * time.Second
 	DefaultRetries          = 3
+	DefaultSourceCooldown   = 5 * time.Second
 	DefaultPerSourceLimit   = 4
 	DefaultMaxResponseBytes = 256 << 20
 )
@@ -46,13 +47,36 @@ type ClientConfig struct {
 	// transport keeps PerSourceLimit idle connections per source; Close
 	// releases them.
 	HTTPClient *http.Client
-	// RequestTimeout bounds one HTTP attempt [10 s].
+	// SourceTimeout bounds one HTTP attempt against a source instance,
+	// from waiting for a slot under PerSourceLimit to the last byte of the
+	// body [2 s]; zero means the default. It must cover the largest page a
+	// healthy source sends. Whatever its value, an attempt never takes
+	// more than half of what remains of the page's budget (see
+	// RequestTimeout), so the fallback or a retry keeps the other half.
+	SourceTimeout time.Duration
+	// RequestTimeout bounds one whole page read: every HTTP attempt, the
+	// delays between them and the fallback read [10 s]; zero means the
+	// default. A caller's earlier deadline wins. (It used to bound one
+	// attempt; SourceTimeout does that now.)
 	RequestTimeout time.Duration
-	// Retries is the number of HTTP attempts per page, the first included
-	// [3].
+	// Retries is the number of HTTP attempts per page, the first included,
+	// for a stream without a Fallback: ephemeral, or durable with none
+	// [3]. The delays between attempts follow Backoff; no retry starts
+	// with less than 100 ms of the page's budget left, so the caller gets
+	// the source's error before its deadline. A stream with a
+	// Fallback makes one attempt and then reads the fallback: PostgreSQL
+	// has the rows, and retrying a failed source would only delay them
+	// (net/http already resends a GET that failed on a stale pooled
+	// connection).
 	Retries int
 	// Backoff is the delay between attempts.
 	Backoff fabric.BackoffConfig
+	// SourceCooldown is how long a source that just timed out or was
+	// unreachable is skipped by streams with a Fallback, which read the
+	// fallback at once instead of paying a timeout per page [5 s]; zero
+	// means the default, negative means never skip. Streams without a
+	// fallback keep trying it, and a page it serves ends its cooldown.
+	SourceCooldown time.Duration
 	// PerSourceLimit bounds the concurrent requests to one source URL, so
 	// that every reader catching up at once after a Redis restart does not
 	// stampede one instance [4].
@@ -63,9 +87,11 @@ type ClientConfig struct {
 	// MaxResponseBytes bounds one page's body [256 MiB].
 	MaxResponseBytes int64
 	// Fallback serves durable streams, by stream name, when the source
-	// instance has no URL or fails (unreachable, timing out, answering 5xx
-	// after the retries, or any answer but a page). Usually a SQLSource on
-	// the stream's table. Ephemeral streams have no fallback.
+	// instance has no URL, is cooling down (SourceCooldown), or fails its
+	// one attempt: refused or unreachable, timing out (stalling mid-body
+	// included), answering 5xx, 429, 410 or anything but a good page.
+	// Usually a SQLSource on the stream's table. Ephemeral streams have no
+	// fallback.
 	Fallback map[string]Source
 	// Registerer receives the metrics; nil means a private registry.
 	// Clients sharing a registerer share their series.
@@ -86,6 +112,9 @@ type Client struct {
 	flights singleflight.Group
 	bufs    bufPool // read buffers of streamed pages
 
+	cool   *expiring // source URLs skipped by streams with a fallback
+	warned *expiring // fallback warnings logged recently, by source, stream and cause
+
 	mu   sync.Mutex
 	sems map[string]*sourceSem
 }
@@ -101,7 +130,11 @@ type sourceSem struct {
 
 // NewClient builds a Client; invalid values fall back to the defaults.
 func NewClient(cfg ClientConfig) *Client {
+	cfg.SourceTimeout = cmp(cfg.SourceTimeout, DefaultSourceTimeout)
 	cfg.RequestTimeout = cmp(cfg.RequestTimeout, DefaultRequestTimeout)
+	if cfg.SourceCooldown == 0 {
+		cfg.SourceCooldown = DefaultSourceCooldown
+	}
 	cfg.Retries = cmp(cfg.Retries, DefaultRetries)
 	cfg.PerSourceLimit = cmp(cfg.PerSourceLimit, DefaultPerSourceLimit)
 	cfg.Limit = cmp(cfg.Limit, DefaultLimit)
@@ -114,7 +147,8 @@ func NewClient(cfg ClientConfig) *Client {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	c := &Client{cfg: cfg, log: log, m: newClientMetrics(reg), hc: cfg.HTTPClient, sems: map[string]*sourceSem{}}
+	c := &Client{cfg: cfg, log: log, m: newClientMetrics(reg), hc: cfg.HTTPClient, sems: map[string]*sourceSem{},
+		cool: newExpiring(maxExpiring), warned: newExpiring(maxExpiring)}
 	if c.hc == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = cfg.PerSourceLimit
@@ -169,8 +203,10 @@ func (r request) String() string {
 }
 
 // FetchPage implements fabric.Fetcher: one page of f's range, from f.URL,
-// or from the stream's Fallback when there is no URL or the source fails.
-// For an ephemeral stream a 410 answers an error wrapping fabric.ErrGone.
+// or from the stream's Fallback when there is no URL or the source fails
+// or is cooling down; see ClientConfig for the timeouts and retries. For
+// an ephemeral stream a 410 answers an error wrapping fabric.ErrGone at
+// once.
 //
 // A durable stream's rows are asked for by writer name (any instance can
 // answer from PostgreSQL); an ephemeral stream's by the writer's instance
@@ -230,73 +266,4 @@ func (c *Client) page(ctx context.Context, r request) (fabric.Page, error) {
 		}
 		return fabric.Page{}, err
 	}
-}
-
-// fetch reads one page from the source, falling back when it may.
-func (c *Client) fetch(ctx context.Context, r request) (fabric.Page, error) {
-	var fb Source
-	if !r.ephemeral {
-		fb = c.cfg.Fallback[r.stream]
-	}
-	if r.url == "" {
-		if fb != nil {
-			return c.fallback(ctx, r, fb, "no_url", nil)
-		}
-		return fabric.Page{}, fmt.Errorf("catchup: %s: the source has no URL and the stream no fallback", r)
-	}
-	p, err := c.fetchHTTP(ctx, r, fb != nil)
-	switch {
-	case err == nil:
-		return p, nil
-	case ctx.Err() != nil:
-		return p, err
-	case errors.Is(err, fabric.ErrGone) && r.ephemeral:
-		return p, err
-	case fb != nil:
-		return c.fallback(ctx, r, fb, causeOf(err), err)
-	case errors.Is(err, fabric.ErrGone):
-		// A durable range is never gone: resetting the reader would be
-		// wrong, so this is an ordinary failure.
-		return p, fmt.Errorf("catchup: %s: source answered 410 for a durable stream: %s", r, err.Error())
-	}
-	return p, err
-}
-
-// fallback reads the page from fb.
-func (c *Client) fallback(ctx context.Context, r request, fb Source, cause string, srcErr error) (fabric.Page, error) {
-	c.m.fallbacks.WithLabelValues(r.stream, cause).Inc()
-	if srcErr != nil {
-		c.log.Warn("catch-up source failed, reading the fallback", "stream", r.stream, "writer", r.writer,
-			"from", r.from, "to", r.to, "url", r.url, "cause", cause, "err", srcErr)
-	}
-	rows, upto, err := fb.Updates(ctx, r.writer, r.from, r.to, r.limit)
-	if err == nil {
-		err = checkPage(rows, r.from, r.to, upto, r.limit)
-	}
-	if err == nil && upto <= r.from {
-		err = broken("no progress past %d", r.from) // r.from < r.to here
-	}
-	if err != nil {
-		c.m.requests.WithLabelValues(r.stream, outcomeFailed).Inc()
-		if srcErr != nil {
-			return fabric.Page{}, fmt.Errorf("catchup: %s: fallback: %w (source: %w)", r, err, srcErr)
-		}
-		return fabric.Page{}, fmt.Errorf("catchup: %s: fallback: %w", r, err)
-	}
-	c.m.requests.WithLabelValues(r.stream, outcomeFallback).Inc()
-	c.m.rows.WithLabelValues(r.stream, "fallback").Add(float64(len(rows)))
-	return fabric.Page{Rows: rows, Upto: upto}, nil
-}
-
-// fetchHTTP reads the page from the source instance with retries.
-// canFallBack makes an unreachable source final at once: PostgreSQL has the
-// rows, and a refused connection will not be accepted 100 ms later.
-func (c *Client) fetchHTTP(ctx context.Context, r request, canFallBack bool) (fabric.Page, error) {
-	b := backoff.WithContext(backoff.WithMaxRetries(c.cfg.Backoff.NewBackOff(), uint64(c.cfg.Retries-1)), ctx)
-	return backoff.RetryNotifyWithData(func() (fabric.Page, error) {
-		return c.attempt(ctx, r, canFallBack)
-	}, b, func(err error, d time.Duration) {
-		c.log.Debug("catch-up attempt failed, retrying", "stream", r.stream, "writer", r.writer,
-			"from", r.from, "to", r.to, "url", r.url, "in", d, "err", err)
-	})
 }

@@ -137,7 +137,7 @@ func TestClientSingleflight(t *testing.T) {
 		<-gate
 		return true
 	})
-	c := newTestClient(t, ClientConfig{})
+	c := newTestClient(t, ClientConfig{SourceTimeout: time.Minute, RequestTimeout: 3 * time.Minute}) // the test opens the gate
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
 	for range callers {
@@ -226,7 +226,7 @@ func TestClientPerSourceLimit(t *testing.T) {
 	})
 	// Another source is not held up by the first one's limit.
 	other, otherCh := startServer(t, map[string]Source{"events": src}, nil)
-	c := newTestClient(t, ClientConfig{PerSourceLimit: limit})
+	c := newTestClient(t, ClientConfig{PerSourceLimit: limit, SourceTimeout: time.Minute, RequestTimeout: 3 * time.Minute})
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
 	for i := range callers {
@@ -343,18 +343,20 @@ func TestClientFallback(t *testing.T) {
 			t.Fatal("no URL, no fallback: no error")
 		}
 	})
-	t.Run("5xx after retries", func(t *testing.T) {
+	t.Run("5xx at once", func(t *testing.T) {
 		hs, ch := startServer(t, map[string]Source{"events": newMemSource(nil)}, func(n int64, w http.ResponseWriter, r *http.Request) bool {
 			writeError(w, 503, "database down", "")
 			return false
 		})
-		c := newTestClient(t, ClientConfig{Retries: 2, Fallback: map[string]Source{"events": fb}})
+		// Retries is for streams without a fallback: this one reads the
+		// fallback after the first 503.
+		c := newTestClient(t, ClientConfig{Retries: 3, Fallback: map[string]Source{"events": fb}})
 		p, err := c.FetchPage(ctx, fetch(hs.URL, "events", "w1", 0, 10))
 		if err != nil || len(p.Rows) != 3 {
 			t.Fatalf("%+v %v", p, err)
 		}
-		if n := ch.n.Load(); n != 2 {
-			t.Fatalf("%d requests before falling back, want 2", n)
+		if n := ch.n.Load(); n != 1 {
+			t.Fatalf("%d requests before falling back, want 1", n)
 		}
 		if got := value(t, c.m.fallbacks.WithLabelValues("events", "status_5xx")); got != 1 {
 			t.Fatalf("fallbacks counted %v", got)
@@ -445,13 +447,13 @@ func TestClientTimeout(t *testing.T) {
 		return false
 	})
 	fb := newMemSource(map[string][]fabric.Row{"w1": rowsAt(1)})
-	c := newTestClient(t, ClientConfig{RequestTimeout: 50 * time.Millisecond, Retries: 2, Fallback: map[string]Source{"events": fb}})
+	c := newTestClient(t, ClientConfig{SourceTimeout: 50 * time.Millisecond, Retries: 2, Fallback: map[string]Source{"events": fb}})
 	p, err := c.FetchPage(context.Background(), fetch(hs.URL, "events", "w1", 0, 1))
 	if err != nil || len(p.Rows) != 1 {
 		t.Fatalf("%+v %v", p, err)
 	}
-	if n := ch.n.Load(); n != 2 {
-		t.Fatalf("%d attempts, want 2", n)
+	if n := ch.n.Load(); n != 1 {
+		t.Fatalf("%d attempts, want 1 (then the fallback)", n)
 	}
 	if got := value(t, c.m.fallbacks.WithLabelValues("events", "timeout")); got != 1 {
 		t.Fatalf("timeout fallbacks %v", got)

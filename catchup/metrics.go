@@ -55,6 +55,7 @@ const (
 	outcomeRetry    = "retryable" // 5xx, 429, network error, bad body
 	outcomeRejected = "rejected"  // other 4xx: not retried
 	outcomeCanceled = "canceled"  // the caller gave up
+	outcomeBusy     = "busy"      // no slot of PerSourceLimit in time
 	outcomeFallback = "fallback"  // rows read from the fallback Source
 	outcomeFailed   = "fallback_failed"
 )
@@ -64,7 +65,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name: "client_requests_total", Help: "Catch-up page reads, by stream and outcome (HTTP attempts and fallback reads)."}, []string{"stream", "outcome"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-			Name: "client_fallbacks_total", Help: "Pages read from the fallback Source instead of the source instance, by stream and cause."}, []string{"stream", "cause"}),
+			Name: "client_fallbacks_total", Help: "Pages read from the fallback Source instead of the source instance, by stream and cause (no_url, cooldown, or the source's failure)."}, []string{"stream", "cause"}),
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name: "client_rows_total", Help: "Positions fetched, by stream and source (http or fallback)."}, []string{"stream", "source"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
