@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,13 +46,30 @@ const (
 // writer owns every room's typing.
 const typingPrefix = "typing/"
 
-// ShutdownTimeout bounds a graceful stop: drain, seal, BYE.
-const ShutdownTimeout = 20 * time.Second
+// A graceful stop runs in phases, each with its own budget, so that one
+// slow phase cannot eat the next one's time (a shared deadline once let
+// long-polls use it all, and the seal was skipped):
+//
+//  1. stop taking requests: the listener closes, every long-poll returns
+//     at once with what it has, requests in flight finish; meanwhile the
+//     queues drain (StopRequests);
+//  2. seal this instance's writer, so its successor need not wait for the
+//     lease, and announce it (StopSeal);
+//  3. BYE, flushed to Redis before the node returns (the link's own bound,
+//     500 ms).
+const (
+	StopRequests = time.Second
+	StopSeal     = 500 * time.Millisecond
+)
 
-// Run serves one instance until ctx ends, then shuts down gracefully:
-// stop taking requests, drain the queues, seal this instance's writer,
-// say BYE. ready, if not nil, is called with the listening address once
-// the HTTP server listens.
+// waitingLogEvery paces the WARN line of a process waiting for its name.
+const waitingLogEvery = 10 * time.Second
+
+// Run serves one instance until ctx ends, then stops gracefully (see the
+// phases above). ready, if not nil, is called with the listening address
+// once the HTTP server listens, which it does from the start: a process
+// waiting for its writer name answers /healthz and says on /readyz and
+// /status what it waits for.
 func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr string)) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -62,27 +80,85 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 		return err
 	}
 	log = log.With("instance", inst)
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
+	}
+	wait := &waitingPage{cfg: cfg, inst: inst, role: role}
+	var handler switchHandler
+	handler.set(wait)
+	srv := catchup.NewHTTPServer(cfg.HTTPAddr, &handler)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	r := &runner{cfg: cfg, role: role, inst: inst, log: log, srv: srv, handler: &handler, wait: wait}
+	err = r.run(ctx)
+	if r.stopped.CompareAndSwap(false, true) { // never got to serve: nothing to drain
+		_ = srv.Close()
+	}
+	if serr := <-serveErr; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = fmt.Errorf("app: http: %w", serr)
+	}
+	log.Info("instance stopped")
+	return err
+}
+
+// switchHandler serves the waiting page until the instance runs.
+type switchHandler struct{ h atomic.Pointer[http.Handler] }
+
+func (s *switchHandler) set(h http.Handler)                              { s.h.Store(&h) }
+func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { (*s.h.Load()).ServeHTTP(w, r) }
+
+// runner is one instance's run: what it built, to stop it in order.
+type runner struct {
+	cfg     instance.Config
+	role    string
+	inst    string
+	log     *slog.Logger
+	srv     *http.Server
+	handler *switchHandler
+	wait    *waitingPage
+	stopped atomic.Bool // the HTTP server was shut down
+}
+
+func (r *runner) run(ctx context.Context) error {
+	cfg, log, inst := r.cfg, r.log, r.inst
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := prepareSchema(ctx, pool, role, log); err != nil {
+	if err := prepareSchema(ctx, pool, r.role, log); err != nil {
 		return err
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// The writer name first: its epoch goes into every line this instance
+	// publishes, and readers follow only the highest epoch of a name.
 	self := ""
 	var lease *streams.Lease
+	var epoch int64
 	if cfg.WritesEvents() {
 		self = cfg.Name
 		log.Info("claiming writer name", "name", cfg.Name)
-		lease, err = streams.Claim(ctx, pool, cfg.Name, inst, streams.LeaseConfig{TTL: cfg.LeaseTTL, Wait: true, Streams: []streams.Config{rooms.EventsConfig}})
+		lease, err = r.claim(ctx, pool)
 		if err != nil {
+			if ctx.Err() != nil {
+				log.Info("stopped while waiting for the writer name", "err", err)
+				return nil
+			}
 			return err
 		}
+		epoch = lease.Epoch()
+	} else if cfg.WritesTyping() {
+		if epoch, err = streams.ClaimName(ctx, pool, cfg.Name, inst, cfg.Advertise()); err != nil {
+			return err
+		}
+		log.Info("took typing writer name", "name", cfg.Name, "epoch", epoch)
 	}
 	gen, err := streams.Open(ctx, pool, rooms.EventsConfig, self)
 	if err != nil {
@@ -110,31 +186,31 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 
 	live := rooms.NewLive()
 	node, err := fabric.New(fabric.Config{
-		Instance:         inst,
-		Cluster:          cfg.Cluster,
-		RedisURL:         cfg.RedisURL,
-		Secret:           cfg.Secret, // signs every command on the channel
-		Hello:            wire.Hello{Name: cfg.Name, Role: role, URL: cfg.Advertise(), Version: Version},
-		Streams:          []core.StreamSpec{{Name: rooms.EventsStream, Start: gen.PersistedUpto()}, {Name: rooms.TypingStream, Ephemeral: true}},
-		Generators:       []*streams.Generator{gen},
-		Ephemeral:        ephemeral,
-		Handler:          live,
-		Fetcher:          cuClient,
-		AnnounceInterval: cfg.AnnounceInterval,
-		Registerer:       reg,
-		Logger:           log,
+		Instance:          inst,
+		Cluster:           cfg.Cluster,
+		RedisURL:          cfg.RedisURL,
+		Secret:            cfg.Secret, // signs every command on the channel
+		Epoch:             uint64(epoch),
+		Hello:             wire.Hello{Name: cfg.Name, Role: r.role, URL: cfg.Advertise(), Version: Version},
+		Streams:           []core.StreamSpec{{Name: rooms.EventsStream, Start: gen.PersistedUpto()}, {Name: rooms.TypingStream, Ephemeral: true}},
+		Generators:        []*streams.Generator{gen},
+		Ephemeral:         ephemeral,
+		Handler:           live,
+		Fetcher:           cuClient,
+		AnnounceInterval:  cfg.AnnounceInterval,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		Registerer:        reg,
+		Logger:            log,
 	})
 	if err != nil {
 		return err
 	}
 
-	// Sharded work: rooms on their event writer, typing on the typing writer.
+	// Sharded work: rooms on their event writer, typing on the typing
+	// writer, found through the writer registry.
+	hold := newHolders(pool, node, max(cfg.AnnounceInterval, 250*time.Millisecond))
 	eventsMap, _ := instance.NewShardMap(cfg.EventWriters)
 	typingMap, _ := instance.NewShardMap([]string{cfg.TypingWriter})
-	resolve := func(name string) (string, bool) {
-		p, ok := node.PeerByName(name)
-		return p.URL, ok && p.URL != ""
-	}
 	var eventsQ, typingQ *shard.Queue
 	var tw *rooms.TypingWriter
 	if cfg.WritesEvents() {
@@ -165,16 +241,16 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 	if err != nil {
 		return err
 	}
-	eventsFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesEvents()), Map: eventsMap, Local: eventsQ, Resolve: resolve, Secret: cfg.Secret,
+	eventsFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesEvents()), Map: eventsMap, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log})
 	defer eventsFwd.Close()
-	typingFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Map: typingMap, Local: typingQ, Resolve: resolve, Secret: cfg.Secret,
+	typingFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log})
 	defer typingFwd.Close()
 	svc := rooms.NewService(rooms.Config{Pool: pool, Events: gen, Node: node, Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriters: cfg.EventWriters, TypingWriter: cfg.TypingWriter, Logger: log})
 
-	status := &statusPage{cfg: cfg, inst: inst, role: role, node: node, pool: pool, gen: gen, queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}}
+	status := &statusPage{cfg: cfg, inst: inst, role: r.role, node: node, pool: pool, gen: gen, queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}}
 	mux := http.NewServeMux()
 	svc.Routes(mux)
 	mux.Handle("/_weft/v1/streams/", cuServer)
@@ -184,11 +260,6 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", status.readyz)
 	mux.HandleFunc("GET /status", status.serve)
-	srv := catchup.NewHTTPServer(cfg.HTTPAddr, instrument(mux, reg))
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
-	}
 
 	// Everything below runs until ctx ends; the node outlives the rest so
 	// the last positions, the seal and the BYE go out.
@@ -197,8 +268,13 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	var wg sync.WaitGroup
+	defer wg.Wait()
 	errs := make(chan error, 8)
-	wg.Go(func() { errs <- wrap("fabric", node.Run(nodeCtx)) })
+	nodeDone := make(chan struct{})
+	wg.Go(func() {
+		defer close(nodeDone)
+		errs <- wrap("fabric", node.Run(nodeCtx))
+	})
 	for name, q := range map[string]*shard.Queue{"events": eventsQ, "typing": typingQ} {
 		if q != nil {
 			wg.Go(func() { errs <- wrap(name+" queue", q.Run(workCtx)) })
@@ -214,30 +290,26 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 				errs <- fmt.Errorf("app: writer lease lost, restart to claim it again: %w", err)
 			}
 		})
+		if p := lease.Predecessor(); p != nil {
+			// Claim sealed the previous holder: tell the readers now.
+			announce(nodeCtx, node, p)
+		}
 	}
 	if tw != nil {
 		wg.Go(func() { tw.Expire(workCtx, 100*time.Millisecond) })
 	}
-	if role == RoleMaster {
+	wg.Go(func() { refreshHolders(workCtx, hold, cfg.AnnounceInterval) })
+	if r.role == RoleMaster {
 		wg.Go(func() {
 			streams.SealLoop(workCtx, pool, []streams.Config{rooms.EventsConfig}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
-				log.Warn("sealed a writer whose lease expired", "writer", s.Name, "instance", s.Instance, "final", s.Final)
-				for stream, pos := range s.Final {
-					node.AnnounceSealed(nodeCtx, stream, s.Instance, pos)
-				}
+				log.Warn("sealed a writer whose lease expired", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
+				announce(nodeCtx, node, s)
 			})
 		})
 	}
-	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errs <- fmt.Errorf("app: http: %w", err)
-		}
-	})
-	log.Info("instance started", "role", role, "name", cfg.Name, "http", ln.Addr().String(), "advertise", cfg.Advertise(),
-		"writes_events", cfg.WritesEvents(), "writes_typing", cfg.WritesTyping())
-	if ready != nil {
-		ready(ln.Addr().String())
-	}
+	r.handler.set(instrument(mux, reg))
+	log.Info("instance started", "role", r.role, "name", cfg.Name, "http", r.cfg.HTTPAddr, "advertise", cfg.Advertise(),
+		"writes_events", cfg.WritesEvents(), "writes_typing", cfg.WritesTyping(), "epoch", epoch)
 
 	var runErr error
 	select {
@@ -245,9 +317,10 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 	case runErr = <-errs:
 		log.Error("component failed, shutting down", "err", runErr)
 	}
-	shutdown(log, srv, eventsQ, typingQ, lease, node, nodeCtx)
+	r.stop(svc, eventsQ, typingQ, lease, node)
 	stopWork()
 	stopNode()
+	<-nodeDone
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -255,30 +328,84 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 			runErr = err
 		}
 	}
-	log.Info("instance stopped")
 	return runErr
 }
 
-// shutdown: stop taking requests, finish queued work, seal our writer so
-// nobody waits for its lease, then (when the caller stops the node) BYE.
-func shutdown(log *slog.Logger, srv *http.Server, eventsQ, typingQ *shard.Queue, lease *streams.Lease, node *fabric.Node, nodeCtx context.Context) {
-	ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
-		log.Warn("http shutdown", "err", err)
-	}
+// claim takes the writer name, waiting for a live holder to go; while it
+// waits, the waiting page and a periodic WARN say who holds it.
+func (r *runner) claim(ctx context.Context, pool *pgxpool.Pool) (*streams.Lease, error) {
+	var lastLog time.Time
+	return streams.Claim(ctx, pool, r.cfg.Name, r.inst, streams.LeaseConfig{TTL: r.cfg.LeaseTTL, Wait: true, URL: r.cfg.Advertise(),
+		Streams: []streams.Config{rooms.EventsConfig},
+		OnWait: func(holder string, epoch int64, until time.Time) {
+			r.wait.set(holder, epoch, until)
+			if time.Since(lastLog) >= waitingLogEvery {
+				lastLog = time.Now()
+				r.log.Warn("another instance holds this writer name; waiting for it to stop or its lease to expire",
+					"name", r.cfg.Name, "holder", holder, "holder_epoch", epoch, "lease_until", until, "since", r.wait.get().Since)
+			}
+		}})
+}
+
+// stop runs the first two phases of a graceful stop; the caller then stops
+// the node, which says BYE.
+func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue, lease *streams.Lease, node *fabric.Node) {
+	start := time.Now()
+	log := r.log
+	// 1. Requests and queues, in parallel, on one budget.
+	ctx, cancel := context.WithTimeout(context.Background(), StopRequests)
+	var wg sync.WaitGroup
+	r.stopped.Store(true)
+	svc.Close() // long-polls answer now, with what they have
+	wg.Go(func() {
+		if err := r.srv.Shutdown(ctx); err != nil {
+			log.Warn("stop: requests still running after the budget; closing their connections", "budget", StopRequests, "err", err)
+			_ = r.srv.Close()
+		}
+	})
 	for _, q := range []*shard.Queue{eventsQ, typingQ} {
 		if q != nil {
-			if err := q.Drain(ctx); err != nil {
-				log.Warn("drain", "err", err)
-			}
+			wg.Go(func() {
+				if err := q.Drain(ctx); err != nil {
+					log.Warn("stop: queue not drained within the budget", "budget", StopRequests, "err", err)
+				}
+			})
 		}
 	}
+	wg.Wait()
+	cancel()
+	// 2. Seal the own writer and announce it.
 	if lease != nil {
-		if err := lease.Release(ctx, []streams.Config{rooms.EventsConfig}); err != nil {
-			log.Warn("sealing own writer", "err", err)
+		ctx, cancel := context.WithTimeout(context.Background(), StopSeal)
+		err := lease.Release(ctx, []streams.Config{rooms.EventsConfig})
+		cancel()
+		if err != nil {
+			log.Warn("stop: sealing own writer failed; its successor waits for the lease to expire", "err", err)
 		} else {
-			log.Info("sealed own writer", "name", lease.Name())
+			log.Info("stop: sealed own writer", "name", lease.Name(), "final", lease.Released().Final)
+			announce(context.Background(), node, lease.Released())
+		}
+	}
+	log.Info("stop: requests ended and writer sealed; saying BYE", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// announce tells the cluster a seal's final positions.
+func announce(ctx context.Context, node *fabric.Node, s *streams.Sealed) {
+	for stream, pos := range s.Final {
+		node.AnnounceSealed(ctx, stream, s.Instance, pos)
+	}
+}
+
+// refreshHolders keeps the writer registry read at the announce pace.
+func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		_ = h.refresh(ctx) // a failed read keeps the last one
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

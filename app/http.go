@@ -10,13 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/shard"
-	"github.com/weft-dev/weft/streams"
 )
 
 // newShardServer is the owner end for one kind of sharded work; nil when
@@ -90,85 +87,3 @@ func (s *statusRecorder) Flush() {
 	}
 }
 
-// statusPage serves /readyz and /status.
-type statusPage struct {
-	cfg    instance.Config
-	inst   string
-	role   string
-	node   *fabric.Node
-	pool   *pgxpool.Pool
-	gen    *streams.Generator
-	queues map[string]*shard.Queue
-}
-
-func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
-	if !s.node.Ready() {
-		http.Error(w, "not ready: not established or catching up", http.StatusServiceUnavailable)
-		return
-	}
-	_, _ = w.Write([]byte("ready\n"))
-}
-
-// Status is the /status document.
-type Status struct {
-	Instance      string                 `json:"instance"`
-	Name          string                 `json:"name"`
-	Role          string                 `json:"role"`
-	Version       string                 `json:"version"`
-	URL           string                 `json:"url"`
-	Ready         bool                   `json:"ready"`
-	Established   bool                   `json:"established"`
-	PersistedUpto int64                  `json:"persisted_upto"`
-	Token         string                 `json:"token"`
-	Streams       []StreamView           `json:"streams"`
-	Peers         map[string]fabric.Peer `json:"peers"`
-	Writers       []WriterStatus         `json:"writers,omitempty"`
-	QueueDepth    map[string]int         `json:"queue_depth"`
-}
-
-// StreamView is one writer of one stream as this instance sees it.
-type StreamView struct {
-	Stream    string `json:"stream"`
-	Writer    string `json:"writer"`
-	Instance  string `json:"instance,omitempty"`
-	Position  int64  `json:"position"`
-	Announced int64  `json:"announced"`
-	Lag       int64  `json:"lag"`
-	Catching  bool   `json:"catching_up"`
-}
-
-// WriterStatus is a writer name's registration.
-type WriterStatus struct {
-	Name       string    `json:"name"`
-	Instance   string    `json:"instance"`
-	LeaseUntil time.Time `json:"lease_until"`
-	Sealed     bool      `json:"sealed"`
-	Epoch      int64     `json:"epoch"`
-}
-
-func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
-	ns := s.node.Status()
-	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, URL: s.cfg.Advertise(),
-		Ready: ns.Ready, Established: ns.Established, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
-		Peers: ns.Peers, QueueDepth: map[string]int{}}
-	for _, v := range ns.Views {
-		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
-			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, Catching: v.Catching})
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if rows, err := streams.Writers(ctx, s.pool); err == nil {
-		for _, row := range rows {
-			st.Writers = append(st.Writers, WriterStatus{Name: row.Name, Instance: row.Instance, LeaseUntil: row.LeaseUntil, Sealed: row.Sealed, Epoch: row.Epoch})
-		}
-	}
-	for name, q := range s.queues {
-		if q != nil {
-			st.QueueDepth[name] = q.Depth()
-		}
-	}
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(st)
-}

@@ -16,20 +16,21 @@ import (
 // value is not valid; defaults come from the flag definitions, which point
 // at Redis and PostgreSQL on 127.0.0.1.
 type Config struct {
-	Cluster          string        `help:"Cluster name; the Redis channel is weft:<cluster>." env:"WEFT_CLUSTER" default:"weft"`
-	RedisURL         string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH)." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
-	DatabaseURL      string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
-	HTTPAddr         string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
-	AdvertiseURL     string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
-	Name             string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
-	Secret           string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
-	Insecure         bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
-	EventWriters     []string      `name:"event-writers" help:"Writer names that persist room events, in shard order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
-	TypingWriter     string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
-	AnnounceInterval time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
-	LeaseTTL         time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by a survivor." env:"WEFT_LEASE_TTL" default:"10s"`
-	LogFormat        string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
-	LogLevel         string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
+	Cluster           string        `help:"Cluster name; the Redis channel is weft:<cluster>." env:"WEFT_CLUSTER" default:"weft"`
+	RedisURL          string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH)." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
+	DatabaseURL       string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
+	HTTPAddr          string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
+	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
+	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
+	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
+	Insecure          bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
+	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in shard order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
+	TypingWriter      string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
+	AnnounceInterval  time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
+	LeaseTTL          time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by a survivor." env:"WEFT_LEASE_TTL" default:"10s"`
+	HeartbeatInterval time.Duration `name:"heartbeat-interval" help:"Every instance announces itself this often; one not heard from for 3 heartbeats is forgotten." env:"WEFT_HEARTBEAT_INTERVAL" default:"5s"`
+	LogFormat         string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
+	LogLevel          string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
 }
 
 // ConfigError names the flag (and its environment variable) at fault.
@@ -84,6 +85,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LeaseTTL < time.Second {
 		return bad("lease-ttl", "WEFT_LEASE_TTL", "%v is below 1s", c.LeaseTTL)
+	}
+	if c.HeartbeatInterval < 100*time.Millisecond || c.HeartbeatInterval > time.Minute {
+		return bad("heartbeat-interval", "WEFT_HEARTBEAT_INTERVAL", "%v: want 100ms to 1m", c.HeartbeatInterval)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return bad("log-format", "WEFT_LOG_FORMAT", "%q: want text or json", c.LogFormat)

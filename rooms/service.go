@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,8 @@ type Service struct {
 	typingWriter string
 	log          *slog.Logger
 	visible      time.Duration
+	closing      chan struct{} // closed by Close: long-polls answer now
+	closeOnce    sync.Once
 }
 
 // apiError is the JSON error body of every 4xx/5xx.
@@ -89,8 +92,13 @@ func NewService(cfg Config) *Service {
 	}
 	return &Service{pool: cfg.Pool, events: cfg.Events, node: cfg.Node, live: cfg.Live,
 		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters,
-		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
+		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout, closing: make(chan struct{})}
 }
+
+// Close makes every long-poll waiting now, and every one that starts from
+// now on, answer at once with what it has (a valid next_batch), so that a
+// graceful stop is not held up by clients waiting for news.
+func (s *Service) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
 
 // Routes registers the client API on mux.
 func (s *Service) Routes(mux *http.ServeMux) {

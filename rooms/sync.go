@@ -137,7 +137,7 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		wait := time.Until(deadline)
-		if len(events) > 0 || wait <= 0 {
+		if len(events) > 0 || wait <= 0 || s.closed() {
 			s.writeSync(w, rooms, events, next)
 			return
 		}
@@ -146,6 +146,7 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-changed:
 		case <-timer.C:
+		case <-s.closing: // answer with what there is
 		case <-ctx.Done():
 			timer.Stop()
 			return
@@ -230,4 +231,14 @@ func (s *Service) beyondStream(ctx context.Context, t streams.Token) (string, er
 		return fmt.Sprintf("token %s is ahead of the stream: position %d was never handed out (the sequence is at %d)", t, m, last), nil
 	}
 	return "", nil
+}
+
+// closed reports whether Close was called.
+func (s *Service) closed() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
 }

@@ -1,0 +1,182 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/streams"
+)
+
+// statusPage serves /readyz and /status.
+type statusPage struct {
+	cfg    instance.Config
+	inst   string
+	role   string
+	node   *fabric.Node
+	pool   *pgxpool.Pool
+	gen    *streams.Generator
+	queues map[string]*shard.Queue
+}
+
+func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.node.Ready() {
+		http.Error(w, "not ready: not established or catching up", http.StatusServiceUnavailable)
+		return
+	}
+	if s.node.Status().Degraded {
+		_, _ = w.Write([]byte("ready (degraded: following positions from PostgreSQL)\n"))
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// Status is the /status document.
+type Status struct {
+	Instance    string `json:"instance"`
+	Name        string `json:"name"`
+	Role        string `json:"role"`
+	Version     string `json:"version"`
+	URL         string `json:"url"`
+	Ready       bool   `json:"ready"`
+	Established bool   `json:"established"`
+	// Degraded: Redis is unreachable (or the connection is being
+	// established again); positions are followed from PostgreSQL, and
+	// Ready says whether that keeps this instance fresh.
+	Degraded      bool                   `json:"degraded"`
+	PersistedUpto int64                  `json:"persisted_upto"`
+	Token         string                 `json:"token"`
+	Streams       []StreamView           `json:"streams"`
+	Peers         map[string]fabric.Peer `json:"peers"`
+	Writers       []WriterStatus         `json:"writers,omitempty"`
+	QueueDepth    map[string]int         `json:"queue_depth"`
+	// Waiting is set while the instance waits for its writer name.
+	Waiting *WaitingStatus `json:"waiting,omitempty"`
+}
+
+// StreamView is one writer of one stream as this instance sees it.
+type StreamView struct {
+	Stream    string `json:"stream"`
+	Writer    string `json:"writer"`
+	Instance  string `json:"instance,omitempty"`
+	Position  int64  `json:"position"`
+	Announced int64  `json:"announced"`
+	Lag       int64  `json:"lag"`
+	Catching  bool   `json:"catching_up"`
+}
+
+// WriterStatus is a writer name's registration.
+type WriterStatus struct {
+	Name       string    `json:"name"`
+	Instance   string    `json:"instance"`
+	URL        string    `json:"url,omitempty"`
+	LeaseUntil time.Time `json:"lease_until"`
+	Sealed     bool      `json:"sealed"`
+	Epoch      int64     `json:"epoch"`
+}
+
+func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
+	ns := s.node.Status()
+	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, URL: s.cfg.Advertise(),
+		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
+		Peers: ns.Peers, QueueDepth: map[string]int{}}
+	for _, v := range ns.Views {
+		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
+			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, Catching: v.Catching})
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if rows, err := streams.Writers(ctx, s.pool); err == nil {
+		for _, row := range rows {
+			st.Writers = append(st.Writers, WriterStatus{Name: row.Name, Instance: row.Instance, URL: row.URL, LeaseUntil: row.LeaseUntil, Sealed: row.Sealed, Epoch: row.Epoch})
+		}
+	}
+	for name, q := range s.queues {
+		if q != nil {
+			st.QueueDepth[name] = q.Depth()
+		}
+	}
+	writeStatus(w, http.StatusOK, st)
+}
+
+func writeStatus(w http.ResponseWriter, code int, st Status) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(st)
+}
+
+// WaitingStatus says what a process that waits for its writer name waits
+// for: a second process started with a name another instance holds.
+type WaitingStatus struct {
+	Name   string    `json:"name"`
+	Holder string    `json:"holder"`
+	Epoch  int64     `json:"epoch"`
+	Until  time.Time `json:"lease_until"`
+	Since  time.Time `json:"since"`
+}
+
+func (w WaitingStatus) String() string {
+	return fmt.Sprintf("waiting for writer name %s held by instance %s (epoch %d, lease until %s) since %s",
+		w.Name, w.Holder, w.Epoch, w.Until.UTC().Format(time.RFC3339), w.Since.UTC().Format(time.RFC3339))
+}
+
+// waitingPage is what the HTTP server answers until the instance holds its
+// writer name and runs: alive, not ready, and saying why.
+type waitingPage struct {
+	cfg  instance.Config
+	inst string
+	role string
+
+	mu sync.Mutex
+	w  *WaitingStatus // nil before the name was found held
+}
+
+func (p *waitingPage) set(holder string, epoch int64, until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.w == nil || p.w.Holder != holder || p.w.Epoch != epoch {
+		p.w = &WaitingStatus{Name: p.cfg.Name, Holder: holder, Epoch: epoch, Since: time.Now()}
+	}
+	p.w.Until = until
+}
+
+func (p *waitingPage) get() *WaitingStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.w == nil {
+		return nil
+	}
+	w := *p.w
+	return &w
+}
+
+func (p *waitingPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	why := "starting"
+	if ws := p.get(); ws != nil {
+		why = ws.String()
+	}
+	switch r.URL.Path {
+	case "/healthz":
+		_, _ = w.Write([]byte("ok\n"))
+	case "/readyz":
+		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+	case "/status":
+		writeStatus(w, http.StatusOK, Status{Instance: p.inst, Name: p.cfg.Name, Role: p.role, Version: Version,
+			URL: p.cfg.Advertise(), Waiting: p.get(), Peers: map[string]fabric.Peer{}, QueueDepth: map[string]int{}})
+	default:
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": "instance not serving yet: " + why})
+	}
+}
