@@ -108,8 +108,10 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 // switchHandler serves the waiting page until the instance runs.
 type switchHandler struct{ h atomic.Pointer[http.Handler] }
 
-func (s *switchHandler) set(h http.Handler)                              { s.h.Store(&h) }
-func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { (*s.h.Load()).ServeHTTP(w, r) }
+func (s *switchHandler) set(h http.Handler) { s.h.Store(&h) }
+func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
 
 // runner is one instance's run: what it built, to stop it in order.
 type runner struct {

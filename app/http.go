@@ -86,4 +86,3 @@ func (s *statusRecorder) Flush() {
 		f.Flush()
 	}
 }
-

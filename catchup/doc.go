@@ -37,5 +37,6 @@
 //
 // A page larger than 64 KiB is streamed (chunked) while the Source is still
 // reading it; if the Source fails after that, the connection is cut and the
-// client sees a failed attempt, which it retries.
+// client sees a failed attempt: it reads the stream's fallback at once, or,
+// for a stream without one, retries the source.
 package catchup
