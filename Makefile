@@ -13,6 +13,7 @@ BENCHTIME ?= 1s
 test:
 	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
 	$(GO) test -count=1 -run '^TestAllocs$$' ./fabric/wire/ # skipped under -race
+	$(GO) test -count=1 -run '^TestServerHeapBounded$$' ./shard/ # skipped under -race
 
 # The chaos scenarios in their long form (more cycles, more load).
 chaos:

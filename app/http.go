@@ -51,7 +51,8 @@ func (p prefixed) Do(ctx context.Context, key string, t shard.Task, idem string)
 	return p.f.Do(ctx, typingPrefix+key, t, idem)
 }
 
-// instrument counts HTTP requests by route pattern and code.
+// instrument counts HTTP requests by route pattern and code, and answers
+// the requests no route takes as JSON.
 func instrument(h *http.ServeMux, reg prometheus.Registerer) http.Handler {
 	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "http",
 		Name: "requests_total", Help: "HTTP requests by route and status code."}, []string{"route", "code"})
@@ -64,12 +65,45 @@ func instrument(h *http.ServeMux, reg prometheus.Registerer) http.Handler {
 		_, pattern := h.Handler(r)
 		if pattern == "" {
 			pattern = "unmatched"
+			unmatched(rec, r, h)
+		} else {
+			h.ServeHTTP(rec, r)
 		}
-		h.ServeHTTP(rec, r)
 		reqs.WithLabelValues(pattern, strconv.Itoa(rec.code)).Inc()
 		dur.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
 	})
 }
+
+// unmatched answers a request no route of mux takes (the mux's 404, or
+// 405 with Allow) with the mux's code and headers, and a JSON error like
+// every other error of the API instead of its plain text.
+func unmatched(w http.ResponseWriter, r *http.Request, mux http.Handler) {
+	probe := &codeOnly{header: w.Header(), code: http.StatusNotFound}
+	mux.ServeHTTP(probe, r)
+	msg := "no such route: " + r.Method + " " + r.URL.Path
+	if probe.code == http.StatusMethodNotAllowed {
+		msg = "method " + r.Method + " not allowed on " + r.URL.Path + "; allowed: " + w.Header().Get("Allow")
+	}
+	if len(msg) > 300 {
+		msg = msg[:300] + "..."
+	}
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(probe.code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// codeOnly keeps a handler's status and headers and drops its body.
+type codeOnly struct {
+	header http.Header
+	code   int
+}
+
+func (c *codeOnly) Header() http.Header         { return c.header }
+func (c *codeOnly) WriteHeader(code int)        { c.code = code }
+func (c *codeOnly) Write(b []byte) (int, error) { return len(b), nil }
 
 type statusRecorder struct {
 	http.ResponseWriter

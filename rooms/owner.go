@@ -3,7 +3,9 @@ package rooms
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -23,6 +25,51 @@ type persistReq struct {
 	Kind     string          `json:"kind"`
 	StateKey *string         `json:"state_key,omitempty"`
 	Content  json.RawMessage `json:"content"`
+}
+
+// persistAns is a persist's answer: what the client is told and what it
+// waits for to read its write, never the event itself. The owner's
+// idempotency table keeps it for every forwarded write, so it stays small.
+type persistAns struct {
+	EventID   string `json:"event_id,omitempty"`
+	StreamPos int64  `json:"stream_pos,omitempty"`
+	Writer    string `json:"writer,omitempty"`
+	// TxnReused: the (sender, txn_id) belongs to an event another request
+	// wrote (another room, kind, state key or content); nothing was
+	// written.
+	TxnReused bool `json:"txn_reused,omitempty"`
+}
+
+// requestDigest is what a persist asks for beyond its (sender, txn_id): the
+// room, kind, state key and content bytes, each length-prefixed.
+//
+// A digest of the bytes, not jsonb equality with the stored content: a
+// forwarded persist reaches the owner's shard.Server first, which refuses
+// a reused idempotency key by a digest of the payload holding these same
+// bytes. Both layers must call the same pairs of requests "the same", or a
+// retry would get a different answer through a worker than on the owner
+// (jsonb equality calls {"a":1,"b":2} and {"b":2,"a":1} the same; the
+// payload digest does not). A retry sends the same request, so the same
+// bytes (the API compacts JSON values, so whitespace does not count). It
+// also compares 32 bytes instead of up to 64 KiB of content.
+func requestDigest(room string, r persistReq) []byte {
+	h := sha256.New()
+	field := func(b []byte) {
+		var n [binary.MaxVarintLen64]byte
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
+		h.Write(b)
+	}
+	field([]byte("rooms.persist.v1"))
+	field([]byte(room))
+	field([]byte(r.Kind))
+	if r.StateKey != nil {
+		field([]byte{1})
+		field([]byte(*r.StateKey))
+	} else {
+		field([]byte{0})
+	}
+	field(r.Content)
+	return h.Sum(nil)
 }
 
 // OwnerExec is the shard.Exec of an event writer: a room's persists and
@@ -57,7 +104,7 @@ func (o *owner) exec(ctx context.Context, room string, tasks []shard.Task) []sha
 			results[i].Err = fmt.Errorf("rooms: persist payload: %w", err)
 		}
 	}
-	events, err := o.persist(ctx, room, reqs, results)
+	answers, err := o.persist(ctx, room, reqs, results)
 	for i := range results {
 		if results[i].Err != nil {
 			continue
@@ -66,15 +113,23 @@ func (o *owner) exec(ctx context.Context, room string, tasks []shard.Task) []sha
 			results[i].Err = err
 			continue
 		}
-		results[i].Value, results[i].Err = json.Marshal(events[i])
+		results[i].Value, results[i].Err = json.Marshal(answers[i])
 	}
 	return results
 }
 
+// newRows is a new event's rows, for the fabric once committed.
+type newRows struct {
+	pos  int64
+	rows json.RawMessage
+}
+
 // persist writes the batch in one transaction, fenced by the writer's
 // lease, and hands the new rows to the fabric before finishing their IDs.
-// A (sender, txn_id) seen before returns the event already stored.
-func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, skip []shard.Result) ([]Event, error) {
+// A (sender, txn_id) seen before writes nothing: the same request is
+// answered with the event stored the first time, another with TxnReused.
+// A failure rolls everything back, so a retry may simply run again.
+func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, skip []shard.Result) ([]persistAns, error) {
 	n := 0
 	for i := range reqs {
 		if skip[i].Err == nil {
@@ -90,8 +145,8 @@ func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, ski
 	}
 	defer a.Finish()
 	ids := a.IDs()
-	events := make([]Event, len(reqs))
-	fresh := make([]bool, len(reqs))
+	answers := make([]persistAns, len(reqs))
+	var fresh []newRows
 	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		if o.lease != nil {
 			if err := o.lease.Fence(ctx, tx); err != nil {
@@ -105,32 +160,27 @@ func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, ski
 			}
 			id := ids[next]
 			next++
+			digest := requestDigest(room, r)
 			ev := Event{EventID: newEventID(), Room: room, Sender: r.Sender, Kind: r.Kind, StateKey: r.StateKey,
 				Content: r.Content, StreamPos: id, Writer: o.gen.Self()}
 			rows, err := json.Marshal([]Event{ev})
 			if err != nil {
 				return err
 			}
-			tag, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, room, event_id, sender, txn_id, kind, state_key, content, rows)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (sender, txn_id) DO NOTHING`,
-				id, ev.Writer, room, ev.EventID, r.Sender, r.TxnID, r.Kind, r.StateKey, r.Content, rows)
+			tag, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, room, event_id, sender, txn_id, kind, state_key, content, rows, request_digest)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (sender, txn_id) DO NOTHING`,
+				id, ev.Writer, room, ev.EventID, r.Sender, r.TxnID, r.Kind, r.StateKey, r.Content, rows, digest)
 			if err != nil {
 				return err
 			}
 			if tag.RowsAffected() == 0 {
-				// A retry: answer with the event stored the first time.
-				var stored json.RawMessage
-				if err := tx.QueryRow(ctx, `SELECT rows FROM events WHERE sender = $1 AND txn_id = $2`, r.Sender, r.TxnID).Scan(&stored); err != nil {
-					return fmt.Errorf("rooms: duplicate txn %s/%s: %w", r.Sender, r.TxnID, err)
+				if answers[i], err = stored(ctx, tx, room, r, digest); err != nil {
+					return err
 				}
-				var evs []Event
-				if err := json.Unmarshal(stored, &evs); err != nil || len(evs) != 1 {
-					return fmt.Errorf("rooms: stored rows of %s/%s: %v", r.Sender, r.TxnID, err)
-				}
-				events[i] = evs[0]
 				continue
 			}
-			events[i], fresh[i] = ev, true
+			answers[i] = persistAns{EventID: ev.EventID, StreamPos: id, Writer: ev.Writer}
+			fresh = append(fresh, newRows{id, rows})
 			if r.Kind == "state" {
 				var value struct {
 					Value json.RawMessage `json:"value"`
@@ -150,13 +200,31 @@ func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, ski
 	if err != nil {
 		return nil, fmt.Errorf("rooms: persist %d events in %s: %w", n, room, err)
 	}
-	for i, ev := range events {
-		if fresh[i] {
-			rows, _ := json.Marshal([]Event{ev})
-			o.node.Rows(ctx, EventsStream, ev.StreamPos, rows)
-		}
+	for _, w := range fresh {
+		o.node.Rows(ctx, EventsStream, w.pos, w.rows)
 	}
-	return events, nil
+	return answers, nil
+}
+
+// stored answers a persist whose (sender, txn_id) is taken: with the event
+// stored then if it is the same request, else TxnReused.
+func stored(ctx context.Context, tx pgx.Tx, room string, r persistReq, digest []byte) (persistAns, error) {
+	var a persistAns
+	var same bool
+	// Rows written before digests were stored compare by value.
+	err := tx.QueryRow(ctx, `SELECT event_id, stream_id, writer,
+			CASE WHEN request_digest IS NULL
+				THEN room = $3 AND kind = $4 AND state_key IS NOT DISTINCT FROM $5 AND content = $6::jsonb
+				ELSE request_digest = $7 END
+		FROM events WHERE sender = $1 AND txn_id = $2`,
+		r.Sender, r.TxnID, room, r.Kind, r.StateKey, r.Content, digest).Scan(&a.EventID, &a.StreamPos, &a.Writer, &same)
+	if err != nil {
+		return persistAns{}, fmt.Errorf("rooms: the event of txn_id %q of %s: %w", r.TxnID, r.Sender, err)
+	}
+	if !same {
+		return persistAns{TxnReused: true}, nil
+	}
+	return a, nil
 }
 
 // recompute rebuilds the room's state from its state events. It runs on

@@ -192,6 +192,13 @@ func (s *Service) postMessage(w http.ResponseWriter, r *http.Request) {
 	case req.TxnID == "" || len(req.TxnID) > 255:
 		badRequest(w, "txn_id", "txn_id is required (1-255 bytes)")
 		return
+	case strings.ContainsRune(req.TxnID, 0):
+		badRequest(w, "txn_id", "txn_id must not contain U+0000")
+		return
+	case strings.ContainsRune(*req.Body, 0):
+		// PostgreSQL cannot store it: refuse it here, not as a failed write.
+		badRequest(w, "body", "body must not contain U+0000")
+		return
 	}
 	content, _ := json.Marshal(map[string]string{"body": *req.Body})
 	s.persist(w, r, room, persistReq{Sender: req.Sender, TxnID: req.TxnID, Kind: "message", Content: content})
@@ -227,26 +234,83 @@ func (s *Service) putState(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "sender", "sender %.64q: want 1-255 of [A-Za-z0-9@:._=-]", req.Sender)
 		return
 	}
-	if req.TxnID == "" {
+	switch {
+	case hasNULEscape(req.Value):
+		badRequest(w, "value", "value must not contain U+0000")
+		return
+	case len(req.TxnID) > 255:
+		badRequest(w, "txn_id", "txn_id: want 1-255 bytes")
+		return
+	case strings.ContainsRune(req.TxnID, 0):
+		badRequest(w, "txn_id", "txn_id must not contain U+0000")
+		return
+	case req.TxnID == "":
 		req.TxnID = randomID()
 	}
 	content, _ := json.Marshal(map[string]json.RawMessage{"value": req.Value})
 	s.persist(w, r, room, persistReq{Sender: req.Sender, TxnID: req.TxnID, Kind: "state", StateKey: &key, Content: content})
 }
 
-// forward runs a task on the key's owner; on failure it answers 503 and
-// reports false.
-func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, key string, t shard.Task, idem string) (json.RawMessage, bool) {
-	res, err := f.Do(r.Context(), key, t, idem)
-	if err == nil {
-		err = res.Err
+// forwarded is a task to run on its key's owner, and how to speak of it
+// to the client.
+type forwarded struct {
+	key  string
+	task shard.Task
+	idem string
+	// what is done and who does it, for messages: "writing the event",
+	// "the owner of room R".
+	what, owner string
+	// reused is the answer when the idempotency key was used for another
+	// request; nil where keys are random.
+	reused *apiError
+}
+
+// forward runs t on its owner. On failure it answers the client and
+// reports false. The answer never carries an internal address or a peer's
+// error text (those are logged), and is the same whichever instance the
+// client asked, the owner included:
+//
+//   - the owner refused the request with a 4xx naming a field of it: the
+//     same code, error and field (a reused idempotency key: t.reused).
+//   - the owner could not be asked or did not answer (no known URL,
+//     refused, timeouts, 5xx after the retries, its queue full or closed),
+//     or the cluster disagrees with itself (not the owner twice, a wrong
+//     secret): 503 with Retry-After, "<owner> is unavailable; retry".
+//   - the task ran on the owner and failed (its 500, or the local
+//     executor's error): 500, "<what> failed on <owner>; retrying is safe".
+//     Safe because a failed persist rolled back, or its commit did land
+//     and the retry finds it by (sender, txn_id); the owner remembers no
+//     failure, so the retry runs again instead of replaying the 500.
+func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t forwarded) (json.RawMessage, bool) {
+	res, err := f.Do(r.Context(), t.key, t.task, t.idem)
+	if err == nil && res.Err == nil {
+		return res.Value, true
 	}
-	if err != nil {
-		s.log.Warn("forwarded task failed", "kind", t.Kind, "key", key, "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
-		return nil, false
+	var rej *shard.RejectedError
+	switch {
+	case err == nil:
+		s.log.Warn("task failed on its owner", "kind", t.task.Kind, "key", t.key, "err", res.Err)
+		writeJSON(w, http.StatusInternalServerError, apiError{Error: t.what + " failed on " + t.owner + "; retrying is safe"})
+	case errors.Is(err, shard.ErrIdempotencyKeyReused) && t.reused != nil:
+		writeJSON(w, http.StatusConflict, *t.reused)
+	case errors.As(err, &rej) && rej.Field != "":
+		s.log.Info("the owner refused a forwarded task", "kind", t.task.Kind, "key", t.key, "err", err)
+		writeJSON(w, rej.Code, apiError{Error: rej.Message, Field: rej.Field})
+	default:
+		level := slog.LevelWarn
+		if r.Context().Err() != nil {
+			level = slog.LevelDebug // the client left; nobody reads the answer
+		}
+		s.log.Log(r.Context(), level, "could not run a task on its owner", "kind", t.task.Kind, "key", t.key, "err", err)
+		unavailable(w, t.owner+" is unavailable; retry")
 	}
-	return res.Value, true
+	return nil, false
+}
+
+// unavailable answers 503: the client should retry shortly.
+func unavailable(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusServiceUnavailable, apiError{Error: msg})
 }
 
 // visibleAt waits until this instance has seen key at pos (read your
@@ -260,28 +324,43 @@ func (s *Service) visibleAt(w http.ResponseWriter, r *http.Request, key core.Key
 	return true
 }
 
+// txnReused is the 409 for a (sender, txn_id) already used by another
+// request: the same from every instance, whichever layer notices.
+func txnReused(req persistReq) *apiError {
+	return &apiError{Error: fmt.Sprintf("txn_id %q was already used by sender %q for a different request", req.TxnID, req.Sender), Field: "txn_id"}
+}
+
 // persist forwards the event to the room's owner, then waits until this
-// instance sees it (read your writes).
+// instance sees it (read your writes). The forwarding idempotency key is
+// derived from (sender, txn_id), so any txn_id the API accepts can be
+// forwarded, and a client's retry through any instance runs once.
 func (s *Service) persist(w http.ResponseWriter, r *http.Request, room string, req persistReq) {
 	payload, _ := json.Marshal(req)
-	value, ok := s.forward(w, r, s.eventsFwd, room, shard.Task{Kind: KindPersist, Payload: payload, Batchable: true}, req.Sender+"/"+req.TxnID)
+	value, ok := s.forward(w, r, s.eventsFwd, forwarded{key: room, task: shard.Task{Kind: KindPersist, Payload: payload, Batchable: true},
+		idem: shard.DeriveIdempotencyKey(req.Sender, req.TxnID), what: "writing the event", owner: "the owner of room " + room, reused: txnReused(req)})
 	if !ok {
 		return
 	}
-	var ev Event
-	if err := json.Unmarshal(value, &ev); err != nil {
-		writeJSON(w, http.StatusBadGateway, apiError{Error: "owner answered: " + err.Error()})
+	var ans persistAns
+	if err := json.Unmarshal(value, &ans); err != nil || (!ans.TxnReused && ans.EventID == "") {
+		s.log.Error("the owner's answer to a persist is not one", "room", room, "answer", string(value), "err", err)
+		writeJSON(w, http.StatusBadGateway, apiError{Error: "the owner of room " + room + " answered something that is not a write's result"})
 		return
 	}
-	if !s.visibleAt(w, r, core.Key{Stream: EventsStream, Writer: ev.Writer}, ev.StreamPos) {
+	if ans.TxnReused {
+		writeJSON(w, http.StatusConflict, txnReused(req))
+		return
+	}
+	if !s.visibleAt(w, r, core.Key{Stream: EventsStream, Writer: ans.Writer}, ans.StreamPos) {
 		return
 	}
 	tok, err := s.currentToken(r.Context())
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		s.log.Warn("reading the sync token after a write", "room", room, "err", err)
+		unavailable(w, "the write succeeded but its sync token could not be read; retry with the same txn_id")
 		return
 	}
-	writeJSON(w, http.StatusOK, writeResp{EventID: ev.EventID, StreamPos: ev.StreamPos, Writer: ev.Writer, SyncToken: tok.String()})
+	writeJSON(w, http.StatusOK, writeResp{EventID: ans.EventID, StreamPos: ans.StreamPos, Writer: ans.Writer, SyncToken: tok.String()})
 }
 
 func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
@@ -289,7 +368,8 @@ func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if value, ok := s.forward(w, r, s.eventsFwd, room, shard.Task{Kind: KindRecompute}, "recompute/"+randomID()); ok {
+	if value, ok := s.forward(w, r, s.eventsFwd, forwarded{key: room, task: shard.Task{Kind: KindRecompute}, idem: "recompute/" + randomID(),
+		what: "recomputing the state", owner: "the owner of room " + room}); ok {
 		writeJSON(w, http.StatusOK, value)
 	}
 }
@@ -344,7 +424,8 @@ func (s *Service) putTyping(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	payload, _ := json.Marshal(typingReq{User: user, Typing: *req.Typing, TimeoutMS: req.TimeoutMS})
-	value, ok := s.forward(w, r, s.typingFwd, room, shard.Task{Kind: KindTyping, Payload: payload}, "typing/"+randomID())
+	value, ok := s.forward(w, r, s.typingFwd, forwarded{key: room, task: shard.Task{Kind: KindTyping, Payload: payload}, idem: "typing/" + randomID(),
+		what: "setting typing", owner: "the typing writer"})
 	if !ok {
 		return
 	}
@@ -374,4 +455,20 @@ func parseTimeout(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("timeout_ms %.32q: want 0..120000", v)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// hasNULEscape reports whether valid JSON text holds U+0000 (\u0000 in a
+// string), which PostgreSQL's jsonb cannot store. In valid JSON a
+// backslash only starts an escape inside a string.
+func hasNULEscape(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if i+6 <= len(b) && string(b[i+1:i+6]) == "u0000" {
+			return true
+		}
+		i++ // the escaped byte: \\ must not start another escape
+	}
+	return false
 }

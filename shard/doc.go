@@ -15,11 +15,12 @@
 //     (one transaction, for throughput); different keys run in parallel on a
 //     bounded worker pool.
 //   - [Server] is the owner's HTTP endpoint, POST /_weft/v1/shard/{key},
-//     which refuses keys it does not own (409) and remembers results by
-//     idempotency key so that a retried request runs once.
+//     which refuses keys it does not own (409) and remembers successful
+//     answers by idempotency key so that a retried request runs once.
 //   - [Forwarder] is the caller's side: the local queue when this instance
 //     owns the key, else HTTP to the owner's current instance with retries
-//     under the same idempotency key.
+//     under the same idempotency key. [DeriveIdempotencyKey] turns any
+//     client request ID into a valid idempotency key.
 //   - [WaitVisible] bounds the caller's wait until its own view reaches the
 //     position the owner returned (read your writes).
 //
@@ -44,7 +45,12 @@
 //	409 {"error": "not owner", "owner": "<writer name>"}  the shard map gives
 //	    the key to another writer name (or this instance owns none)
 //	413 body above 1 MiB
-//	422 the idempotency key was used for a different request on this key
-//	500 {"error": <the task's error>}
+//	422 {"error": ..., "field": "idempotency_key"}  the idempotency key was
+//	    used for a different request on this key
+//	500 {"error": <the task's error>}  the task ran and failed
 //	503 the owner's queue is full or closed (Retry-After: 1)
+//
+// Only 200 answers are remembered (by a digest of the key and the
+// idempotency key, with a digest of the request, for IdempotencyTTL): a
+// retry after a 500 or a 503 runs the task again.
 package shard

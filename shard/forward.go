@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +37,31 @@ var (
 	ErrOwnerUnreachable = errors.New("shard: owner unreachable")
 	// ErrNotOwner: the instance reached refused the key (409), twice.
 	ErrNotOwner = errors.New("shard: not owner")
+	// ErrIdempotencyKeyReused: the owner already ran another request
+	// under the idempotency key for this key (its 422). A *RejectedError
+	// matches it.
+	ErrIdempotencyKeyReused = errors.New("shard: idempotency key already used for a different request")
 )
+
+// RejectedError is a 4xx from the owner other than 409 "not owner": it
+// refused the request, which did not run and would be refused again.
+// Field is the request field the owner named ("" when it named none: a
+// wrong secret, an unknown route), Message its error.
+type RejectedError struct {
+	Owner   string // writer name
+	Code    int
+	Message string
+	Field   string
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("shard: %s refused the request: %d: %s", e.Owner, e.Code, e.Message)
+}
+
+// Is matches ErrIdempotencyKeyReused for the owner's 422.
+func (e *RejectedError) Is(target error) bool {
+	return target == ErrIdempotencyKeyReused && e.Code == http.StatusUnprocessableEntity && e.Field == "idempotency_key"
+}
 
 // TaskError is a task's own failure on a remote owner (HTTP 500): the task
 // ran and failed. It is the Result's Err, not Do's error.
@@ -157,7 +183,9 @@ func (f *Forwarder) Close() {
 // request ID where there is one, so that the client's retries are
 // deduplicated too. A 409 (the instance reached does not own the key: the
 // writer name moved to another instance, or the shard maps disagree)
-// resolves the owner again and retries once.
+// resolves the owner again and retries once. Any other 4xx is not retried:
+// the error is a *RejectedError (matching ErrIdempotencyKeyReused for a
+// reused key).
 func (f *Forwarder) Do(ctx context.Context, key string, t Task, idempotencyKey string) (Result, error) {
 	if f.err != nil {
 		return Result{}, f.err
@@ -296,7 +324,11 @@ func (f *Forwarder) attempt(ctx context.Context, owner, key string, body []byte)
 	case code == http.StatusTooManyRequests || code >= 500:
 		return Result{}, target, &attemptError{err: fmt.Errorf("%d: %s", code, errorText(ab, data)), retry: true}
 	default:
-		return Result{}, target, &attemptError{err: fmt.Errorf("%d: %s", code, errorText(ab, data))}
+		rej := &RejectedError{Owner: owner, Code: code, Message: errorText(ab, data)}
+		if jsonErr == nil {
+			rej.Field = ab.Field
+		}
+		return Result{}, target, &attemptError{err: rej}
 	}
 }
 
@@ -309,6 +341,20 @@ func errorText(ab answerBody, data []byte) string {
 		data = data[:200]
 	}
 	return strings.TrimSpace(string(data))
+}
+
+// DeriveIdempotencyKey derives a valid idempotency key from any strings
+// (a client's user and request ID, say): base64url of the SHA-256 of the
+// parts, each length-prefixed. It is 43 bytes whatever the parts hold
+// (spaces, non-ASCII, 255-byte IDs), and distinct parts give distinct keys.
+func DeriveIdempotencyKey(parts ...string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, p := range parts {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(p)))])
+		io.WriteString(h, p)
+	}
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
 }
 
 // newIdempotencyKey returns 128 random bits, URL-safe.

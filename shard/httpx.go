@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -42,16 +43,17 @@ type answerBody struct {
 	Owner string          `json:"owner,omitempty"`
 }
 
-// answer is a rendered response, kept for idempotent replays.
+// answer is a rendered response; a 200's body is what the idempotency
+// table keeps for replays.
 type answer struct {
 	code int
-	body []byte
+	body string
 }
 
 // errorAnswer renders a non-200 answer.
 func errorAnswer(code int, b answerBody) answer {
 	out, _ := json.Marshal(b) // strings only: cannot fail
-	return answer{code: code, body: append(out, '\n')}
+	return answer{code: code, body: string(append(out, '\n'))}
 }
 
 // write sends a.
@@ -70,7 +72,7 @@ func (a answer) write(w http.ResponseWriter) {
 		h.Set("Allow", http.MethodPost)
 	}
 	w.WriteHeader(a.code)
-	w.Write(a.body)
+	io.WriteString(w, a.body)
 }
 
 // bearer checks an Authorization header against a secret's digest in

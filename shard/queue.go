@@ -50,7 +50,9 @@ type Result struct {
 	// means none.
 	Value json.RawMessage
 	// Err is the task's own failure: the task ran (or its batch did) and
-	// failed. It is not retried by the queue.
+	// failed. It is not retried by the queue, nor remembered by a Server:
+	// a retry under the same idempotency key runs the task again, so a
+	// failure must leave nothing behind that a second run would repeat.
 	Err error
 }
 

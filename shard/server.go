@@ -39,13 +39,14 @@ type ServerConfig struct {
 	// Insecure allows an empty Secret: every request is then accepted.
 	// For development only. With a Secret set, Insecure changes nothing.
 	Insecure bool
-	// IdempotencyEntries bounds the finished answers remembered [100000].
-	// Answers are held in memory, values included: tasks should answer
-	// with something small (a stream position), not the data they wrote.
-	// An idempotency key is scoped to its shard key.
+	// IdempotencyEntries bounds the successful answers remembered
+	// [100000]. An entry holds digests of the keys and of the request, and
+	// the task's value: tasks should answer with something small (a
+	// stream position), not the data they wrote. An idempotency key is
+	// scoped to its shard key.
 	IdempotencyEntries int
-	// IdempotencyTTL is how long a finished answer is remembered [10 min].
-	// A retry after that runs the task again.
+	// IdempotencyTTL is how long a successful answer is remembered [10
+	// min]. A retry after that runs the task again.
 	IdempotencyTTL time.Duration
 	// Registerer receives the metrics; nil means a private registry.
 	Registerer prometheus.Registerer
@@ -239,7 +240,7 @@ func idempotencyKeyProblem(k string) string {
 // run runs the task once per idempotency key.
 func (s *Server) run(ctx context.Context, key string, req request) (answer, bool) {
 	fp := requestFingerprint(req)
-	dk := key + "\x00" + req.IdempotencyKey
+	dk := dedupKeyOf(key, req.IdempotencyKey)
 	how, f, cached := s.dedup.begin(dk, fp)
 	switch how {
 	case lookupConflict:
@@ -268,22 +269,28 @@ func (s *Server) run(ctx context.Context, key string, req request) (answer, bool
 		}
 	}()
 	res, err := s.cfg.Queue.Submit(context.WithoutCancel(ctx), key, Task{Kind: req.Kind, Payload: req.Payload, Batchable: req.Batchable})
-	a, ran := s.render(key, req, res, err)
-	s.dedup.finish(dk, f, a, ran)
+	a := s.render(key, req, res, err)
+	// Only a success is remembered. A task that did not run (queue full or
+	// closed) must run on the retry; one that ran and failed is run again
+	// too, so the retry that is surely coming gets its chance to succeed,
+	// and gets the same answer whichever instance it comes through (the
+	// owner's own writes never pass through this table). An executor's
+	// failure must therefore leave nothing a second run would repeat (roll
+	// back, or deduplicate on its own, as rooms does per (sender, txn_id)).
+	s.dedup.finish(dk, f, a, a.code == http.StatusOK)
 	finished = true
 	return a, true
 }
 
-// render turns a task's outcome into an answer; ran is false when the task
-// did not run (so a retry may run it).
-func (s *Server) render(key string, req request, res Result, err error) (a answer, ran bool) {
+// render turns a task's outcome into an answer.
+func (s *Server) render(key string, req request, res Result, err error) answer {
 	switch {
 	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrClosed):
-		return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: err.Error()}), false
+		return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: err.Error()})
 	case err != nil:
-		return errorAnswer(http.StatusInternalServerError, answerBody{Error: err.Error()}), false
+		return errorAnswer(http.StatusInternalServerError, answerBody{Error: err.Error()})
 	case res.Err != nil:
-		return errorAnswer(http.StatusInternalServerError, answerBody{Error: res.Err.Error()}), true
+		return errorAnswer(http.StatusInternalServerError, answerBody{Error: res.Err.Error()})
 	}
 	v := res.Value
 	if len(v) == 0 {
@@ -292,9 +299,9 @@ func (s *Server) render(key string, req request, res Result, err error) (a answe
 	body, mErr := json.Marshal(answerBody{Value: v})
 	if mErr != nil {
 		s.log.Error("shard task returned a value that is not JSON", "key", key, "kind", req.Kind, "err", mErr)
-		return errorAnswer(http.StatusInternalServerError, answerBody{Error: "task value is not JSON: " + mErr.Error()}), true
+		return errorAnswer(http.StatusInternalServerError, answerBody{Error: "task value is not JSON: " + mErr.Error()})
 	}
-	return answer{code: http.StatusOK, body: append(body, '\n')}, true
+	return answer{code: http.StatusOK, body: string(append(body, '\n'))}
 }
 
 // requestFingerprint digests what the task is, not how it was encoded
