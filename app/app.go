@@ -337,7 +337,9 @@ func (r *runner) run(ctx context.Context) error {
 // waits, the waiting page and a periodic WARN say who holds it.
 func (r *runner) claim(ctx context.Context, pool *pgxpool.Pool) (*streams.Lease, error) {
 	var lastLog time.Time
-	return streams.Claim(ctx, pool, r.cfg.Name, r.inst, streams.LeaseConfig{TTL: r.cfg.LeaseTTL, Wait: true, URL: r.cfg.Advertise(),
+	// Polled often: in a rolling update the successor waits here, and takes
+	// the name as soon as its predecessor seals it.
+	return streams.Claim(ctx, pool, r.cfg.Name, r.inst, streams.LeaseConfig{TTL: r.cfg.LeaseTTL, Wait: true, Poll: 100 * time.Millisecond, URL: r.cfg.Advertise(),
 		Streams: []streams.Config{rooms.EventsConfig},
 		OnWait: func(holder string, epoch int64, until time.Time) {
 			r.wait.set(holder, epoch, until)

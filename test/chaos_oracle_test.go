@@ -159,8 +159,14 @@ func (o *oracle) apply(v *instView, name, since string, r syncResp) {
 }
 
 type statusDoc struct {
-	Ready         bool  `json:"ready"`
-	PersistedUpto int64 `json:"persisted_upto"`
+	Instance      string    `json:"instance"`
+	Ready         bool      `json:"ready"`
+	Token         string    `json:"token"`
+	Waiting       *struct{} `json:"waiting"`
+	PersistedUpto int64     `json:"persisted_upto"`
+	Peers         map[string]struct {
+		Name string `json:"name"`
+	} `json:"peers"`
 	Streams       []struct {
 		Stream   string `json:"stream"`
 		Writer   string `json:"writer"`
@@ -171,7 +177,7 @@ type statusDoc struct {
 // sampleLoop reads p's /status every 100 ms: persisted-upto must never
 // decrease, and a ready instance must hold every write acknowledged more
 // than readySlack before the sample began.
-func (o *oracle) sampleLoop(ctx context.Context, p *proc) {
+func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -182,15 +188,15 @@ func (o *oracle) sampleLoop(ctx context.Context, p *proc) {
 		}
 		began := time.Now()
 		var st statusDoc
-		if err := get(ctx, 2*time.Second, p.url+"/status", &st); err != nil {
-			continue
+		if err := get(ctx, 2*time.Second, next().url+"/status", &st); err != nil || st.Waiting != nil || st.Token == "" {
+			continue // down, or not serving yet (waiting for its writer name)
 		}
 		o.mu.Lock()
-		v := o.views[p.name]
+		v := o.views[name]
 		v.samples++
 		if st.PersistedUpto < v.lastPuto {
 			v.putoBack++
-			v.violation("%s: persisted-upto %d after %d", p.name, st.PersistedUpto, v.lastPuto)
+			v.violation("%s: persisted-upto %d after %d", name, st.PersistedUpto, v.lastPuto)
 		}
 		v.lastPuto = max(v.lastPuto, st.PersistedUpto)
 		if st.Ready {
@@ -203,7 +209,7 @@ func (o *oracle) sampleLoop(ctx context.Context, p *proc) {
 				if want := o.ackedBy(s.Writer, cutoff); s.Position < want {
 					v.readyBehind++
 					v.violation("%s: ready at %s with %s at %d, but %d was acknowledged %v before",
-						p.name, began.Format("15:04:05.000"), s.Writer, s.Position, want, readySlack)
+						name, began.Format("15:04:05.000"), s.Writer, s.Position, want, readySlack)
 				}
 			}
 		}

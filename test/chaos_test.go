@@ -139,8 +139,10 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	}()
 	ch.wg.Go(func() { ch.supervise(ctx) })
 	for _, p := range ch.procs {
-		ch.wg.Go(func() { ch.o.syncLoop(ctx, p.name, func() *proc { return p }) })
-		ch.wg.Go(func() { ch.o.sampleLoop(ctx, p) })
+		// By name: a rolling restart replaces the process behind a name.
+		current := func() *proc { return ch.get(p.name) }
+		ch.wg.Go(func() { ch.o.syncLoop(ctx, p.name, current) })
+		ch.wg.Go(func() { ch.o.sampleLoop(ctx, p.name, current) })
 	}
 	// A client behind a load balancer: each sync on a random instance,
 	// with the token the previous one returned.
@@ -233,6 +235,26 @@ func (ch *chaos) targets() []*proc {
 		}
 	}
 	return out
+}
+
+// get is the process currently behind a name.
+func (ch *chaos) get(name string) *proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.by[name]
+}
+
+// replace puts succ behind its name, in place of the process there.
+func (ch *chaos) replace(succ *proc) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	for i, p := range ch.procs {
+		if p.name == succ.name {
+			ch.procs[i] = succ
+		}
+	}
+	ch.by[succ.name] = succ
+	ch.c.procs[succ.name] = succ
 }
 
 func (ch *chaos) restartCount() map[string]int {

@@ -1,0 +1,266 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/streams"
+)
+
+// Departures, not only crashes: the everyday lifecycle of a deployment.
+
+// heartbeat is the heartbeat interval of the lifecycle tests' clusters:
+// an instance not heard from for 3 of them is forgotten.
+const heartbeat = time.Second
+
+// channelLog records every line published on the cluster's channel.
+type channelLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *channelLog) byes() map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]bool{}
+	for _, line := range l.lines {
+		if inst, ok := strings.CutPrefix(line, "BYE "); ok {
+			out[strings.Fields(inst)[0]] = true
+		}
+	}
+	return out
+}
+
+func (l *channelLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// recordChannel subscribes to the cluster's channel until ctx ends.
+func recordChannel(ctx context.Context, t *testing.T, addr string, wg *sync.WaitGroup) *channelLog {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	ps := rdb.Subscribe(ctx, "weft:e2e")
+	if _, err := ps.Receive(ctx); err != nil { // the confirmation
+		t.Fatal(err)
+	}
+	l := &channelLog{}
+	// Receive does not heed ctx while it waits: closing the PubSub ends it.
+	context.AfterFunc(ctx, func() { _ = ps.Close() })
+	wg.Go(func() {
+		defer rdb.Close()
+		for {
+			msg, err := ps.ReceiveMessage(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				continue
+			}
+			l.mu.Lock()
+			l.lines = append(l.lines, msg.Payload)
+			l.mu.Unlock()
+		}
+	})
+	return l
+}
+
+// instanceOf is the instance ID behind a process, from its /status.
+func instanceOf(t *testing.T, p *proc) string {
+	t.Helper()
+	var st statusDoc
+	if !testenv.Poll(10*time.Second, func() bool {
+		return get(context.Background(), 2*time.Second, p.url+"/status", &st) == nil && st.Instance != "" && st.Waiting == nil
+	}) {
+		t.Fatalf("%s: no instance ID on /status", p.name)
+	}
+	return st.Instance
+}
+
+// longPolls holds n long-polls on the process behind each name, on a room
+// nobody writes to, polling again as each returns. It counts the answers
+// that were cut (sent, but no response) and the bad ones.
+type longPolls struct {
+	cut, bad, answered atomic.Int64
+}
+
+func holdLongPolls(ctx context.Context, ch *chaos, n int, wg *sync.WaitGroup) *longPolls {
+	lp := &longPolls{}
+	for _, name := range chaosNames {
+		for range n {
+			wg.Go(func() {
+				since := "m0"
+				for ctx.Err() == nil {
+					p := ch.get(name)
+					var r syncResp
+					rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+					code, err := call(rctx, "GET", p.url+"/v1/sync?timeout_ms=30000&rooms=%21idle%3Atest&since="+url.QueryEscape(since), nil, &r)
+					cancel()
+					switch {
+					case ctx.Err() != nil:
+						return
+					case err == nil:
+						lp.answered.Add(1)
+						if _, perr := streams.ParseToken(r.NextBatch); perr != nil {
+							lp.bad.Add(1)
+						} else {
+							since = r.NextBatch
+						}
+						continue
+					case code == 503:
+						// Not serving yet (a successor waiting for its name).
+					case isDialError(err):
+						// Down between two processes: not a cut long-poll.
+					default:
+						lp.cut.Add(1)
+					}
+					select { // pacing after a failure, not synchronisation
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			})
+		}
+	}
+	return lp
+}
+
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// surgeRestart replaces the process behind name as a rolling update does:
+// the successor starts first (a writer's successor waits for the name),
+// then the old one gets SIGTERM. It returns how long the old one took to
+// exit, when it exited, and its instance ID.
+func (ch *chaos) surgeRestart(name string) (took time.Duration, exited time.Time, oldInst string) {
+	t := ch.t
+	old := ch.get(name)
+	oldInst = instanceOf(t, old)
+	port := testenv.FreePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	succ := &proc{name: name, bin: old.bin, url: "http://" + addr, args: []string{"--name", name, "--http-addr", addr}, env: old.env}
+	ch.mu.Lock()
+	ch.held[name] = true // the supervisor leaves the old one alone
+	ch.c.launch(succ)
+	ch.mu.Unlock()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		code, _ := call(context.Background(), "GET", succ.url+"/healthz", nil, nil)
+		return code == 200
+	}, "%s's successor never answered /healthz", name)
+	start := time.Now()
+	ch.c.stop(old, syscall.SIGTERM)
+	exited = time.Now()
+	took = exited.Sub(start)
+	ch.replace(succ)
+	ch.mu.Lock()
+	ch.held[name] = false
+	ch.mu.Unlock()
+	ch.c.waitReady(succ)
+	return took, exited, oldInst
+}
+
+// A rolling restart of every instance, one at a time, under continuous
+// writes, with 200 long-polls held on each instance, inside the chaos
+// oracle: every instance exits within 2 s with its long-polls answered,
+// every writer seals itself (its successor writes within 1 s of its exit,
+// without waiting for the lease), every stopped instance says BYE on the
+// channel and is listed nowhere 3 heartbeats later, and the oracle finds
+// nothing lost, duplicated, reordered or ready while behind.
+func TestRollingRestart(t *testing.T) {
+	ch := newChaos(t, chaosOpts{env: []string{"WEFT_HEARTBEAT_INTERVAL=" + heartbeat.String()}})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	channel := recordChannel(ctx, t, ch.rds.Addr(), &wg)
+	lp := holdLongPolls(ctx, ch, 200, &wg)
+	var stopped []string
+	ch.run("rolling-restart", func(ch *chaos) {
+		for _, name := range []string{"master", "persister1", "persister2", "sync1", "sync2", "sync3"} {
+			cutBefore := lp.cut.Load()
+			took, exited, inst := ch.surgeRestart(name)
+			stopped = append(stopped, inst)
+			t.Logf("%s (%s) exited %v after SIGTERM", name, inst, took.Round(time.Millisecond))
+			if took > 2*time.Second {
+				t.Errorf("%s took %v to exit after SIGTERM, want <= 2s", name, took)
+			}
+			if cut := lp.cut.Load() - cutBefore; cut > 0 {
+				t.Errorf("%s: %d long-polls cut instead of answered", name, cut)
+			}
+			if strings.HasPrefix(name, "persister") {
+				log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
+				if !strings.Contains(string(log), inst) || !strings.Contains(string(log), "stop: sealed own writer") {
+					t.Errorf("%s (%s) did not seal its own writer", name, inst)
+				}
+				first := ch.firstAckAfter(name, exited, 10*time.Second)
+				t.Logf("%s's successor acknowledged its first write %v after the old process exited", name, first.Round(time.Millisecond))
+				if first > time.Second {
+					t.Errorf("%s's successor wrote first %v after the old process exited, want <= 1s (no lease wait)", name, first)
+				}
+			}
+			ch.loadFor(100)
+		}
+	})
+	if n := lp.answered.Load(); n < 6*200 {
+		t.Errorf("only %d long-polls answered", n)
+	}
+	if n := lp.bad.Load(); n > 0 {
+		t.Errorf("%d long-polls answered without a valid next_batch", n)
+	}
+	byes := channel.byes()
+	for _, inst := range stopped {
+		if !byes[inst] {
+			t.Errorf("no BYE from %s on the channel", inst)
+		}
+	}
+	// 3 heartbeats after the last one left, nobody lists a stopped instance.
+	time.Sleep(3 * heartbeat) // the bound under test, not synchronisation
+	for _, name := range chaosNames {
+		var st statusDoc
+		if err := get(context.Background(), 2*time.Second, ch.get(name).url+"/status", &st); err != nil {
+			t.Fatal(err)
+		}
+		for _, inst := range stopped {
+			if _, listed := st.Peers[inst]; listed {
+				t.Errorf("%s still lists %s as a peer %v after it left", name, inst, 3*heartbeat)
+			}
+		}
+	}
+}
+
+// firstAckAfter is how long after t the first write acknowledged by
+// writer came, waiting up to timeout for one.
+func (ch *chaos) firstAckAfter(writer string, after time.Time, timeout time.Duration) time.Duration {
+	var first time.Duration
+	ok := testenv.Poll(timeout, func() bool {
+		ch.w.mu.Lock()
+		defer ch.w.mu.Unlock()
+		found := false
+		for _, a := range ch.w.acked {
+			if a.writer == writer && a.at.After(after) && (!found || a.at.Sub(after) < first) {
+				first, found = a.at.Sub(after), true
+			}
+		}
+		return found
+	})
+	if !ok {
+		ch.t.Fatalf("no write acknowledged by %s within %v of %v", writer, timeout, after)
+	}
+	return first
+}
