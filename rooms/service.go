@@ -39,6 +39,7 @@ type Service struct {
 	typingWriter string
 	log          *slog.Logger
 	visible      time.Duration
+	polls        pollGate
 }
 
 // apiError is the JSON error body of every 4xx/5xx.
@@ -76,6 +77,10 @@ type Config struct {
 	// VisibleTimeout bounds read-your-writes [5 s].
 	VisibleTimeout time.Duration
 	Logger         *slog.Logger
+	// MaxLongPolls caps the syncs waiting at once (since given, timeout_ms
+	// > 0); beyond it a sync answers 503 with Retry-After
+	// [DefaultMaxLongPolls].
+	MaxLongPolls int
 }
 
 // NewService builds the client API.
@@ -87,9 +92,14 @@ func NewService(cfg Config) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{pool: cfg.Pool, events: cfg.Events, node: cfg.Node, live: cfg.Live,
+	if cfg.MaxLongPolls <= 0 {
+		cfg.MaxLongPolls = DefaultMaxLongPolls
+	}
+	s := &Service{pool: cfg.Pool, events: cfg.Events, node: cfg.Node, live: cfg.Live,
 		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters,
 		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
+	s.polls.max = int64(cfg.MaxLongPolls)
+	return s
 }
 
 // Routes registers the client API on mux.
