@@ -153,7 +153,9 @@ func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []strin
 	if timeout > 0 {
 		wt = s.live.watch(rooms)
 		defer s.live.unwatch(wt)
-		needs, _ = s.live.take(wt) // rows applied but perhaps not in the views yet
+		// Rows applied but perhaps not in the views yet, and whatever
+		// changed since watch.
+		needs, typing = s.live.take(wt)
 	}
 	for {
 		if !s.waitViews(ctx, deadline, needs) {
@@ -197,13 +199,18 @@ func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []strin
 // read then answers with what is there). It reports false when the client
 // left.
 func (s *Service) waitViews(ctx context.Context, deadline time.Time, needs []viewNeed) bool {
-	if len(needs) > 0 {
-		wctx, cancel := context.WithDeadline(ctx, deadline)
-		defer cancel()
-		for _, n := range needs {
-			if s.node.WaitFor(wctx, n.key, n.pos) != nil {
-				break
-			}
+	var wctx context.Context
+	for _, n := range needs {
+		if s.node.View(n.key) >= n.pos {
+			continue // the usual case: the view moved on right after Apply
+		}
+		if wctx == nil {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		if s.node.WaitFor(wctx, n.key, n.pos) != nil {
+			break
 		}
 	}
 	return ctx.Err() == nil
