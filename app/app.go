@@ -250,7 +250,13 @@ func (r *runner) run(ctx context.Context) error {
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log})
 	defer typingFwd.Close()
 	svc := rooms.NewService(rooms.Config{Pool: pool, Events: gen, Node: node, Live: live,
-		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriters: cfg.EventWriters, TypingWriter: cfg.TypingWriter, Logger: log})
+		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriters: cfg.EventWriters, TypingWriter: cfg.TypingWriter,
+		MaxLongPolls: cfg.MaxLongPolls, Logger: log})
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls",
+			Help: "Syncs waiting for news on this instance now."}, func() float64 { return float64(svc.LongPolls().Active) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls_rejected_total",
+			Help: "Syncs answered 503 because --max-long-polls were waiting already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
 
 	status := &statusPage{cfg: cfg, inst: inst, role: r.role, node: node, pool: pool, gen: gen, queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}}
 	mux := http.NewServeMux()

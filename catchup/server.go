@@ -421,19 +421,3 @@ func parsePosition(s string) (int64, string) {
 	}
 	return n, ""
 }
-
-// NewHTTPServer returns an http.Server for h with bounded headers:
-// ReadHeaderTimeout 5 s, MaxHeaderBytes 16 KiB, IdleTimeout 2 min. A server
-// that mounts the catch-up Server must bound headers like this: the Server
-// bounds bodies itself but cannot see headers before net/http reads them.
-// ReadTimeout and WriteTimeout stay zero, so long-polls on the same server
-// keep working; handlers bound their own time.
-func NewHTTPServer(addr string, h http.Handler) *http.Server {
-	return &http.Server{
-		Addr:              addr,
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		IdleTimeout:       2 * time.Minute,
-	}
-}

@@ -31,7 +31,12 @@ type Config struct {
 	HeartbeatInterval time.Duration `name:"heartbeat-interval" help:"Every instance announces itself this often; one not heard from for 3 heartbeats is forgotten." env:"WEFT_HEARTBEAT_INTERVAL" default:"5s"`
 	LogFormat         string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
 	LogLevel          string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
+	MaxLongPolls      int           `name:"max-long-polls" help:"Syncs waiting at once on this instance (1..1000000); beyond, a long-poll answers 503 with Retry-After." env:"WEFT_MAX_LONG_POLLS" default:"10000"`
 }
+
+// MaxLongPollsLimit bounds --max-long-polls: each waiting sync holds a
+// connection and a goroutine.
+const MaxLongPollsLimit = 1000000
 
 // ConfigError names the flag (and its environment variable) at fault.
 type ConfigError struct {
@@ -96,6 +101,9 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return bad("log-level", "WEFT_LOG_LEVEL", "%q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.MaxLongPolls < 1 || c.MaxLongPolls > MaxLongPollsLimit {
+		return bad("max-long-polls", "WEFT_MAX_LONG_POLLS", "%d: want 1..%d", c.MaxLongPolls, MaxLongPollsLimit)
 	}
 	return nil
 }

@@ -13,7 +13,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"sync"
 
 	"github.com/weft-dev/weft/fabric/core"
@@ -58,18 +60,42 @@ var (
 	keyRE  = regexp.MustCompile(`^[A-Za-z0-9:._-]{0,255}$`)
 )
 
-// Live is the fabric.Handler of an instance: typing per room, and a
-// signal for long-polls whenever anything was applied. Events themselves
-// are read from PostgreSQL up to the instance's views.
+// Live is the fabric.Handler of an instance: typing per room, and the
+// long-polls waiting for their rooms. Events themselves are read from
+// PostgreSQL up to the instance's views; Live only tells a long-poll that
+// a row of one of its rooms arrived, and at which position.
 type Live struct {
-	mu      sync.Mutex
-	typing  map[string][]string // room -> users
-	changed chan struct{}
+	mu     sync.Mutex
+	typing map[string][]string // room -> users
+	// applied is the last position applied per writer of the events
+	// stream. The fabric applies a row before its view moves past it: a
+	// long-poll that starts meanwhile waits for these before reading.
+	applied map[core.Key]int64
+	all     map[*waiter]struct{}            // long-polls on every room
+	byRoom  map[string]map[*waiter]struct{} // long-polls by room
+}
+
+// waiter is one long-poll's registration. Its fields after ch are guarded
+// by Live.mu.
+type waiter struct {
+	rooms []string      // nil: every room
+	ch    chan struct{} // one pending wake at most
+	// needs are the positions the views must reach before the long-poll
+	// reads again: the rows that woke it.
+	needs  []viewNeed
+	typing bool // typing changed in its rooms
+	wakes  int
+}
+
+type viewNeed struct {
+	key core.Key
+	pos int64
 }
 
 // NewLive returns an empty Live.
 func NewLive() *Live {
-	return &Live{typing: map[string][]string{}, changed: make(chan struct{})}
+	return &Live{typing: map[string][]string{}, applied: map[core.Key]int64{},
+		all: map[*waiter]struct{}{}, byRoom: map[string]map[*waiter]struct{}{}}
 }
 
 type typingRow struct {
@@ -77,49 +103,181 @@ type typingRow struct {
 	Users []string `json:"users"`
 }
 
+// eventRooms is what Live reads of an events row: the rooms only.
+type eventRooms []struct {
+	Room string `json:"room"`
+}
+
 // Apply implements fabric.Handler.
-func (l *Live) Apply(_ context.Context, k core.Key, _ int64, rows json.RawMessage) error {
+func (l *Live) Apply(_ context.Context, k core.Key, pos int64, rows json.RawMessage) error {
 	if k.Stream == TypingStream {
 		var rs []typingRow
 		if err := json.Unmarshal(rows, &rs); err != nil {
-			return fmt.Errorf("rooms: typing rows: %w", err)
+			return fmt.Errorf("rooms: typing rows at %d: %w", pos, err)
 		}
 		l.mu.Lock()
+		defer l.mu.Unlock()
+		changed := false
 		for _, r := range rs {
+			if slices.Equal(l.typing[r.Room], r.Users) {
+				continue // a refresh: nothing a client sees
+			}
 			if len(r.Users) == 0 {
 				delete(l.typing, r.Room)
 			} else {
 				l.typing[r.Room] = r.Users
 			}
+			l.wakeRoomLocked(r.Room, nil, true)
+			changed = true
+		}
+		if changed {
+			l.wakeAllLocked(nil, true)
+		}
+		return nil
+	}
+	need := &viewNeed{k, pos}
+	l.mu.Lock()
+	l.applied[k] = max(l.applied[k], pos)
+	l.wakeAllLocked(need, false)
+	anyRoom := len(l.byRoom) > 0
+	l.mu.Unlock()
+	if !anyRoom {
+		// A long-poll registering from now on waits for applied first.
+		return nil
+	}
+	var evs eventRooms
+	if err := json.Unmarshal(rows, &evs); err != nil {
+		// Not ours to refuse (the row is committed): whoever might wait
+		// for it looks.
+		l.mu.Lock()
+		for _, ws := range l.byRoom {
+			for w := range ws {
+				l.signalLocked(w, need, false)
+			}
 		}
 		l.mu.Unlock()
+		return nil
 	}
-	l.wake()
+	l.mu.Lock()
+	for _, ev := range evs {
+		l.wakeRoomLocked(ev.Room, need, false)
+	}
+	l.mu.Unlock()
 	return nil
 }
 
-// Reset implements fabric.Handler: the typing writer restarted.
+// Reset implements fabric.Handler: the typing writer restarted. Every
+// long-poll looks again; those whose rooms had typing return it.
 func (l *Live) Reset(k core.Key) {
-	if k.Stream == TypingStream {
-		l.mu.Lock()
-		clear(l.typing)
-		l.mu.Unlock()
-	}
-	l.wake()
-}
-
-func (l *Live) wake() {
-	l.mu.Lock()
-	close(l.changed)
-	l.changed = make(chan struct{})
-	l.mu.Unlock()
-}
-
-// waitChange returns a channel closed at the next change.
-func (l *Live) waitChange() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.changed
+	var had map[string][]string
+	if k.Stream == TypingStream {
+		had = maps.Clone(l.typing)
+		clear(l.typing)
+	}
+	for room, ws := range l.byRoom {
+		_, typing := had[room]
+		for w := range ws {
+			l.signalLocked(w, nil, typing)
+		}
+	}
+	l.wakeAllLocked(nil, len(had) > 0)
+}
+
+func (l *Live) wakeRoomLocked(room string, need *viewNeed, typing bool) {
+	for w := range l.byRoom[room] {
+		l.signalLocked(w, need, typing)
+	}
+}
+
+func (l *Live) wakeAllLocked(need *viewNeed, typing bool) {
+	for w := range l.all {
+		l.signalLocked(w, need, typing)
+	}
+}
+
+func (l *Live) signalLocked(w *waiter, need *viewNeed, typing bool) {
+	if need != nil {
+		i := slices.IndexFunc(w.needs, func(n viewNeed) bool { return n.key == need.key })
+		if i < 0 {
+			w.needs = append(w.needs, *need)
+		} else {
+			w.needs[i].pos = max(w.needs[i].pos, need.pos)
+		}
+	}
+	w.typing = w.typing || typing
+	w.wakes++
+	select {
+	case w.ch <- struct{}{}:
+	default: // a wake is pending already
+	}
+}
+
+// watch registers a long-poll on rooms (nil: every room). Its first read
+// must wait for the needs take returns: rows applied but not yet in the
+// views.
+func (l *Live) watch(rooms []string) *waiter {
+	w := &waiter{rooms: rooms, ch: make(chan struct{}, 1)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, pos := range l.applied {
+		w.needs = append(w.needs, viewNeed{k, pos})
+	}
+	if rooms == nil {
+		l.all[w] = struct{}{}
+		return w
+	}
+	for _, r := range rooms {
+		ws := l.byRoom[r]
+		if ws == nil {
+			ws = map[*waiter]struct{}{}
+			l.byRoom[r] = ws
+		}
+		ws[w] = struct{}{}
+	}
+	return w
+}
+
+// unwatch removes a long-poll's registration.
+func (l *Live) unwatch(w *waiter) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.rooms == nil {
+		delete(l.all, w)
+		return
+	}
+	for _, r := range w.rooms {
+		if ws := l.byRoom[r]; ws != nil {
+			delete(ws, w)
+			if len(ws) == 0 {
+				delete(l.byRoom, r)
+			}
+		}
+	}
+}
+
+// take returns and clears what woke w since the last take.
+func (l *Live) take(w *waiter) (needs []viewNeed, typing bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	needs, typing = w.needs, w.typing
+	w.needs, w.typing = nil, false
+	return needs, typing
+}
+
+// waiting counts the long-polls registered and the rooms indexed.
+func (l *Live) waiting() (polls, rooms int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	polls = len(l.all)
+	seen := map[*waiter]struct{}{}
+	for _, ws := range l.byRoom {
+		for w := range ws {
+			seen[w] = struct{}{}
+		}
+	}
+	return polls + len(seen), len(l.byRoom)
 }
 
 func (l *Live) typingIn(rooms []string) map[string][]string {

@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,8 +39,9 @@ type Service struct {
 	typingWriter string
 	log          *slog.Logger
 	visible      time.Duration
-	closing      chan struct{} // closed by Close: long-polls answer now
-	closeOnce    sync.Once
+	closeCtx     context.Context // done after Close: long-polls answer now
+	close        context.CancelFunc
+	polls        pollGate
 }
 
 // apiError is the JSON error body of every 4xx/5xx.
@@ -79,6 +79,10 @@ type Config struct {
 	// VisibleTimeout bounds read-your-writes [5 s].
 	VisibleTimeout time.Duration
 	Logger         *slog.Logger
+	// MaxLongPolls caps the syncs waiting at once (since given, timeout_ms
+	// > 0); beyond it a sync answers 503 with Retry-After
+	// [DefaultMaxLongPolls].
+	MaxLongPolls int
 }
 
 // NewService builds the client API.
@@ -90,15 +94,21 @@ func NewService(cfg Config) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{pool: cfg.Pool, events: cfg.Events, node: cfg.Node, live: cfg.Live,
+	if cfg.MaxLongPolls <= 0 {
+		cfg.MaxLongPolls = DefaultMaxLongPolls
+	}
+	s := &Service{pool: cfg.Pool, events: cfg.Events, node: cfg.Node, live: cfg.Live,
 		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters,
-		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout, closing: make(chan struct{})}
+		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
+	s.closeCtx, s.close = context.WithCancel(context.Background())
+	s.polls.max = int64(cfg.MaxLongPolls)
+	return s
 }
 
 // Close makes every long-poll waiting now, and every one that starts from
 // now on, answer at once with what it has (a valid next_batch), so that a
 // graceful stop is not held up by clients waiting for news.
-func (s *Service) Close() { s.closeOnce.Do(func() { close(s.closing) }) }
+func (s *Service) Close() { s.close() }
 
 // Routes registers the client API on mux.
 func (s *Service) Routes(mux *http.ServeMux) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,7 +95,18 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, bad.field, "%s", bad.reason)
 		return
 	}
-	rooms, timeout := p.rooms, p.timeout
+	if p.hasSince && p.timeout > 0 {
+		// Only a sync that may wait takes a slot: an initial sync or one
+		// with timeout_ms=0 answers at once.
+		if !s.polls.acquire() {
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: fmt.Sprintf(
+				"%d long-polls wait on this instance already: retry later, on another instance, or with timeout_ms=0", s.polls.max)})
+			return
+		}
+		defer s.polls.release()
+	}
+	rooms := p.rooms
 	ctx := r.Context()
 	cur, err := s.currentToken(ctx)
 	if err != nil {
@@ -123,10 +135,33 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	s.poll(ctx, w, rooms, since, p.timeout)
+}
+
+// poll answers the events of rooms after since, waiting up to timeout for
+// some, and returns early when typing in rooms changes. It registers with
+// Live before its first read; from then on every row of its rooms wakes it
+// with the position its views must reach before it reads again (the
+// fabric applies a row before its view moves past it), so no row slips
+// between a read and the wait. Rows of other rooms never wake it: an idle
+// long-poll costs no SQL however busy the instance.
+func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []string, since streams.Token, timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
+	var wt *waiter
+	var needs []viewNeed
+	typing := false
+	if timeout > 0 {
+		wt = s.live.watch(rooms)
+		defer s.live.unwatch(wt)
+		// Rows applied but perhaps not in the views yet, and whatever
+		// changed since watch.
+		needs, typing = s.live.take(wt)
+	}
 	for {
-		changed := s.live.waitChange()
-		cur, err = s.currentToken(ctx)
+		if !s.waitViews(ctx, deadline, needs) {
+			return // the client left
+		}
+		cur, err := s.currentToken(ctx)
 		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 			return
@@ -137,22 +172,83 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		wait := time.Until(deadline)
-		if len(events) > 0 || wait <= 0 || s.closed() {
+		if len(events) > 0 || typing || wait <= 0 || s.closed() {
 			s.writeSync(w, rooms, events, next)
 			return
 		}
 		since = next
 		timer := time.NewTimer(wait)
 		select {
-		case <-changed:
+		case <-wt.ch:
 		case <-timer.C:
-		case <-s.closing: // answer with what there is
+		case <-s.closeCtx.Done(): // answer with what there is
 		case <-ctx.Done():
 			timer.Stop()
 			return
 		}
 		timer.Stop()
+		needs, typing = s.live.take(wt)
+		if typing && len(needs) == 0 {
+			// Only typing changed: the read above still holds.
+			s.writeSync(w, rooms, nil, since)
+			return
+		}
 	}
+}
+
+// waitViews waits until the views cover needs, or until the deadline (the
+// read then answers with what is there). It reports false when the client
+// left.
+func (s *Service) waitViews(ctx context.Context, deadline time.Time, needs []viewNeed) bool {
+	var wctx context.Context
+	for _, n := range needs {
+		if s.node.View(n.key) >= n.pos {
+			continue // the usual case: the view moved on right after Apply
+		}
+		if wctx == nil {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+			defer context.AfterFunc(s.closeCtx, cancel)() // Close: answer now
+		}
+		if s.node.WaitFor(wctx, n.key, n.pos) != nil {
+			break
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// DefaultMaxLongPolls is Config.MaxLongPolls' default.
+const DefaultMaxLongPolls = 10000
+
+// pollGate caps the long-polls waiting at once on an instance.
+type pollGate struct {
+	max      int64
+	active   atomic.Int64
+	rejected atomic.Uint64
+}
+
+func (g *pollGate) acquire() bool {
+	if g.active.Add(1) > g.max {
+		g.active.Add(-1)
+		g.rejected.Add(1)
+		return false
+	}
+	return true
+}
+
+func (g *pollGate) release() { g.active.Add(-1) }
+
+// LongPollStats is what Service.LongPolls reports.
+type LongPollStats struct {
+	Active   int64  // long-polls waiting now
+	Max      int64  // the cap (Config.MaxLongPolls)
+	Rejected uint64 // answered 503 for the cap since the start
+}
+
+// LongPolls reports the long-polls of this instance, for metrics.
+func (s *Service) LongPolls() LongPollStats {
+	return LongPollStats{Active: s.polls.active.Load(), Max: s.polls.max, Rejected: s.polls.rejected.Load()}
 }
 
 func (s *Service) writeSync(w http.ResponseWriter, rooms []string, events map[string][]json.RawMessage, next streams.Token) {
@@ -234,11 +330,4 @@ func (s *Service) beyondStream(ctx context.Context, t streams.Token) (string, er
 }
 
 // closed reports whether Close was called.
-func (s *Service) closed() bool {
-	select {
-	case <-s.closing:
-		return true
-	default:
-		return false
-	}
-}
+func (s *Service) closed() bool { return s.closeCtx.Err() != nil }

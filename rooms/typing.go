@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -22,21 +23,33 @@ type typingReq struct {
 
 // TypingWriter holds the typing stream: who types in which room, until
 // when. It lives in memory; a restart starts again from position 0, and
-// readers reset.
+// readers reset. It holds only rooms where someone types: the last user
+// to stop (or expire) removes the room, here and in the StateSource, which
+// keeps a bounded number of tombstones for readers that missed it.
 type TypingWriter struct {
-	node *fabric.Node
-	src  *catchup.StateSource
-	now  func() time.Time
+	pub publisher
+	src *catchup.StateSource
+	now func() time.Time
 
 	mu    sync.Mutex
 	pos   int64
 	rooms map[string]map[string]time.Time // room -> user -> expiry
 }
 
+// publisher is what the writer needs of its fabric.Node.
+type publisher interface {
+	Rows(ctx context.Context, stream string, pos int64, rows json.RawMessage) error
+	Position(ctx context.Context, stream string, pos int64) error
+}
+
 // NewTypingWriter returns the typing stream's writer, publishing through
 // node and serving catch-ups from src.
 func NewTypingWriter(node *fabric.Node, src *catchup.StateSource) *TypingWriter {
-	return &TypingWriter{node: node, src: src, now: time.Now, rooms: map[string]map[string]time.Time{}}
+	return newTypingWriter(node, src)
+}
+
+func newTypingWriter(pub publisher, src *catchup.StateSource) *TypingWriter {
+	return &TypingWriter{pub: pub, src: src, now: time.Now, rooms: map[string]map[string]time.Time{}}
 }
 
 // Exec is the typing writer's shard.Exec.
@@ -55,44 +68,68 @@ func (w *TypingWriter) Exec(ctx context.Context, room string, tasks []shard.Task
 	return out
 }
 
+// set applies one typing request and returns the position at which
+// readers see its effect. A request that changes nothing readers see (a
+// user who was not typing stops, one who is goes on) publishes nothing:
+// the current position already says it.
 func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	users := w.rooms[room]
-	if users == nil {
-		users = map[string]time.Time{}
-		w.rooms[room] = users
-	}
+	_, was := users[r.User]
 	if r.Typing {
+		if users == nil {
+			users = map[string]time.Time{}
+			w.rooms[room] = users
+		}
 		users[r.User] = w.now().Add(time.Duration(r.TimeoutMS) * time.Millisecond)
 	} else {
 		delete(users, r.User)
 	}
+	if was == r.Typing {
+		return w.pos, nil
+	}
 	return w.publishLocked(ctx, room)
 }
 
-// publishLocked stores the room's typing users at the next position and
-// hands them to the fabric.
+// publishLocked stores the room's typing users at the next position (a
+// removal when nobody types) and hands them to the fabric. Rooms the
+// StateSource reports below its forgotten removals are published again,
+// so that a reader starting from 0 can page through the state.
 func (w *TypingWriter) publishLocked(ctx context.Context, room string) (int64, error) {
 	users := make([]string, 0, len(w.rooms[room]))
 	for u := range w.rooms[room] {
 		users = append(users, u)
 	}
 	slices.Sort(users)
-	if len(users) == 0 {
-		delete(w.rooms, room)
-	}
 	w.pos++
 	rows, err := json.Marshal([]typingRow{{Room: room, Users: users}})
 	if err != nil {
 		return 0, err
 	}
-	if err := w.src.Put(w.pos, room, rows); err != nil {
+	var stale []string
+	if len(users) == 0 {
+		delete(w.rooms, room)
+		stale, err = w.src.Remove(w.pos, room, rows)
+	} else {
+		err = w.src.Put(w.pos, room, rows)
+	}
+	if err != nil {
 		return 0, err
 	}
-	w.node.Rows(ctx, TypingStream, w.pos, rows)
-	w.node.Position(ctx, TypingStream, w.pos)
-	return w.pos, nil
+	if err := w.pub.Rows(ctx, TypingStream, w.pos, rows); err != nil {
+		return 0, err
+	}
+	pos := w.pos
+	for _, r := range stale {
+		if _, err := w.publishLocked(ctx, r); err != nil {
+			return 0, err
+		}
+	}
+	if err := w.pub.Position(ctx, TypingStream, w.pos); err != nil {
+		return 0, err
+	}
+	return pos, nil
 }
 
 // Expire drops users whose timeout passed, every interval, until ctx ends.
@@ -105,23 +142,35 @@ func (w *TypingWriter) Expire(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		w.mu.Lock()
-		now := w.now()
-		var changed []string
-		for room, users := range w.rooms {
-			for u, until := range users {
-				if !until.After(now) {
-					delete(users, u)
-					if !slices.Contains(changed, room) {
-						changed = append(changed, room)
-					}
-				}
-			}
-		}
-		slices.Sort(changed)
-		for _, room := range changed {
-			_, _ = w.publishLocked(ctx, room)
-		}
-		w.mu.Unlock()
+		w.expire(ctx)
 	}
+}
+
+// expire drops the users whose timeout passed and publishes their rooms.
+func (w *TypingWriter) expire(ctx context.Context) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.now()
+	var changed []string
+	for room, users := range w.rooms {
+		n := len(users)
+		maps.DeleteFunc(users, func(_ string, until time.Time) bool { return !until.After(now) })
+		if len(users) < n {
+			changed = append(changed, room)
+		}
+	}
+	slices.Sort(changed)
+	for _, room := range changed {
+		_, _ = w.publishLocked(ctx, room)
+	}
+}
+
+// size counts the rooms and users held.
+func (w *TypingWriter) size() (rooms, users int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, us := range w.rooms {
+		users += len(us)
+	}
+	return len(w.rooms), users
 }

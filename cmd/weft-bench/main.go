@@ -214,6 +214,7 @@ func measurements() []measurement {
 		{"lag", 2 * time.Minute, measureLag},
 		{"outage", 2 * time.Minute, measureOutage},
 		{"rss", 3 * time.Minute, measureRSS},
+		{"longpoll", 3 * time.Minute, measureLongPoll},
 	}
 }
 

@@ -153,3 +153,18 @@ func TestRow(t *testing.T) {
 		t.Errorf("parseRow = %d, %d, %v", seq, sent, ok)
 	}
 }
+
+func TestGoalRatioAtMost(t *testing.T) {
+	cost := func(w, r float64) Sample {
+		return Sample{ID: "longpoll.write.mean", Group: "Long-polls", Name: "mean", Unit: "ms", Weft: w, Raw: r, HasRaw: true,
+			Goal: &Goal{GoalRatioAtMost, 1.10}}
+	}
+	f := aggregate([][]Sample{{cost(2.1, 2.0)}, {cost(3.0, 2.0)}, {cost(2.0, 2.0)}})[0]
+	if f.Ratio == nil || f.Ratio.Median != 1.05 || f.Met == nil || !*f.Met {
+		t.Fatalf("ratios 1.05, 1.5, 1 against <= 1.10: %+v, met %v", f.Ratio, f.Met)
+	}
+	f = aggregate([][]Sample{{cost(3.0, 2.0)}})[0]
+	if *f.Met || goalText(f) != "<= 1.10x the baseline: MISSED" {
+		t.Fatalf("ratio 1.5 against <= 1.10: met %v, shown %q", *f.Met, goalText(f))
+	}
+}

@@ -13,6 +13,9 @@ const (
 	GoalRatioAtLeast = "ratio>="
 	// GoalAtMost: the weft figure must be at most Value (in its unit).
 	GoalAtMost = "<="
+	// GoalRatioAtMost: the weft/raw ratio must be at most Value (a cost
+	// against a baseline measured in the same run).
+	GoalRatioAtMost = "ratio<="
 )
 
 // Goal is a figure's target from the issue.
@@ -28,6 +31,8 @@ func (g Goal) String(unit string) string {
 		return fmt.Sprintf(">= %.0f%% of raw", 100*g.Value)
 	case GoalAtMost:
 		return fmt.Sprintf("<= %s %s", num(g.Value), unit)
+	case GoalRatioAtMost:
+		return fmt.Sprintf("<= %.2fx the baseline", g.Value)
 	}
 	return ""
 }
@@ -158,6 +163,8 @@ func aggregate(runs [][]Sample) []Figure {
 				met = f.Ratio != nil && f.Ratio.Median >= f.Goal.Value
 			case GoalAtMost:
 				met = f.Weft.Median <= f.Goal.Value
+			case GoalRatioAtMost:
+				met = f.Ratio != nil && f.Ratio.Median <= f.Goal.Value
 			}
 			f.Met = &met
 		}

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The long-poll measurement: what idle long-polls cost the writes of an
+// instance. The real binaries, a master (the typing writer) and persister1
+// (the only event writer, so the owner of every room); messages POSTed one
+// at a time to persister1, each answered once it sees its own write. The
+// mean latency is taken with no long-poll waiting, then with 1,000
+// long-polls waiting on persister1 for rooms nobody writes to, in the same
+// run, on the same processes and database; the figure is their ratio.
+const (
+	longPollIdle   = 1000
+	longPollWarmup = 100 // writes before each side is timed
+)
+
+func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
+	if err := buildBinaries(ctx, e.binDir); err != nil {
+		return nil, err
+	}
+	db, err := createDatabase(ctx, e.adminURL, 2, e.syncCommit, false)
+	if err != nil {
+		return nil, err
+	}
+	db.Pool.Close() // the binaries migrate and connect on their own
+	db.Pool = nil
+	defer db.Close()
+	logs, err := os.MkdirTemp("", "weft-bench-longpoll-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(logs)
+	env := append(os.Environ(), "WEFT_DATABASE_URL="+db.URL, "WEFT_REDIS_URL="+e.redisURL, "WEFT_SECRET="+benchSecret,
+		"WEFT_CLUSTER="+e.cluster("longpoll"), "WEFT_LOG_LEVEL=warn", "WEFT_EVENT_WRITERS=persister1")
+	var procs []*benchProc
+	defer func() { stopProcs(procs) }()
+	for _, in := range []struct{ bin, name string }{{"master", "master"}, {"worker", "persister1"}} {
+		p, err := startProc(e.binDir, logs, in.bin, in.name, env)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+		if err := waitReady(ctx, p.url, p.done, p.log); err != nil { // the master migrates first
+			return nil, err
+		}
+	}
+	owner := procs[1].url
+	n := 1000
+	if e.quick {
+		n = 300
+	}
+	hc := &http.Client{Timeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
+	write := writeLoop{hc: hc, url: owner + "/v1/rooms/" + url.PathEscape("!lp-busy:weft") + "/messages", run: e.run}
+
+	none, err := write.latencies(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("without long-polls: %w", err)
+	}
+	before, err := goroutines(ctx, hc, owner)
+	if err != nil {
+		return nil, err
+	}
+	stopPolls, err := idleLongPolls(ctx, owner, longPollIdle)
+	if err != nil {
+		return nil, err
+	}
+	defer stopPolls()
+	// Parked on the owner: each holds a goroutine there.
+	var parked int
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if parked, err = goroutines(ctx, hc, owner); err != nil {
+			return nil, err
+		}
+		if parked >= before+longPollIdle {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d long-polls sent, but the owner runs %d goroutines (%d before)", longPollIdle, parked, before)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	with, err := write.latencies(ctx, n)
+	if err != nil {
+		return nil, fmt.Errorf("with %d long-polls: %w", longPollIdle, err)
+	}
+	if failed := stopPolls(); failed > 0 {
+		return nil, fmt.Errorf("%d long-polls failed while measuring", failed)
+	}
+	e.log.Info("long-poll cost", "without_mean_ms", mean(none), "with_mean_ms", mean(with), "goroutines_before", before, "parked", parked)
+
+	const group = "Idle long-polls: 1,000 waiting on the owner for other rooms"
+	note := fmt.Sprintf("%d messages POSTed one at a time to their room's owner (read-your-writes); raw: the same with no long-poll waiting", n)
+	return []Sample{
+		{ID: "longpoll.write.mean", Group: group, Name: "write latency on the owner, mean, vs no long-polls", Unit: "ms",
+			Weft: mean(with), Raw: mean(none), HasRaw: true, Goal: &Goal{GoalRatioAtMost, 1.10}, Note: note},
+		{ID: "longpoll.write.p50", Group: group, Name: "write latency on the owner, p50, vs no long-polls", Unit: "ms",
+			Weft: quantile(with, 0.5), Raw: quantile(none, 0.5), HasRaw: true},
+		{ID: "longpoll.write.p99", Group: group, Name: "write latency on the owner, p99, vs no long-polls", Unit: "ms",
+			Weft: quantile(with, 0.99), Raw: quantile(none, 0.99), HasRaw: true},
+	}, nil
+}
+
+// writeLoop POSTs messages to one room, one at a time.
+type writeLoop struct {
+	hc   *http.Client
+	url  string
+	run  int
+	sent int
+}
+
+// latencies times n writes, in ms, after longPollWarmup untimed ones.
+func (w *writeLoop) latencies(ctx context.Context, n int) ([]float64, error) {
+	out := make([]float64, 0, n)
+	for i := range longPollWarmup + n {
+		w.sent++
+		body := fmt.Sprintf(`{"sender":"@u:weft","body":"message %d %s","txn_id":"lp-%d-%d"}`, w.sent, rowPad[:60], w.run, w.sent)
+		began := time.Now()
+		if err := post(ctx, w.hc, w.url, body); err != nil {
+			return nil, err
+		}
+		if i >= longPollWarmup {
+			out = append(out, float64(time.Since(began).Microseconds())/1000)
+		}
+	}
+	return out, nil
+}
+
+func mean(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(max(len(xs), 1))
+}
+
+// idleLongPolls keeps n long-polls waiting on base, each on a room of its
+// own that nobody writes to, until the returned stop is called; stop
+// reports the long-polls that failed.
+func idleLongPolls(ctx context.Context, base string, n int) (stop func() int64, err error) {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	var first struct {
+		NextBatch string `json:"next_batch"`
+	}
+	resp, err := hc.Get(base + "/v1/sync")
+	if err != nil {
+		return nil, err
+	}
+	err = json.NewDecoder(resp.Body).Decode(&first)
+	resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("initial sync: %w", err)
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range n {
+		u := fmt.Sprintf("%s/v1/sync?timeout_ms=120000&since=%s&rooms=%s", base, url.QueryEscape(first.NextBatch), url.QueryEscape(fmt.Sprintf("!lp-idle%d:weft", i)))
+		wg.Go(func() {
+			for pctx.Err() == nil {
+				req, _ := http.NewRequestWithContext(pctx, http.MethodGet, u, nil)
+				resp, err := hc.Do(req)
+				if err != nil {
+					if pctx.Err() != nil {
+						return
+					}
+					failed.Add(1)
+					select { // back off, then wait again
+					case <-pctx.Done():
+					case <-time.After(100 * time.Millisecond):
+					}
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	var once sync.Once
+	return func() int64 {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			hc.CloseIdleConnections()
+		})
+		return failed.Load()
+	}, nil
+}
+
+// goroutines reads go_goroutines from an instance's /metrics.
+func goroutines(ctx context.Context, hc *http.Client, base string) (int, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return int(f), err
+		}
+	}
+	return 0, fmt.Errorf("%s/metrics: no go_goroutines", base)
+}
+
+// benchProc is one real binary started by a measurement.
+type benchProc struct {
+	name, url, log string
+	cmd            *exec.Cmd
+	done           chan struct{}
+}
+
+func startProc(binDir, logs, bin, name string, env []string) (*benchProc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p := &benchProc{name: name, url: "http://" + addr, log: filepath.Join(logs, name+".log"), done: make(chan struct{})}
+	p.cmd = exec.Command(filepath.Join(binDir, bin), "--name", name, "--http-addr", addr)
+	p.cmd.Env = env
+	f, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
+	return p, nil
+}
+
+// stopProcs sends SIGTERM to every process and waits, killing those that
+// do not stop in 20 s.
+func stopProcs(procs []*benchProc) {
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-time.After(20 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}

@@ -1,0 +1,48 @@
+package instance
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/alecthomas/kong"
+)
+
+// flags is Config as cmd/* parse it: a defined type, so kong does not
+// call Validate itself.
+type flags Config
+
+// parse reads args and the environment into a Config as cmd/* does.
+func parse(t *testing.T, args ...string) Config {
+	t.Helper()
+	var c flags
+	p, err := kong.New(&c, kong.Vars{"default_name": "worker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse(append([]string{"--secret=s3cret-s3cret-s3cret"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return Config(c)
+}
+
+func TestMaxLongPollsFlag(t *testing.T) {
+	if c := parse(t); c.MaxLongPolls != 10000 || c.Validate() != nil {
+		t.Fatalf("default --max-long-polls %d (%v), want 10000 and valid", c.MaxLongPolls, c.Validate())
+	}
+	if c := parse(t, "--max-long-polls=25"); c.MaxLongPolls != 25 {
+		t.Fatalf("--max-long-polls=25 gave %d", c.MaxLongPolls)
+	}
+	t.Setenv("WEFT_MAX_LONG_POLLS", "7")
+	if c := parse(t); c.MaxLongPolls != 7 {
+		t.Fatalf("WEFT_MAX_LONG_POLLS=7 gave %d", c.MaxLongPolls)
+	}
+	for _, v := range []string{"0", "-1", "1000001"} {
+		c := parse(t, "--max-long-polls="+v)
+		err := c.Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != "max-long-polls" || ce.Env != "WEFT_MAX_LONG_POLLS" || !strings.Contains(err.Error(), v) {
+			t.Fatalf("--max-long-polls=%s: %v, want a ConfigError naming the flag, its variable and the value", v, err)
+		}
+	}
+}

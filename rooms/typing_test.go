@@ -1,0 +1,166 @@
+package rooms
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/fabric"
+)
+
+const typingInstance = "master-aaaaaaaa"
+
+// recordPub is the typing writer's fabric as a live reader sees it: every
+// row, in order, applied to a Live that never misses one.
+type recordPub struct {
+	t    testing.TB
+	live *Live
+	rows int
+	pos  int64
+}
+
+func (p *recordPub) Rows(_ context.Context, _ string, pos int64, rows json.RawMessage) error {
+	p.t.Helper()
+	if pos <= p.pos {
+		p.t.Fatalf("typing row at %d after %d", pos, p.pos)
+	}
+	p.pos = pos
+	p.rows++
+	apply(p.t, p.live, typingKey, pos, rows)
+	return nil
+}
+
+func (p *recordPub) Position(context.Context, string, int64) error { return nil }
+
+func newTestTypingWriter(t testing.TB, maxTombstones int) (*TypingWriter, *catchup.StateSource, *recordPub, *time.Time) {
+	src := catchup.NewStateSource(typingInstance)
+	src.MaxTombstones = maxTombstones
+	pub := &recordPub{t: t, live: NewLive()}
+	w := newTypingWriter(pub, src)
+	now := time.Unix(1_700_000_000, 0)
+	w.now = func() time.Time { return now }
+	return w, src, pub, &now
+}
+
+func setTyping(t testing.TB, w *TypingWriter, room, user string, typing bool) int64 {
+	t.Helper()
+	pos, err := w.set(context.Background(), room, typingReq{User: user, Typing: typing, TimeoutMS: 30000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pos
+}
+
+// catchUpLive brings a reader's Live from view to to through the source,
+// a page of limit positions at a time, resetting on ErrGone as the fabric
+// does. It returns the new view and the resets.
+func catchUpLive(t testing.TB, l *Live, src *catchup.StateSource, view, to int64, limit int) (int64, int) {
+	t.Helper()
+	resets := 0
+	for view < to {
+		rows, upto, err := src.Updates(context.Background(), typingInstance, view, to, limit)
+		if errors.Is(err, fabric.ErrGone) && view > 0 && resets < 3 {
+			resets++
+			l.Reset(typingKey)
+			view = 0
+			continue
+		}
+		if err != nil {
+			t.Fatalf("catch-up from %d: %v", view, err)
+		}
+		for _, r := range rows {
+			apply(t, l, typingKey, r.Pos, r.Rows)
+		}
+		view = upto
+	}
+	return view, resets
+}
+
+func TestTypingFalseToNewRoomsLeavesNothing(t *testing.T) {
+	w, src, pub, _ := newTestTypingWriter(t, 0)
+	for i := range 2000 {
+		setTyping(t, w, fmt.Sprint("!new", i, ":x"), "@u:x", false)
+	}
+	if rooms, users := w.size(); rooms != 0 || users != 0 {
+		t.Fatalf("the writer holds %d rooms, %d users after 2000 typing:false", rooms, users)
+	}
+	if got := src.Size(); got != (catchup.StateSize{}) {
+		t.Fatalf("the source holds %+v after 2000 typing:false", got)
+	}
+	if pub.rows != 0 {
+		t.Fatalf("%d rows published for changes nobody can see", pub.rows)
+	}
+}
+
+// 2,000 rooms where someone typed and stopped leave at most the tombstone
+// bound behind, and a reader that missed every removal still ends with the
+// writer's typing: told ErrGone, it resets and pages through the state.
+func TestTypingRemovalsAreBoundedAndReadersConverge(t *testing.T) {
+	const bound = 100
+	w, src, pub, now := newTestTypingWriter(t, bound)
+	setTyping(t, w, "!stays:x", "@long:x", true) // outlives every tombstone
+	stale := NewLive()
+	staleView, _ := catchUpLive(t, stale, src, 0, w.pos, 1000)
+
+	for i := range 2000 {
+		room := fmt.Sprint("!r", i, ":x")
+		setTyping(t, w, room, "@u:x", true)
+		setTyping(t, w, room, "@v:x", true)
+		if i%100 == 0 {
+			continue // still typing: expires below
+		}
+		setTyping(t, w, room, "@u:x", false)
+		setTyping(t, w, room, "@v:x", false)
+	}
+	if got := src.Size(); got.Tombstones > bound || got.Live != 21 {
+		t.Fatalf("the source holds %+v, want 21 live rooms and at most %d tombstones", got, bound)
+	}
+	// The still typing expire, but for the one who keeps typing.
+	*now = now.Add(time.Minute)
+	setTyping(t, w, "!stays:x", "@long:x", true)
+	w.expire(context.Background())
+	if rooms, users := w.size(); rooms != 1 || users != 1 {
+		t.Fatalf("the writer holds %d rooms, %d users, want !stays:x only", rooms, users)
+	}
+	if got := src.Size(); got.Tombstones > bound || got.Live != 1 {
+		t.Fatalf("the source holds %+v, want !stays:x and at most %d tombstones", got, bound)
+	}
+	want := map[string][]string{"!stays:x": {"@long:x"}}
+	if got := pub.live.typingAll(); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("the live reader has %v, want %v", got, want)
+	}
+
+	_, resets := catchUpLive(t, stale, src, staleView, w.pos, 1000)
+	if resets != 1 {
+		t.Fatalf("the reader that missed forgotten removals reset %d times, want 1", resets)
+	}
+	if got := stale.typingAll(); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("the reader that missed the removals has %v, want %v", got, want)
+	}
+	// A reader from 0 pages through, a position a page.
+	fresh := NewLive()
+	if _, resets := catchUpLive(t, fresh, src, 0, w.pos, 1); resets != 0 || !maps.EqualFunc(fresh.typingAll(), want, slices.Equal) {
+		t.Fatalf("a reader from 0 has %v after %d resets, want %v", fresh.typingAll(), resets, want)
+	}
+}
+
+// A request that changes nothing readers see publishes nothing and
+// answers the current position, which already says it.
+func TestTypingNoChangePublishesNothing(t *testing.T) {
+	w, _, pub, _ := newTestTypingWriter(t, 0)
+	p1 := setTyping(t, w, "!a:x", "@u:x", true)
+	p2 := setTyping(t, w, "!a:x", "@u:x", true)
+	p3 := setTyping(t, w, "!a:x", "@v:x", false)
+	if p1 != 1 || p2 != 1 || p3 != 1 || pub.rows != 1 {
+		t.Fatalf("positions %d %d %d and %d rows, want 1 1 1 and one row", p1, p2, p3, pub.rows)
+	}
+	if p := setTyping(t, w, "!a:x", "@u:x", false); p != 2 || pub.rows != 2 {
+		t.Fatalf("stopping: position %d, %d rows; want 2, 2", p, pub.rows)
+	}
+}
