@@ -235,18 +235,25 @@ func (r *runner) run(ctx context.Context) error {
 		}
 		return ""
 	}
-	eventsSrv, err := newShardServer(ownerSelf(cfg.WritesEvents()), eventsMap, eventsQ, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), log)
+	// The typing writer's name has no lease: a newer holder (a second
+	// master in a rolling update) takes it over, and this one then sends
+	// typing there. An event writer's lease fences it instead.
+	var typingHolds func() bool
+	if cfg.WritesTyping() && !cfg.WritesEvents() {
+		typingHolds = func() bool { return hold.holds(cfg.TypingWriter, inst) }
+	}
+	eventsSrv, err := newShardServer(ownerSelf(cfg.WritesEvents()), nil, eventsMap, eventsQ, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), log)
 	if err != nil {
 		return err
 	}
-	typingSrv, err := newShardServer(ownerSelf(cfg.WritesTyping()), typingMap, typingQ, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), log)
+	typingSrv, err := newShardServer(ownerSelf(cfg.WritesTyping()), typingHolds, typingMap, typingQ, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), log)
 	if err != nil {
 		return err
 	}
 	eventsFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesEvents()), Map: eventsMap, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log})
 	defer eventsFwd.Close()
-	typingFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
+	typingFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log})
 	defer typingFwd.Close()
 	svc := rooms.NewService(rooms.Config{Pool: pool, Events: gen, Node: node, Live: live,

@@ -18,11 +18,11 @@ import (
 
 // newShardServer is the owner end for one kind of sharded work; nil when
 // this instance owns none of it.
-func newShardServer(self string, m *instance.ShardMap, q *shard.Queue, cfg instance.Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
+func newShardServer(self string, holds func() bool, m *instance.ShardMap, q *shard.Queue, cfg instance.Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
 	if q == nil {
 		return nil, nil
 	}
-	return shard.NewServer(shard.ServerConfig{Self: self, Map: m, Queue: q, Secret: cfg.Secret, Insecure: cfg.Insecure, Registerer: reg, Logger: log})
+	return shard.NewServer(shard.ServerConfig{Self: self, Holds: holds, Map: m, Queue: q, Secret: cfg.Secret, Insecure: cfg.Insecure, Registerer: reg, Logger: log})
 }
 
 // shardDispatch routes forwarded work: keys under typingPrefix to the

@@ -84,6 +84,11 @@ type ForwarderConfig struct {
 	Self string
 	// Map says which writer name owns a key. Required.
 	Map *instance.ShardMap
+	// Holds, if set, reports whether this instance still holds Self (the
+	// writer registry says so): an instance that lost its name to a newer
+	// holder (two instances of a name during a rolling update) forwards
+	// to that holder instead of running the task where nobody follows it.
+	Holds func() bool
 	// Local runs the keys Self owns. Required when Self is set.
 	Local *Queue
 	// Resolve finds the owner's current URL. Required.
@@ -192,7 +197,7 @@ func (f *Forwarder) Do(ctx context.Context, key string, t Task, idempotencyKey s
 	}
 	start := time.Now()
 	owner := f.cfg.Map.Owner(key)
-	if f.cfg.Self != "" && owner == f.cfg.Self {
+	if f.cfg.Self != "" && owner == f.cfg.Self && (f.cfg.Holds == nil || f.cfg.Holds()) {
 		f.m.requests.WithLabelValues(fwdLocal).Inc()
 		res, err := f.cfg.Local.Submit(ctx, key, t)
 		f.m.duration.WithLabelValues("local").Observe(time.Since(start).Seconds())

@@ -31,6 +31,10 @@ type ServerConfig struct {
 	Self string
 	// Map says which writer name owns a key. Required.
 	Map *instance.ShardMap
+	// Holds, if set, reports whether this instance still holds Self; when
+	// it does not, every request is answered 409 (not owner), so that the
+	// caller finds the name's current holder.
+	Holds func() bool
 	// Queue runs the tasks of the keys Self owns. Required.
 	Queue *Queue
 	// Secret is the shared bearer secret every request must carry.
@@ -145,7 +149,7 @@ func (s *Server) serve(r *http.Request) (a answer, ok bool) {
 	if bad != "" {
 		return badInput("key", bad), true
 	}
-	if owner := s.cfg.Map.Owner(key); owner != s.cfg.Self || s.cfg.Self == "" {
+	if owner := s.cfg.Map.Owner(key); owner != s.cfg.Self || s.cfg.Self == "" || (s.cfg.Holds != nil && !s.cfg.Holds()) {
 		return errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: owner}), true
 	}
 	req, errAns := readRequest(r)
