@@ -313,7 +313,7 @@ func (r *runner) run(ctx context.Context) error {
 	if tw != nil {
 		wg.Go(func() { tw.Expire(workCtx, 100*time.Millisecond) })
 	}
-	wg.Go(func() { refreshHolders(workCtx, hold, cfg.AnnounceInterval) })
+	wg.Go(func() { refreshHolders(workCtx, hold, node, cfg.AnnounceInterval) })
 	if r.role == RoleMaster {
 		wg.Go(func() {
 			streams.SealLoop(workCtx, pool, []streams.Config{rooms.EventsConfig}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
@@ -413,12 +413,15 @@ func announce(ctx context.Context, node *fabric.Node, s *streams.Sealed) {
 	}
 }
 
-// refreshHolders keeps the writer registry read at the announce pace.
-func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
+// refreshHolders keeps the writer registry read at the announce pace, and
+// hands the node who holds each writer name.
+func refreshHolders(ctx context.Context, h *holders, node *fabric.Node, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		_ = h.refresh(ctx) // a failed read keeps the last one
+		if h.refresh(ctx) == nil { // a failed read keeps the last one
+			node.Holders(ctx, h.holdings())
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -80,6 +80,11 @@ type linkConfig struct {
 	Logger *slog.Logger
 	// OnAttempt, if set, is called before every connection attempt.
 	OnAttempt func()
+	// Seal, if set, stamps (and signs) each line as it is sent: it
+	// appends to line and returns it. Stamping at send time, in send order,
+	// makes a line's stamp the time it reached Redis, however long it
+	// waited in the queue (see envelope).
+	Seal func(line []byte, now time.Time) []byte
 }
 
 // validate reports the first invalid field.
@@ -136,9 +141,10 @@ func (c linkConfig) withDefaults() linkConfig {
 // linkEvents receives what happens on a link, from one goroutine, in order:
 // linkUp, any number of linkMessage, linkDown, then again linkUp...
 type linkEvents interface {
-	// linkUp: Redis confirmed the SUBSCRIBE. Only now may the node publish
-	// REPLICATE: anything answering it is sure to reach us.
-	linkUp()
+	// linkUp: Redis confirmed the SUBSCRIBE, sent at since. Only now may
+	// the node publish REPLICATE: anything answering it is sure to reach us.
+	// No line sent before since can arrive on this subscription.
+	linkUp(since time.Time)
 	// linkMessage is one message on the channel.
 	linkMessage(payload string)
 	// linkDown: the subscription is lost (error, missing PONG, silent
@@ -188,6 +194,8 @@ type link struct {
 	published      atomic.Uint64
 	publishErrors  atomic.Uint64
 	publishDropped atomic.Uint64
+	arena          []byte // the sealed lines of the batch being sent (publisher only)
+	scratch        []byte
 	publishBatches atomic.Uint64
 	queuedBytes    atomic.Int64
 	// finalFlush is what the last flush of run's end did: nil when every
@@ -514,7 +522,7 @@ func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.Wa
 				c.up = true
 				wg.Go(func() { l.watchRunID(ctx, runID, c.restarted) })
 				l.log.Info("fabric: link: subscribed", "addr", l.addr, "run_id", runID)
-				ev.linkUp()
+				ev.linkUp(c.start)
 				ev.linkFresh(c.start)
 			case *redis.Message:
 				if !c.up {
@@ -704,8 +712,25 @@ func (l *link) flush(ctx context.Context) {
 // send PUBLISHes batch in one pipeline round trip.
 func (l *link) send(ctx context.Context, batch []string) error {
 	pipe := l.pub.Pipeline()
-	for _, line := range batch {
-		pipe.Publish(ctx, l.cfg.Channel, line)
+	if l.cfg.Seal == nil {
+		for _, line := range batch {
+			pipe.Publish(ctx, l.cfg.Channel, line)
+		}
+	} else {
+		// Sealed lines go into one reused arena: no allocation per line.
+		now := time.Now()
+		ends := make([]int, len(batch))
+		l.arena = l.arena[:0]
+		for i, line := range batch {
+			l.scratch = l.cfg.Seal(append(l.scratch[:0], line...), now)
+			l.arena = append(l.arena, l.scratch...)
+			ends[i] = len(l.arena)
+		}
+		start := 0
+		for _, end := range ends {
+			pipe.Publish(ctx, l.cfg.Channel, l.arena[start:end:end])
+			start = end
+		}
 	}
 	cmds, err := pipe.Exec(ctx)
 	l.publishBatches.Add(1)

@@ -45,7 +45,7 @@ type linkRecorder struct {
 	msgs   []string
 }
 
-func (r *linkRecorder) linkUp()             { r.add(linkEvent{kind: "up"}) }
+func (r *linkRecorder) linkUp(time.Time)    { r.add(linkEvent{kind: "up"}) }
 func (r *linkRecorder) linkDown(err error)  { r.add(linkEvent{kind: "down", err: err}) }
 func (r *linkRecorder) linkFresh(time.Time) {}
 

@@ -215,7 +215,7 @@ type freshTarget struct {
 type input interface{}
 
 type (
-	inUp    struct{}
+	inUp    struct{ since time.Time }
 	inDown  struct{ err error }
 	inFresh struct{ sent time.Time }
 	inCmd   struct {
@@ -249,6 +249,7 @@ type (
 		key core.Key
 		pos int64
 	}
+	inHolders struct{ hs []core.Holding }
 	// inRefreshed: a refresh of stream read its stored positions at `at`.
 	inRefreshed struct {
 		stream string
@@ -346,7 +347,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fabric: config: RedisURL: %w", err)
 	}
-	lc := linkConfig{Options: opts, Channel: n.channel, Backoff: cfg.Backoff, Logger: n.log}
+	lc := linkConfig{Options: opts, Channel: n.channel, Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
 	if cfg.linkTune != nil {
 		cfg.linkTune(&lc)
 	}
@@ -412,7 +413,7 @@ type nodeEvents struct {
 	ctx context.Context
 }
 
-func (e nodeEvents) linkUp()            { e.n.send(e.ctx, inUp{}) }
+func (e nodeEvents) linkUp(since time.Time) { e.n.send(e.ctx, inUp{since}) }
 func (e nodeEvents) linkDown(err error) { e.n.send(e.ctx, inDown{err}) }
 
 // linkFresh goes through the loop, so it counts only once every message
@@ -503,6 +504,14 @@ func (n *Node) sendErr(ctx context.Context, in input) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Holders hands the node the writer registry's holders of writer names
+// (streams.Writers: instance and epoch per name). A holder newer than the
+// one heard of on the channel supersedes it at once: lines of the older
+// one, or replays of them, are refused from then on.
+func (n *Node) Holders(ctx context.Context, hs []core.Holding) {
+	n.send(ctx, inHolders{hs})
 }
 
 // AnnounceSealed tells the cluster that this instance sealed the writer
@@ -636,6 +645,7 @@ func (n *Node) step(ctx context.Context, in input) {
 		n.refreshAll(ctx) // what writers committed while we were away
 		n.m.connected.Set(1)
 		n.exec(ctx, n.core.Tick(time.Now()))
+		n.core.SubscribedSince(in.since)
 		n.exec(ctx, n.core.Connected())
 	case inDown:
 		n.m.connected.Set(0)
@@ -658,6 +668,8 @@ func (n *Node) step(ctx context.Context, in input) {
 		}
 	case inStored:
 		n.exec(ctx, n.core.Stored(in.key, in.pos))
+	case inHolders:
+		n.exec(ctx, n.core.LearnHolders(in.hs))
 	case inRefreshed:
 		n.pendingFresh[in.stream] = in.target // a newer read supersedes
 	}
@@ -835,8 +847,7 @@ func (n *Node) publish(_ context.Context, cmd wire.Command) {
 		n.log.Error("cannot encode command", "verb", cmd.Verb(), "err", err)
 		return
 	}
-	n.writeBuf = n.env.seal(n.writeBuf, time.Now())
-	if err := n.link.publish(n.writeBuf); err != nil { // publish copies
+	if err := n.link.publish(n.writeBuf); err != nil { // publish copies; the link stamps and signs
 		return // dropped and counted: readers repair it from the next prev
 	}
 	n.m.commandsOut.WithLabelValues(cmd.Verb()).Inc()

@@ -96,7 +96,9 @@ func TestNodeRedisKilledMidStream(t *testing.T) {
 	rds.Start(t)
 	testenv.Eventually(t, 15*time.Second, func() bool { return reader.node.link.stats().Connected }, "reader did not resubscribe")
 	// Subscribed again, but the rows written during the outage are not
-	// caught up: the node must not count itself established or ready.
+	// caught up: the node must not count itself established, and once its
+	// degraded-mode freshness (the positions PostgreSQL held a moment ago)
+	// runs out, not ready either.
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		for _, v := range reader.node.Status().Views {
 			if v.Catching {
@@ -105,9 +107,11 @@ func TestNodeRedisKilledMidStream(t *testing.T) {
 		}
 		return false
 	}, "reader never started catching up")
-	if reader.node.Established() || reader.node.Ready() {
+	if reader.node.Established() {
 		t.Fatal("reader established while catching up")
 	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return !reader.node.Ready() },
+		"reader ready while held behind the positions PostgreSQL holds")
 	testenv.Eventually(t, 5*time.Second, func() bool { return metricSum(reader.node.m.viewLagSecs) > 0 },
 		"weft_fabric_view_lag_seconds stays 0 while the reader is held behind")
 	once.Do(func() { close(released) })
@@ -278,5 +282,94 @@ func TestNodeNotReadyAfterStallUntilFreshPing(t *testing.T) {
 	n.tickAt.Store(int64(time.Since(n.born) - 2*stallGap))
 	if n.Ready() {
 		t.Fatal("ready while the stall watchdog is late")
+	}
+}
+
+// Degraded mode: with Redis down, a reader follows the writers' positions
+// from PostgreSQL. It says it is degraded, stays ready, and sees every row
+// a writer commits within a few announce intervals; when Redis returns it
+// establishes again, and nothing is lost or duplicated.
+func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	fresh := clusterOpts{tune: func(c *Config) { c.DegradedFreshness = 2 * time.Second }}
+	w1 := startMember(t, pool, rds.URL(), "persister1", fresh)
+	reader := startMember(t, pool, rds.URL(), "reader", fresh)
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w1.node.Ready() }, "not ready")
+	ctx := context.Background()
+	rds.Kill(t)
+	testenv.Eventually(t, 10*time.Second, func() bool { return !reader.node.Established() }, "reader still established with Redis down")
+
+	var samples, notReady atomic.Int64
+	sctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+			samples.Add(1)
+			if !reader.node.Ready() {
+				notReady.Add(1)
+			}
+		}
+	})
+	key := eventsKey("persister1")
+	for i := range 30 {
+		id, err := w1.write(ctx, pool, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 5*time.Second, func() bool { return reader.node.View(key) >= id },
+			"row %d not seen by the reader through PostgreSQL (view %d)", id, reader.node.View(key))
+	}
+	stop()
+	wg.Wait()
+	if st := reader.node.Status(); !st.Degraded || testutil.ToFloat64(reader.node.m.degraded) != 1 {
+		t.Fatalf("status degraded=%v, metric %v while Redis is down", st.Degraded, testutil.ToFloat64(reader.node.m.degraded))
+	}
+	if n := notReady.Load(); n > 0 {
+		t.Fatalf("not ready in %d of %d samples while following PostgreSQL", n, samples.Load())
+	}
+	rds.Start(t)
+	testenv.Eventually(t, 20*time.Second, func() bool { return reader.node.Established() && !reader.node.Status().Degraded },
+		"reader not established again after Redis returned")
+	converged(t, pool, reader, "persister1")
+}
+
+// A graceful stop says BYE, and the BYE reaches Redis before Run returns:
+// 20 stops in a row, 20 BYEs on the channel.
+func TestNodeSaysBye(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	opts, _ := redis.ParseURL(rds.URL())
+	rc := redis.NewClient(opts)
+	defer rc.Close()
+	ctx := context.Background()
+	ps := rc.Subscribe(ctx, "weft:test")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		m := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+		testenv.Eventually(t, 10*time.Second, func() bool { return m.node.Ready() }, "not ready")
+		m.shutdown() // returns once Run returned
+		// Run returned: the BYE was published before, so it is next on the
+		// channel after the lines before it.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			msg, err := ps.ReceiveTimeout(ctx, time.Until(deadline))
+			if err != nil {
+				t.Fatalf("stop %d: no BYE on the channel: %v", i, err)
+			}
+			if m, ok := msg.(*redis.Message); ok && strings.HasPrefix(m.Payload, "BYE reader-aaaaaaaa ") {
+				break
+			}
+		}
 	}
 }

@@ -25,13 +25,13 @@ import (
 const sigChars = 22
 
 // envelope stamps and signs what this node publishes and opens what it
-// receives. Seal is called from the node's loop only; Open from the link's
-// receive goroutine.
+// receives. Seal is called from the link's publisher only (lines are
+// stamped as they are sent, in order); Open from its receive goroutine.
 type envelope struct {
 	channel string
 	epoch   uint64
 	pool    *sync.Pool // of hash.Hash; nil: unsigned
-	lastSeq uint64     // loop only
+	lastSeq uint64     // the publisher's only
 }
 
 func newEnvelope(channel, secret string, epoch uint64) *envelope {

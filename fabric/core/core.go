@@ -19,6 +19,7 @@ const (
 	DefaultMaxRowsBytes      = 64 << 10
 	DefaultMaxBuffer         = 10000
 	DefaultMaxLineAge        = time.Minute
+	DefaultMaxClockSkew      = 2 * time.Second
 	DefaultMaxPeers          = 4096
 	DefaultMaxGone           = 4096
 )
@@ -85,6 +86,11 @@ type Config struct {
 	// refused as a replay when its stamp is older than this, by this core's
 	// clock [1 min]. It bounds the clock skew between instances too.
 	MaxLineAge time.Duration
+	// MaxClockSkew is how far behind this core's clock another instance's
+	// may be. A line from an instance not live here that is stamped more
+	// than this before the current subscription was sent cannot have been
+	// published on it: it is a replay [2 s].
+	MaxClockSkew time.Duration
 	// MaxPeers bounds the live instances (and the writer names) tracked;
 	// lines from further new instances are refused [4096].
 	MaxPeers int
@@ -121,6 +127,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxLineAge <= 0 {
 		c.MaxLineAge = DefaultMaxLineAge
+	}
+	if c.MaxClockSkew <= 0 {
+		c.MaxClockSkew = DefaultMaxClockSkew
 	}
 	if c.MaxPeers <= 0 {
 		c.MaxPeers = DefaultMaxPeers
@@ -207,8 +216,9 @@ type Core struct {
 	own       map[string]*ownStream
 	ownList   []*ownStream // in name order, for deterministic output
 
-	now         time.Time
-	connected   bool
+	now          time.Time
+	subscribedAt time.Time // when the current subscription was sent; zero if unknown
+	connected    bool
 	established bool
 	windowEnd   time.Time
 	writersEnd  time.Time

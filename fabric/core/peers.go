@@ -82,7 +82,7 @@ func (c *Core) admit(sender string, st wire.Stamp) bool {
 		switch {
 		case wasGone && st.Seq <= last:
 			return refuse(RefusedReplayed)
-		case !wasGone && c.tooOld(st):
+		case c.tooOld(st):
 			return refuse(RefusedReplayed)
 		case len(c.peers) >= c.cfg.MaxPeers:
 			return refuse(RefusedPeersFull)
@@ -114,14 +114,58 @@ func (c *Core) admit(sender string, st wire.Stamp) bool {
 	return true
 }
 
-// tooOld reports whether a stamp is older than MaxLineAge by this core's
-// clock. Sequences are microseconds of the sender's clock.
+// tooOld reports whether a line from an instance that is not live here is
+// old truth: stamped before the current subscription was sent (less the
+// clock skew allowed), so it cannot have been published on it, or older
+// than MaxLineAge. Sequences are microseconds of the sender's clock.
 func (c *Core) tooOld(st wire.Stamp) bool {
-	if c.now.IsZero() {
-		return false
+	var floor int64
+	if !c.now.IsZero() {
+		floor = c.now.Add(-c.cfg.MaxLineAge).UnixMicro()
 	}
-	floor := c.now.Add(-c.cfg.MaxLineAge).UnixMicro()
+	if !c.subscribedAt.IsZero() {
+		floor = max(floor, c.subscribedAt.Add(-c.cfg.MaxClockSkew).UnixMicro())
+	}
 	return floor > 0 && st.Seq < uint64(floor)
+}
+
+// SubscribedSince tells the core when the subscription that the next
+// Connected confirms was sent: no line published before then can arrive
+// on it, so an older one from an instance not live here is a replay.
+func (c *Core) SubscribedSince(t time.Time) { c.subscribedAt = t }
+
+// Holding is a writer name's holder as the writer registry says.
+type Holding struct {
+	Name     string
+	Instance string
+	Epoch    uint64
+}
+
+// LearnHolders takes the writer registry's holders of writer names (read
+// from PostgreSQL): a holder with a higher epoch than the one heard of
+// supersedes it at once, so the lines of an older holder are refused even
+// before the new one has spoken (a replay right after a restart).
+func (c *Core) LearnHolders(hs []Holding) []Action {
+	for _, h := range hs {
+		if h.Epoch == 0 || h.Instance == "" {
+			continue
+		}
+		cur, known := c.holders[h.Name]
+		switch {
+		case known && h.Epoch <= cur.epoch:
+			continue
+		case !known && len(c.holders) >= c.cfg.MaxPeers:
+			continue
+		}
+		c.holders[h.Name] = holder{instance: h.Instance, epoch: h.Epoch}
+		if known && cur.instance != h.Instance {
+			if prev, live := c.peers[cur.instance]; live {
+				c.forget(cur.instance, prev.seq, "superseded")
+			}
+		}
+	}
+	c.checkEstablished()
+	return c.flush()
 }
 
 // forget drops a live instance: its ephemeral writers' state is reset and

@@ -30,6 +30,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	stored STREAM/WRITER POS       (Stored)
 //	state                          (views, readiness)
 //	peers                          (the peer table)
+//	subscribed AGO                 (SubscribedSince now-AGO)
+//	holders NAME=INSTANCE@EPOCH... (LearnHolders)
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -214,6 +216,27 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, seq *uint64, line string
 		return c.Shutdown(), nil
 	case "state", "peers":
 		return nil, nil
+	case "subscribed":
+		// subscribed AGO: the subscription was sent AGO before now.
+		d, err := time.ParseDuration(f[1])
+		if err != nil {
+			return nil, err
+		}
+		c.SubscribedSince(now.Add(-d))
+		return nil, nil
+	case "holders":
+		// holders NAME=INSTANCE@EPOCH ...
+		var hs []Holding
+		for _, kv := range f[1:] {
+			name, rest, _ := strings.Cut(kv, "=")
+			inst, ep, _ := strings.Cut(rest, "@")
+			e, err := strconv.ParseUint(ep, 10, 64)
+			if err != nil {
+				return nil, err
+			}
+			hs = append(hs, Holding{Name: name, Instance: inst, Epoch: e})
+		}
+		return c.LearnHolders(hs), nil
 	case "tick":
 		d, err := time.ParseDuration(f[1])
 		if err != nil {
