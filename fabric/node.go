@@ -414,7 +414,7 @@ type nodeEvents struct {
 }
 
 func (e nodeEvents) linkUp(since time.Time) { e.n.send(e.ctx, inUp{since}) }
-func (e nodeEvents) linkDown(err error) { e.n.send(e.ctx, inDown{err}) }
+func (e nodeEvents) linkDown(err error)     { e.n.send(e.ctx, inDown{err}) }
 
 // linkFresh goes through the loop, so it counts only once every message
 // read before the PONG has been handled.

@@ -219,11 +219,11 @@ type Core struct {
 	now          time.Time
 	subscribedAt time.Time // when the current subscription was sent; zero if unknown
 	connected    bool
-	established bool
-	windowEnd   time.Time
-	writersEnd  time.Time
-	nextHello   time.Time
-	out         []Action
+	established  bool
+	windowEnd    time.Time
+	writersEnd   time.Time
+	nextHello    time.Time
+	out          []Action
 }
 
 // New returns a disconnected Core.
