@@ -32,7 +32,8 @@ type oracle struct {
 }
 
 type instView struct {
-	seen     map[string]int // txn -> times seen
+	seen     map[string]int       // txn -> times seen
+	seenAt   map[string]time.Time // txn -> when its sync first returned it
 	order    []event
 	maxPos   map[string]int64 // writer -> highest position in earlier responses
 	token    streams.Token
@@ -45,14 +46,15 @@ type instView struct {
 	samples, readySamples, readyBehind int
 	putoBack                           int
 	lastPuto                           int64
+	notReady                           []time.Time // when a /status sample said not ready
 }
 
 func newOracle(procs []*proc) *oracle {
 	o := &oracle{views: map[string]*instView{}, ackTimes: map[string][]time.Time{}, ackMax: map[string][]int64{}}
 	for _, p := range procs {
-		o.views[p.name] = &instView{seen: map[string]int{}, maxPos: map[string]int64{}}
+		o.views[p.name] = &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, maxPos: map[string]int64{}}
 	}
-	o.views[roaming] = &instView{seen: map[string]int{}, maxPos: map[string]int64{}}
+	o.views[roaming] = &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, maxPos: map[string]int64{}}
 	return o
 }
 
@@ -142,6 +144,9 @@ func (o *oracle) apply(v *instView, name, since string, r syncResp) {
 			hi[e.Writer] = max(hi[e.Writer], e.StreamPos)
 			txn := txnOf(e)
 			v.seen[txn]++
+			if v.seen[txn] == 1 {
+				v.seenAt[txn] = time.Now()
+			}
 			if v.seen[txn] > 1 {
 				v.dup++
 				v.violation("%s: %s (%s/%d) seen %d times (since %s)", name, txn, e.Writer, e.StreamPos, v.seen[txn], since)
@@ -199,6 +204,9 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 			v.violation("%s: persisted-upto %d after %d", name, st.PersistedUpto, v.lastPuto)
 		}
 		v.lastPuto = max(v.lastPuto, st.PersistedUpto)
+		if !st.Ready {
+			v.notReady = append(v.notReady, began)
+		}
 		if st.Ready {
 			v.readySamples++
 			cutoff := began.Add(-readySlack)
@@ -429,4 +437,45 @@ func (r chaosReport) save(t *testing.T) {
 	}
 	defer f.Close()
 	_ = json.NewEncoder(f).Encode(r)
+}
+
+// notReadyIn counts, per instance, the /status samples that said not ready
+// between from and to.
+func (o *oracle) notReadyIn(from, to time.Time) map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]int{}
+	for name, v := range o.views {
+		for _, at := range v.notReady {
+			if !at.Before(from) && !at.After(to) {
+				out[name]++
+			}
+		}
+	}
+	return out
+}
+
+// visibilityLag is, over the writes acknowledged between from and to, the
+// longest time from acknowledgement to being returned by each instance's
+// sync, and how many writes it covers.
+func (o *oracle) visibilityLag(w *workload, from, to time.Time) (worst map[string]time.Duration, n int) {
+	acks := w.ackedSnapshot()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	worst = map[string]time.Duration{}
+	for txn, a := range acks {
+		if a.at.Before(from) || a.at.After(to) {
+			continue
+		}
+		n++
+		for name, v := range o.views {
+			if name == roaming {
+				continue
+			}
+			if at, ok := v.seenAt[txn]; ok {
+				worst[name] = max(worst[name], at.Sub(a.at))
+			}
+		}
+	}
+	return worst, n
 }
