@@ -295,13 +295,21 @@ func (r *runner) run(ctx context.Context) error {
 			wg.Go(func() { errs <- wrap(name+" queue", q.Run(workCtx)) })
 		}
 	}
-	if lease != nil {
+	// The lease's heartbeat stops before the stop seals the writer: a
+	// heartbeat after the seal would report the lease lost.
+	leaseCtx, stopLease := context.WithCancel(workCtx)
+	defer stopLease()
+	leaseDone := make(chan struct{})
+	if lease == nil {
+		close(leaseDone)
+	} else {
 		wg.Go(func() {
+			defer close(leaseDone)
 			// A writer whose lease was sealed (it stalled past its TTL: GC,
 			// SIGSTOP, a partition) must not linger as a zombie that owns
 			// shards it can no longer write: it exits non-zero, and its
 			// supervisor restarts it as a new instance that claims the name.
-			if err := lease.Run(workCtx, cfg.LeaseTTL/3); err != nil && workCtx.Err() == nil {
+			if err := lease.Run(leaseCtx, cfg.LeaseTTL/3); err != nil && leaseCtx.Err() == nil {
 				errs <- fmt.Errorf("app: writer lease lost, restart to claim it again: %w", err)
 			}
 		})
@@ -332,7 +340,7 @@ func (r *runner) run(ctx context.Context) error {
 	case runErr = <-errs:
 		log.Error("component failed, shutting down", "err", runErr)
 	}
-	r.stop(svc, eventsQ, typingQ, lease, node)
+	r.stop(svc, eventsQ, typingQ, lease, node, func() { stopLease(); <-leaseDone })
 	stopWork()
 	stopNode()
 	<-nodeDone
@@ -366,7 +374,7 @@ func (r *runner) claim(ctx context.Context, pool *pgxpool.Pool) (*streams.Lease,
 
 // stop runs the first two phases of a graceful stop; the caller then stops
 // the node, which says BYE.
-func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue, lease *streams.Lease, node *fabric.Node) {
+func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue, lease *streams.Lease, node *fabric.Node, stopHeartbeat func()) {
 	start := time.Now()
 	log := r.log
 	// 1. Requests and queues, in parallel, on one budget.
@@ -392,6 +400,7 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue, lease *
 	wg.Wait()
 	cancel()
 	// 2. Seal the own writer and announce it.
+	stopHeartbeat()
 	if lease != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), StopSeal)
 		err := lease.Release(ctx, []streams.Config{rooms.EventsConfig})

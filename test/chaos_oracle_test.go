@@ -47,6 +47,7 @@ type instView struct {
 	putoBack                           int
 	lastPuto                           int64
 	notReady                           []time.Time // when a /status sample said not ready
+	notReadyWhy                        []string
 }
 
 func newOracle(procs []*proc) *oracle {
@@ -172,10 +173,13 @@ type statusDoc struct {
 	Peers         map[string]struct {
 		Name string `json:"name"`
 	} `json:"peers"`
+	Established   bool      `json:"established"`
+	Degraded      bool      `json:"degraded"`
 	Streams       []struct {
 		Stream   string `json:"stream"`
 		Writer   string `json:"writer"`
 		Position int64  `json:"position"`
+		Catching bool   `json:"catching_up"`
 	} `json:"streams"`
 }
 
@@ -206,6 +210,14 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 		v.lastPuto = max(v.lastPuto, st.PersistedUpto)
 		if !st.Ready {
 			v.notReady = append(v.notReady, began)
+			catching := 0
+			for _, s := range st.Streams {
+				if s.Catching {
+					catching++
+				}
+			}
+			v.notReadyWhy = append(v.notReadyWhy, fmt.Sprintf("%s at %s: established=%v degraded=%v catching=%d",
+				st.Instance, began.Format("15:04:05.000"), st.Established, st.Degraded, catching))
 		}
 		if st.Ready {
 			v.readySamples++
@@ -440,19 +452,21 @@ func (r chaosReport) save(t *testing.T) {
 }
 
 // notReadyIn counts, per instance, the /status samples that said not ready
-// between from and to.
-func (o *oracle) notReadyIn(from, to time.Time) map[string]int {
+// between from and to, and says what they showed.
+func (o *oracle) notReadyIn(from, to time.Time) (map[string]int, []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := map[string]int{}
+	var why []string
 	for name, v := range o.views {
-		for _, at := range v.notReady {
+		for i, at := range v.notReady {
 			if !at.Before(from) && !at.After(to) {
 				out[name]++
+				why = append(why, v.notReadyWhy[i])
 			}
 		}
 	}
-	return out
+	return out, why
 }
 
 // visibilityLag is, over the writes acknowledged between from and to, the

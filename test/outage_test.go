@@ -59,8 +59,12 @@ func TestRedisOutageDegraded(t *testing.T) {
 				t.Errorf("%s: a write acknowledged during the outage took %v to reach its sync, want <= %v", name, lag, bound)
 			}
 		}
-		for name, k := range ch.o.notReadyIn(start.Add(announce), end) {
+		notReady, why := ch.o.notReadyIn(start.Add(announce), end)
+		for name, k := range notReady {
 			t.Errorf("%s: /readyz not 200 in %d samples during the outage (degraded mode must stay ready)", name, k)
+		}
+		for _, w := range why {
+			t.Log("not ready: " + w)
 		}
 		ch.rds.Start(t)
 		cancel()

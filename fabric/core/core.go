@@ -86,6 +86,11 @@ type Config struct {
 	// refused as a replay when its stamp is older than this, by this core's
 	// clock [1 min]. It bounds the clock skew between instances too.
 	MaxLineAge time.Duration
+	// StoredGrace: a writer position learned from the database (Stored)
+	// while the connection is established and the writer live is fetched
+	// only if the live path has not brought the view there within it
+	// [2 * AnnounceInterval, at least 500 ms].
+	StoredGrace time.Duration
 	// MaxClockSkew is how far behind this core's clock another instance's
 	// may be. A line from an instance not live here that is stamped more
 	// than this before the current subscription was sent cannot have been
@@ -127,6 +132,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxLineAge <= 0 {
 		c.MaxLineAge = DefaultMaxLineAge
+	}
+	if c.StoredGrace <= 0 {
+		c.StoredGrace = max(2*c.AnnounceInterval, 500*time.Millisecond)
 	}
 	if c.MaxClockSkew <= 0 {
 		c.MaxClockSkew = DefaultMaxClockSkew
@@ -173,6 +181,11 @@ type view struct {
 	awaited    bool  // the connection waits for this writer's POSITION
 	suspect    bool  // did not answer a connection in time
 	expected   bool  // a known writer (StreamSpec.Writers), maybe not heard from yet
+
+	// stored is a position the database has for the writer above the
+	// view, waiting StoredGrace (since storedSince) for the live path.
+	stored      int64
+	storedSince time.Time
 
 	catching bool   // catching up to `to`
 	to       int64  // fetch target
@@ -308,6 +321,7 @@ func (c *Core) Tick(now time.Time) []Action {
 		c.now = now
 	}
 	c.expirePeers(prev)
+	c.storedDue()
 	for _, k := range c.sortedKeys() {
 		v := c.views[k]
 		if v.catching && v.fetchID == 0 && !c.now.Before(v.retryAt) {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"slices"
+	"time"
 
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/instance"
@@ -105,18 +106,54 @@ func (c *Core) sealed(cmd *wire.Sealed) {
 // it learns here, at its next refresh, and fetches the range from the
 // database instead of being ready while behind. Like "POSITION s w pos
 // pos", without touching what the connection waits for.
+//
+// A writer stores its position before its lines have reached every
+// reader, so while the connection is established and the writer is live
+// here, the live path is given StoredGrace to bring the view there first;
+// only then is the range fetched. Without the grace, a busy machine
+// fetched from the database what was already on its way, and readiness
+// flapped.
 func (c *Core) Stored(k Key, pos int64) []Action {
 	spec, ok := c.streams[k.Stream]
 	if !ok || spec.Ephemeral || k.Writer == c.cfg.Hello.Name {
 		return nil
 	}
 	v := c.view(k)
-	if pos > v.announced {
-		v.announced = pos
-		c.handle(v, &wire.Position{Stream: k.Stream, Writer: v.instance, Prev: pos, Pos: pos})
+	switch {
+	case pos <= max(v.announced, v.pos):
+	case c.established && v.instance != "" && c.peers[v.instance] != nil:
+		if v.stored == 0 {
+			v.storedSince = c.now
+		}
+		v.stored = max(v.stored, pos)
+	default:
+		c.applyStored(v, pos)
 	}
 	c.checkEstablished()
 	return c.flush()
+}
+
+func (c *Core) applyStored(v *view, pos int64) {
+	v.stored, v.storedSince = 0, time.Time{}
+	if pos > v.announced {
+		v.announced = pos
+		c.handle(v, &wire.Position{Stream: v.key.Stream, Writer: v.instance, Prev: pos, Pos: pos})
+	}
+}
+
+// storedDue applies the stored positions whose grace ran out with the view
+// still behind them, and forgets those the live path reached.
+func (c *Core) storedDue() {
+	for _, k := range c.sortedKeys() {
+		v := c.views[k]
+		switch {
+		case v.stored == 0:
+		case max(v.pos, v.announced) >= v.stored:
+			v.stored, v.storedSince = 0, time.Time{}
+		case !c.established || c.now.Sub(v.storedSince) >= c.cfg.StoredGrace:
+			c.applyStored(v, v.stored)
+		}
+	}
 }
 
 // AnnounceSealed publishes that this instance sealed a writer at its
