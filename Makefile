@@ -17,7 +17,7 @@ test:
 
 # The chaos scenarios in their long form (more cycles, more load).
 chaos:
-	WEFT_CHAOS=long $(GO) test -count=1 -timeout 90m -run '^TestChaos' -v ./test/
+	WEFT_CHAOS=long $(GO) test -count=1 -timeout 120m -run '^(TestChaos|TestRollingRestart|TestRedisOutageDegraded|TestReplayedChannel)' -v ./test/
 
 build:
 	$(GO) build -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
