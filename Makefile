@@ -55,6 +55,7 @@ fuzz-ci:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME) ./streams/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./fabric/wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzCore$$' -fuzztime $(FUZZTIME) ./fabric/core/
+	$(GO) test -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) ./fabric/core/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidJSON$$' -fuzztime $(FUZZTIME) ./catchup/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodePage$$' -fuzztime $(FUZZTIME) ./catchup/
 	$(GO) test -run '^$$' -fuzz '^FuzzUpdatesParams$$' -fuzztime $(FUZZTIME) ./catchup/

@@ -207,7 +207,9 @@ func (c *Core) forget(inst string, seq uint64, cause string) {
 // silence while this core is connected counts: Connected and a stall of
 // the runner (a late Tick) start every peer's clock again.
 func (c *Core) expirePeers(prevTick time.Time) {
-	if !prevTick.IsZero() && c.now.Sub(prevTick) > c.cfg.PeerTimeout/2 {
+	if prevTick.IsZero() || c.now.Sub(prevTick) > c.cfg.PeerTimeout/2 {
+		// The first tick (peers heard before it have no time), or a late
+		// one: silence counts from now.
 		for _, p := range c.peers {
 			p.heard = c.now
 		}
