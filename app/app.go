@@ -53,14 +53,12 @@ const typingPrefix = "typing/"
 //  1. stop taking requests: the listener closes, every long-poll returns
 //     at once with what it has, requests in flight finish; meanwhile the
 //     queues drain (StopRequests);
-//  2. seal this instance's writer, so its successor need not wait for the
-//     lease, and announce it (StopSeal);
+//  2. the node seals this instance's writer, so its successor need not
+//     wait for the lease, and announces it (fabric.Config.SealTimeout,
+//     500 ms);
 //  3. BYE, flushed to Redis before the node returns (the link's own bound,
 //     500 ms).
-const (
-	StopRequests = time.Second
-	StopSeal     = 500 * time.Millisecond
-)
+const StopRequests = time.Second
 
 // waitingLogEvery paces the WARN line of a process waiting for its name.
 const waitingLogEvery = 10 * time.Second
@@ -141,13 +139,14 @@ func (r *runner) run(ctx context.Context) error {
 
 	// The writer name first: its epoch goes into every line this instance
 	// publishes, and readers follow only the highest epoch of a name.
-	self := ""
-	var lease *streams.Lease
+	var writer *fabric.Writer // the events stream's, for an event writer
+	var writers []*fabric.Writer
+	var readGens []*streams.Generator
+	var gen *streams.Generator
 	var epoch int64
 	if cfg.WritesEvents() {
-		self = cfg.Name
 		log.Info("claiming writer name", "name", cfg.Name)
-		lease, err = r.claim(ctx, pool)
+		writer, err = r.openWriter(ctx, pool)
 		if err != nil {
 			if ctx.Err() != nil {
 				log.Info("stopped while waiting for the writer name", "err", err)
@@ -155,29 +154,29 @@ func (r *runner) run(ctx context.Context) error {
 			}
 			return err
 		}
-		epoch = lease.Epoch()
-	} else if cfg.WritesTyping() {
-		if epoch, err = streams.ClaimName(ctx, pool, cfg.Name, inst, cfg.Advertise()); err != nil {
+		epoch = writer.Lease().Epoch()
+		writers, gen = []*fabric.Writer{writer}, writer.Generator()
+	} else {
+		if cfg.WritesTyping() {
+			if epoch, err = streams.ClaimName(ctx, pool, cfg.Name, inst, cfg.Advertise()); err != nil {
+				return err
+			}
+			log.Info("took typing writer name", "name", cfg.Name, "epoch", epoch)
+		}
+		if gen, err = streams.Open(ctx, pool, rooms.EventsConfig, ""); err != nil {
 			return err
 		}
-		log.Info("took typing writer name", "name", cfg.Name, "epoch", epoch)
-	}
-	gen, err := streams.Open(ctx, pool, rooms.EventsConfig, self)
-	if err != nil {
-		return err
-	}
-	if lease != nil {
-		gen.SetLease(lease)
+		readGens = []*streams.Generator{gen}
 	}
 
 	sql := &catchup.SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
 	sources := map[string]catchup.Source{rooms.EventsStream: sql}
-	var typingSrc *catchup.StateSource
-	ephemeral := map[string]int64{}
+	var typing *fabric.Ephemeral
+	var ephemerals []*fabric.Ephemeral
 	if cfg.WritesTyping() {
-		typingSrc = catchup.NewStateSource(inst)
-		sources[rooms.TypingStream] = typingSrc
-		ephemeral[rooms.TypingStream] = 0
+		typing = fabric.NewEphemeral(rooms.TypingStream)
+		sources[rooms.TypingStream] = typing
+		ephemerals = []*fabric.Ephemeral{typing}
 	}
 	cuServer, err := catchup.NewServer(catchup.ServerConfig{Secret: cfg.Secret, Insecure: cfg.Insecure, Sources: sources, Registerer: reg, Logger: log})
 	if err != nil {
@@ -195,8 +194,9 @@ func (r *runner) run(ctx context.Context) error {
 		Epoch:             uint64(epoch),
 		Hello:             wire.Hello{Name: cfg.Name, Role: r.role, URL: cfg.Advertise(), Version: Version},
 		Streams:           []core.StreamSpec{{Name: rooms.EventsStream, Start: gen.PersistedUpto()}, {Name: rooms.TypingStream, Ephemeral: true}},
-		Generators:        []*streams.Generator{gen},
-		Ephemeral:         ephemeral,
+		Writers:           writers,
+		Ephemerals:        ephemerals,
+		Generators:        readGens,
 		Handler:           live,
 		Fetcher:           cuClient,
 		AnnounceInterval:  cfg.AnnounceInterval,
@@ -216,12 +216,12 @@ func (r *runner) run(ctx context.Context) error {
 	var eventsQ, typingQ *shard.Queue
 	var tw *rooms.TypingWriter
 	if cfg.WritesEvents() {
-		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(pool, gen, lease, node), Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log}); err != nil {
+		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(writer), Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log}); err != nil {
 			return err
 		}
 	}
 	if cfg.WritesTyping() {
-		tw = rooms.NewTypingWriter(node, typingSrc)
+		tw = rooms.NewTypingWriter(typing)
 		exec := func(ctx context.Context, key string, tasks []shard.Task) []shard.Result {
 			return tw.Exec(ctx, strings.TrimPrefix(key, typingPrefix), tasks)
 		}
@@ -295,29 +295,6 @@ func (r *runner) run(ctx context.Context) error {
 			wg.Go(func() { errs <- wrap(name+" queue", q.Run(workCtx)) })
 		}
 	}
-	// The lease's heartbeat stops before the stop seals the writer: a
-	// heartbeat after the seal would report the lease lost.
-	leaseCtx, stopLease := context.WithCancel(workCtx)
-	defer stopLease()
-	leaseDone := make(chan struct{})
-	if lease == nil {
-		close(leaseDone)
-	} else {
-		wg.Go(func() {
-			defer close(leaseDone)
-			// A writer whose lease was sealed (it stalled past its TTL: GC,
-			// SIGSTOP, a partition) must not linger as a zombie that owns
-			// shards it can no longer write: it exits non-zero, and its
-			// supervisor restarts it as a new instance that claims the name.
-			if err := lease.Run(leaseCtx, cfg.LeaseTTL/3); err != nil && leaseCtx.Err() == nil {
-				errs <- fmt.Errorf("app: writer lease lost, restart to claim it again: %w", err)
-			}
-		})
-		if p := lease.Predecessor(); p != nil {
-			// Claim sealed the previous holder: tell the readers now.
-			announce(nodeCtx, node, p)
-		}
-	}
 	if tw != nil {
 		wg.Go(func() { tw.Expire(workCtx, 100*time.Millisecond) })
 	}
@@ -326,7 +303,9 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Go(func() {
 			streams.SealLoop(workCtx, pool, []streams.Config{rooms.EventsConfig}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
 				log.Warn("sealed a writer whose lease expired", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
-				announce(nodeCtx, node, s)
+				for stream, pos := range s.Final {
+					node.AnnounceSealed(nodeCtx, stream, s.Instance, pos)
+				}
 			})
 		})
 	}
@@ -340,7 +319,7 @@ func (r *runner) run(ctx context.Context) error {
 	case runErr = <-errs:
 		log.Error("component failed, shutting down", "err", runErr)
 	}
-	r.stop(svc, eventsQ, typingQ, lease, node, func() { stopLease(); <-leaseDone })
+	r.stop(svc, eventsQ, typingQ)
 	stopWork()
 	stopNode()
 	<-nodeDone
@@ -354,14 +333,14 @@ func (r *runner) run(ctx context.Context) error {
 	return runErr
 }
 
-// claim takes the writer name, waiting for a live holder to go; while it
-// waits, the waiting page and a periodic WARN say who holds it.
-func (r *runner) claim(ctx context.Context, pool *pgxpool.Pool) (*streams.Lease, error) {
+// openWriter takes the writer name, waiting for a live holder to go (in a
+// rolling update the successor waits here, and takes the name as soon as
+// its predecessor seals it); while it waits, the waiting page and a
+// periodic WARN say who holds it.
+func (r *runner) openWriter(ctx context.Context, pool *pgxpool.Pool) (*fabric.Writer, error) {
 	var lastLog time.Time
-	// Polled often: in a rolling update the successor waits here, and takes
-	// the name as soon as its predecessor seals it.
-	return streams.Claim(ctx, pool, r.cfg.Name, r.inst, streams.LeaseConfig{TTL: r.cfg.LeaseTTL, Wait: true, Poll: 100 * time.Millisecond, URL: r.cfg.Advertise(),
-		Streams: []streams.Config{rooms.EventsConfig},
+	return fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: r.inst, Name: r.cfg.Name, Stream: rooms.EventsConfig,
+		LeaseTTL: r.cfg.LeaseTTL, Wait: true, URL: r.cfg.Advertise(),
 		OnWait: func(holder string, epoch int64, until time.Time) {
 			r.wait.set(holder, epoch, until)
 			if time.Since(lastLog) >= waitingLogEvery {
@@ -372,13 +351,15 @@ func (r *runner) claim(ctx context.Context, pool *pgxpool.Pool) (*streams.Lease,
 		}})
 }
 
-// stop runs the first two phases of a graceful stop; the caller then stops
-// the node, which says BYE.
-func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue, lease *streams.Lease, node *fabric.Node, stopHeartbeat func()) {
+// stop runs the first phase of a graceful stop; the caller then stops the
+// node, which seals this instance's writer (so nobody waits for its lease),
+// announces it and says BYE.
+func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	start := time.Now()
 	log := r.log
-	// 1. Requests and queues, in parallel, on one budget.
+	// Requests and queues, in parallel, on one budget.
 	ctx, cancel := context.WithTimeout(context.Background(), StopRequests)
+	defer cancel()
 	var wg sync.WaitGroup
 	r.stopped.Store(true)
 	svc.Close() // long-polls answer now, with what they have
@@ -398,28 +379,7 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue, lease *
 		}
 	}
 	wg.Wait()
-	cancel()
-	// 2. Seal the own writer and announce it.
-	stopHeartbeat()
-	if lease != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), StopSeal)
-		err := lease.Release(ctx, []streams.Config{rooms.EventsConfig})
-		cancel()
-		if err != nil {
-			log.Warn("stop: sealing own writer failed; its successor waits for the lease to expire", "err", err)
-		} else {
-			log.Info("stop: sealed own writer", "name", lease.Name(), "final", lease.Released().Final)
-			announce(context.Background(), node, lease.Released())
-		}
-	}
-	log.Info("stop: requests ended and writer sealed; saying BYE", "took", time.Since(start).Round(time.Millisecond))
-}
-
-// announce tells the cluster a seal's final positions.
-func announce(ctx context.Context, node *fabric.Node, s *streams.Sealed) {
-	for stream, pos := range s.Final {
-		node.AnnounceSealed(ctx, stream, s.Instance, pos)
-	}
+	log.Info("stop: requests ended and queues drained; sealing the writer and saying BYE", "took", time.Since(start).Round(time.Millisecond))
 }
 
 // refreshHolders keeps the writer registry read at the announce pace, and

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/fabric"
@@ -33,6 +34,7 @@ func lcDB(t *testing.T) *pgxpool.Pool { return fabrictest.EventsDB(t) }
 // recorder.
 type lcMember struct {
 	node     *fabric.Node
+	w        *fabric.Writer
 	gen      *streams.Generator
 	rec      *fabrictest.Recorder
 	http     *httptest.Server
@@ -43,7 +45,7 @@ type lcMember struct {
 type lcOpts struct {
 	instance  string
 	follow    []core.StreamSpec
-	ephemeral map[string]Source // ephemeral streams written here, by name
+	ephemeral []*fabric.Ephemeral // ephemeral streams written here
 	listener  net.Listener
 }
 
@@ -53,8 +55,8 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 	m := &lcMember{rec: fabrictest.NewRecorder()}
 	sql := &SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
 	sources := map[string]Source{"events": sql}
-	for name, s := range o.ephemeral {
-		sources[name] = s
+	for _, e := range o.ephemeral {
+		sources[e.Stream()] = e
 	}
 	srv, err := NewServer(ServerConfig{Secret: testSecret, Sources: sources})
 	if err != nil {
@@ -70,17 +72,6 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 		m.http.Listener = o.listener
 	}
 	m.http.Start()
-	var gens []*streams.Generator
-	follow := o.follow
-	if follow == nil {
-		m.gen, err = streams.Open(ctx, pool, lcEvents, writer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gens = []*streams.Generator{m.gen}
-		// A reader's state is at 0: it was offline for everything written so far.
-		follow = []core.StreamSpec{{Name: "events", Start: 0}}
-	}
 	inst := o.instance
 	if inst == "" {
 		inst = writer + "-aaaaaaaa"
@@ -88,9 +79,25 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 			inst = "reader-aaaaaaaa"
 		}
 	}
-	ephemeral := map[string]int64{}
-	for name := range o.ephemeral {
-		ephemeral[name] = 0
+	var gens []*streams.Generator
+	var writers []*fabric.Writer
+	follow := o.follow
+	if follow == nil {
+		if writer == "" {
+			m.gen, err = streams.Open(ctx, pool, lcEvents, "")
+			gens = []*streams.Generator{m.gen}
+		} else {
+			m.w, err = fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: writer, Stream: lcEvents, NoLease: true})
+			if m.w != nil {
+				m.gen = m.w.Generator()
+				writers = []*fabric.Writer{m.w}
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A reader's state is at 0: it was offline for everything written so far.
+		follow = []core.StreamSpec{{Name: "events", Start: 0}}
 	}
 	client := NewClient(ClientConfig{Secret: testSecret, Fallback: map[string]Source{"events": sql}})
 	n, err := fabric.New(fabric.Config{
@@ -100,7 +107,8 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 		Hello:            fabricHello(inst, m.http.URL),
 		Streams:          follow,
 		Generators:       gens,
-		Ephemeral:        ephemeral,
+		Writers:          writers,
+		Ephemerals:       o.ephemeral,
 		Handler:          m.rec,
 		Fetcher:          client,
 		AnnounceInterval: 100 * time.Millisecond,
@@ -133,19 +141,13 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 }
 
 // write commits one row as m's writer and hands it to the node.
-func (m *lcMember) write(ctx context.Context, pool *pgxpool.Pool, i int) error {
-	a, err := m.gen.Alloc(ctx, 1)
-	if err != nil {
-		return err
-	}
-	defer a.Finish()
-	id := a.IDs()[0]
-	rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, i))
-	if _, err := pool.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, id, m.gen.Self(), rows); err != nil {
-		return err
-	}
-	m.node.Rows(ctx, "events", id, rows)
-	return nil
+func (m *lcMember) write(ctx context.Context, _ *pgxpool.Pool, i int) error {
+	_, err := m.w.Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, i))
+		_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, ids[0], m.w.Name(), rows)
+		return []json.RawMessage{rows}, err
+	})
+	return err
 }
 
 func writeN(t *testing.T, pool *pgxpool.Pool, n int, from int, writers ...*lcMember) {
@@ -234,23 +236,21 @@ func TestEphemeralWriterRestart(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 
-	s1 := NewStateSource("typist-aaaaaaaa")
+	s1 := fabric.NewEphemeral("typing")
 	t1 := startInstance(t, pool, rds.URL(), "typist", lcOpts{instance: "typist-aaaaaaaa", follow: typing,
-		ephemeral: map[string]Source{"typing": s1}, listener: ln})
+		ephemeral: []*fabric.Ephemeral{s1}, listener: ln})
 	reader := startInstance(t, pool, rds.URL(), "", lcOpts{follow: typing})
 	testenv.Eventually(t, 10*time.Second, func() bool { return t1.node.Ready() && reader.node.Ready() }, "not ready")
 
-	put := func(m *lcMember, s *StateSource, pos int64, room, users string) {
+	put := func(s *fabric.Ephemeral, room, users string) {
 		rows := json.RawMessage(fmt.Sprintf(`[{"room":%q,"users":%s}]`, room, users))
-		if err := s.Put(pos, room, rows); err != nil {
+		if _, err := s.Put(context.Background(), room, rows); err != nil {
 			t.Fatal(err)
 		}
-		m.node.Rows(context.Background(), "typing", pos, rows)
-		m.node.Position(context.Background(), "typing", pos)
 	}
-	put(t1, s1, 1, "r1", `["a"]`)
-	put(t1, s1, 2, "r2", `["b"]`)
-	put(t1, s1, 3, "r1", `["a","c"]`)
+	put(s1, "r1", `["a"]`)
+	put(s1, "r2", `["b"]`)
+	put(s1, "r1", `["a","c"]`)
 	k := core.Key{Stream: "typing", Writer: "typist"}
 	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(reader.rec.Positions(k), []int64{1, 2, 3}) },
 		"reader has %v of the first instance", reader.rec.Positions(k))
@@ -262,11 +262,11 @@ func TestEphemeralWriterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2 := NewStateSource("typist-bbbbbbbb")
+	s2 := fabric.NewEphemeral("typing")
 	t2 := startInstance(t, pool, rds.URL(), "typist", lcOpts{instance: "typist-bbbbbbbb", follow: typing,
-		ephemeral: map[string]Source{"typing": s2}, listener: ln2})
+		ephemeral: []*fabric.Ephemeral{s2}, listener: ln2})
 	testenv.Eventually(t, 10*time.Second, t2.node.Ready, "new writer not ready")
-	put(t2, s2, 1, "r3", `["d"]`)
+	put(s2, "r3", `["d"]`)
 	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Equal(reader.rec.Positions(k), []int64{1}) && reader.node.Ready() },
 		"reader has %v after the restart, want only the new instance's row", reader.rec.Positions(k))
 	if got := string(reader.rec.Bodies(k)[0]); got != `[{"room":"r3","users":["d"]}]` {

@@ -109,8 +109,9 @@ func BenchmarkPublishApply(b *testing.B) {
 			sink.want.Store(int64(i+1) * rows)
 			for range rows {
 				pos++
-				pair.writer.Rows(ctx, benchStream, pos, rowsJSON)
-				pair.writer.Position(ctx, benchStream, pos)
+				if _, err := pair.eph.Put(ctx, "k", rowsJSON); err != nil {
+					b.Fatal(err)
+				}
 			}
 			awaitCount(b, &sink.applied, sink.want.Load(), sink.reached, pair.fetcher.called)
 		}
@@ -202,8 +203,9 @@ func BenchmarkLatency(b *testing.B) {
 		send := func(n int) error {
 			for range n {
 				pos++
-				pair.writer.Rows(ctx, benchStream, pos, stampRows(since()))
-				pair.writer.Position(ctx, benchStream, pos)
+				if _, err := pair.eph.Put(ctx, "k", stampRows(since())); err != nil {
+					return err
+				}
 			}
 			return nil
 		}
@@ -422,6 +424,7 @@ func (f *benchFetcher) FetchPage(context.Context, core.Fetch) (Page, error) {
 
 type benchNodes struct {
 	writer, reader *Node
+	eph            *Ephemeral // the writer's stream
 	fetcher        *benchFetcher
 }
 
@@ -430,10 +433,11 @@ type benchNodes struct {
 func benchPair(b *testing.B, redisURL string, sink *benchSink) benchNodes {
 	b.Helper()
 	fetcher := newBenchFetcher()
+	eph := NewEphemeral(benchStream)
 	writer := runBenchNode(b, Config{
 		Instance: benchWriter, Cluster: benchCluster, RedisURL: redisURL,
-		Ephemeral: map[string]int64{benchStream: 0},
-		Handler:   newBenchSink(), ReplicateWait: 100 * time.Millisecond,
+		Ephemerals: []*Ephemeral{eph},
+		Handler:    newBenchSink(), ReplicateWait: 100 * time.Millisecond,
 	})
 	reader := runBenchNode(b, Config{
 		Instance: benchReader, Cluster: benchCluster, RedisURL: redisURL,
@@ -443,7 +447,7 @@ func benchPair(b *testing.B, redisURL string, sink *benchSink) benchNodes {
 	testenv.Eventually(b, 10*time.Second, func() bool {
 		return ready(writer) && ready(reader) && knows(reader, benchKey)
 	}, "nodes not ready")
-	return benchNodes{writer: writer, reader: reader, fetcher: fetcher}
+	return benchNodes{writer: writer, reader: reader, eph: eph, fetcher: fetcher}
 }
 
 // runBenchNode runs a node until the benchmark ends. Cleanups run last in

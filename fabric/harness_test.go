@@ -66,6 +66,7 @@ func (f *dbFetcher) FetchPage(ctx context.Context, fe core.Fetch) (Page, error) 
 // member is one instance in a test cluster.
 type member struct {
 	node *Node
+	w    *Writer // nil for a reader
 	gen  *streams.Generator
 	rec  *fabrictest.Recorder
 	stop func()
@@ -82,15 +83,21 @@ type clusterOpts struct {
 func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clusterOpts) *member {
 	t.Helper()
 	ctx := context.Background()
-	self := name
+	id := name + "-" + "aaaaaaaa"
+	var w *Writer
+	var gen *streams.Generator
+	var err error
 	if name == "reader" {
-		self = ""
+		gen, err = streams.Open(ctx, pool, eventsCfg, "")
+	} else {
+		w, err = OpenWriter(ctx, pool, WriterConfig{Instance: id, Name: name, Stream: eventsCfg, NoLease: true})
+		if w != nil {
+			gen = w.Generator()
+		}
 	}
-	gen, err := streams.Open(ctx, pool, eventsCfg, self)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := name + "-" + "aaaaaaaa"
 	rec := fabrictest.NewRecorder()
 	fetcher := o.fetcher
 	if fetcher == nil {
@@ -101,7 +108,8 @@ func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clus
 		Cluster:          "test",
 		RedisURL:         redisURL,
 		Streams:          []core.StreamSpec{{Name: "events", Start: gen.PersistedUpto()}},
-		Generators:       []*streams.Generator{gen},
+		Generators:       generators(w, gen),
+		Writers:          writers(w),
 		Handler:          rec,
 		Fetcher:          fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
@@ -116,7 +124,7 @@ func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clus
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	m := &member{node: n, gen: gen, rec: rec, stop: cancel, done: make(chan error, 1)}
+	m := &member{node: n, w: w, gen: gen, rec: rec, stop: cancel, done: make(chan error, 1)}
 	go func() { m.done <- n.Run(runCtx) }()
 	t.Cleanup(m.shutdown)
 	return m
@@ -129,19 +137,32 @@ func (m *member) shutdown() {
 }
 
 // write commits one row as this member's writer and hands it to the node.
-func (m *member) write(ctx context.Context, pool *pgxpool.Pool, n int) (int64, error) {
-	a, err := m.gen.Alloc(ctx, 1)
+func (m *member) write(ctx context.Context, _ *pgxpool.Pool, n int) (int64, error) {
+	ids, err := m.w.Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
+		_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, ids[0], m.gen.Self(), rows)
+		return []json.RawMessage{rows}, err
+	})
 	if err != nil {
 		return 0, err
 	}
-	defer a.Finish()
-	id := a.IDs()[0]
-	rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
-	if _, err := pool.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, id, m.gen.Self(), rows); err != nil {
-		return 0, err
+	return ids[0], nil
+}
+
+// writers and generators put a member's stream where Config wants it: a
+// writer's generator comes with its Writer.
+func writers(w *Writer) []*Writer {
+	if w == nil {
+		return nil
 	}
-	m.node.Rows(ctx, "events", id, rows)
-	return id, nil
+	return []*Writer{w}
+}
+
+func generators(w *Writer, g *streams.Generator) []*streams.Generator {
+	if w != nil {
+		return nil
+	}
+	return []*streams.Generator{g}
 }
 
 func committed(t *testing.T, pool *pgxpool.Pool, writer string) []int64 {

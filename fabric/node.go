@@ -79,13 +79,17 @@ type Config struct {
 	Streams []core.StreamSpec
 	// Views are where the application's state is, per writer.
 	Views map[core.Key]int64
-	// Generators are the durable streams' generators: for a writer the node
-	// publishes its rows and positions; for every one it feeds other
-	// writers' positions in (idle advance) and refreshes the registry.
+	// Writers are the durable streams this instance writes (OpenWriter).
+	// The node owns them: it publishes their rows and positions, renews
+	// their leases, and on a graceful stop seals them and announces it.
+	Writers []*Writer
+	// Ephemerals are the ephemeral streams this instance writes.
+	Ephemerals []*Ephemeral
+	// Generators are the generators of durable streams followed but not
+	// written here (streams.Open with no writer name): the node refreshes
+	// their registry and feeds them every writer's position. A Writer's
+	// generator is added by itself.
 	Generators []*streams.Generator
-	// Ephemeral maps each ephemeral stream written here to its position at
-	// start (usually 0).
-	Ephemeral map[string]int64
 	// Handler applies rows. Required.
 	Handler Handler
 	// Fetcher serves catch-ups. Required when following any stream.
@@ -108,12 +112,15 @@ type Config struct {
 	// a forged position could otherwise make readers skip rows. Every
 	// instance of a cluster must use the same secret.
 	Secret string
-	// Epoch is the epoch of the writer name this instance holds
-	// (streams.Lease.Epoch, or streams.ClaimName's for an ephemeral
-	// writer); 0 when it holds none. Every line carries it, and readers
-	// follow only the highest epoch of a name: a previous holder that is
-	// still running, or a replay of its lines, is ignored.
+	// Epoch is the epoch of the writer name this instance holds when it
+	// writes only ephemeral streams (streams.ClaimName's); the Writers'
+	// leases give it otherwise. 0 when it holds none. Every line carries
+	// it, and readers follow only the highest epoch of a name: a previous
+	// holder that is still running, or a replay of its lines, is ignored.
 	Epoch uint64
+	// SealTimeout bounds the seal of each Writer on a graceful stop
+	// [500 ms]; past it the seal is skipped and the name's lease lapses.
+	SealTimeout time.Duration
 	// MaxLineAge: a line from an instance never heard of is refused as a
 	// replay when older than this [1 min]; it also bounds the clock skew
 	// between instances.
@@ -193,6 +200,9 @@ type Node struct {
 	latest    atomic.Pointer[map[string]Peer] // writer name -> its latest instance
 	writeBuf  []byte
 	writesSet map[string]bool
+	writers   []*Writer
+	epoch     uint64
+	done      chan struct{} // closed once the loop takes no more input
 	followed  int // durable streams followed through a generator
 
 	// Degraded mode: everEst is set once the connection was established;
@@ -288,21 +298,39 @@ func New(cfg Config) (*Node, error) {
 		codec = wire.NewCodec(wire.Config{})
 	}
 	channel := "weft:" + cfg.Cluster
-	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, env: newEnvelope(channel, cfg.Secret, cfg.Epoch),
+	if cfg.SealTimeout <= 0 {
+		cfg.SealTimeout = 500 * time.Millisecond
+	}
+	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, done: make(chan struct{}),
 		channel: channel, gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
 		writesSet: map[string]bool{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{}}
 
 	writes := map[string]int64{}
-	for s, p := range cfg.Ephemeral {
-		writes[s] = p
-	}
-	hello := cfg.Hello
-	for _, g := range cfg.Generators {
-		n.gens[g.Stream().Name] = g
-		if g.Self() != "" {
-			writes[g.Stream().Name] = g.Position()
+	n.epoch = cfg.Epoch
+	for _, e := range cfg.Ephemerals {
+		if _, dup := writes[e.stream]; dup {
+			return nil, fmt.Errorf("fabric: config: Ephemerals: %s written twice", e.stream)
 		}
+		writes[e.stream] = e.Position()
 	}
+	for _, g := range cfg.Generators {
+		if g.Self() != "" {
+			return nil, fmt.Errorf("fabric: config: Generators: %s is opened as writer %s: pass a Writer (OpenWriter) in Writers", g.Stream().Name, g.Self())
+		}
+		n.gens[g.Stream().Name] = g
+	}
+	for _, w := range cfg.Writers {
+		name := w.Stream()
+		if _, dup := writes[name]; dup {
+			return nil, fmt.Errorf("fabric: config: Writers: %s written twice", name)
+		}
+		n.gens[name] = w.gen
+		writes[name] = w.gen.Position()
+		n.epoch = max(n.epoch, w.epoch())
+		n.writers = append(n.writers, w)
+	}
+	n.env = newEnvelope(channel, cfg.Secret, n.epoch)
+	hello := cfg.Hello
 	hello.Streams = hello.Streams[:0:0]
 	for s := range writes {
 		hello.Streams = append(hello.Streams, s)
@@ -354,6 +382,16 @@ func New(cfg Config) (*Node, error) {
 	if n.link, err = newLink(lc); err != nil {
 		return nil, err
 	}
+	for _, w := range n.writers {
+		if !w.node.CompareAndSwap(nil, n) {
+			return nil, fmt.Errorf("fabric: config: Writers: the writer of %s belongs to another node", w.Stream())
+		}
+	}
+	for _, e := range cfg.Ephemerals {
+		if !e.bind(cfg.Instance, n.handOverEphemeral) {
+			return nil, fmt.Errorf("fabric: config: Ephemerals: the writer of %s belongs to another node", e.stream)
+		}
+	}
 	n.born = time.Now()
 	n.tickAt.Store(0)
 	n.freshMax = n.link.cfg.PingInterval + n.link.cfg.PingTimeout
@@ -368,29 +406,50 @@ func (n *Node) Run(ctx context.Context) error {
 		return errors.New("fabric: Run called twice")
 	}
 	defer n.link.close()
-	loopCtx, stopLoop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLoop()
-	// The link outlives ctx until the loop has queued BYE: its publisher
-	// then flushes the queue, BYE last, and run returns.
+	// A writer's lease found sealed ends the run too, with that cause.
+	runCtx, endRun := context.WithCancelCause(ctx)
+	defer endRun(nil)
+	loopStop := make(chan struct{})
+	// The link outlives the run until the loop has queued BYE: its
+	// publisher then flushes the queue, BYE last, and returns.
 	linkCtx, stopLink := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLink()
 	var wg sync.WaitGroup
 	linkErr := make(chan error, 1)
-	wg.Go(func() { linkErr <- n.link.run(linkCtx, nodeEvents{n, ctx}) })
-	for _, g := range n.gens {
-		if g.Self() == "" {
+	wg.Go(func() { linkErr <- n.link.run(linkCtx, nodeEvents{n, runCtx}) })
+	for _, w := range n.writers {
+		wg.Go(func() { n.forwardPositions(runCtx, w.gen) })
+		if w.lease == nil {
 			continue
 		}
-		wg.Go(func() { n.forwardPositions(ctx, g) })
+		wg.Go(func() {
+			if err := w.lease.Run(runCtx, 0); errors.Is(err, streams.ErrSealed) {
+				endRun(fmt.Errorf("fabric: writer %s lost its lease: %w", w.name, err))
+			}
+		})
+		if p := w.lease.Predecessor(); p != nil {
+			n.announce(runCtx, p) // Claim sealed the previous holder
+		}
 	}
-	wg.Go(func() { n.housekeeping(ctx) })
-	wg.Go(func() { n.watchStalls(ctx) })
+	wg.Go(func() { n.housekeeping(runCtx) })
+	wg.Go(func() { n.watchStalls(runCtx) })
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
-		n.loop(ctx, loopCtx)
+		defer close(n.done)
+		n.loop(runCtx, loopStop)
 	}()
-	<-ctx.Done()
+	<-runCtx.Done()
+	lost := context.Cause(runCtx)
+	if errors.Is(lost, context.Canceled) {
+		lost = nil // a graceful stop
+	}
+	// Writers are sealed before BYE: their successors need not wait for
+	// the leases, and readers learn the final positions at once.
+	if lost == nil {
+		n.sealWriters()
+	}
+	close(loopStop)
 	<-loopDone
 	stopLink()
 	wg.Wait()
@@ -400,10 +459,40 @@ func (n *Node) Run(ctx context.Context) error {
 	} else {
 		n.log.Info("fabric: said BYE")
 	}
+	if lost != nil {
+		return lost
+	}
 	if err := <-linkErr; err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil
+}
+
+// sealWriters seals every Writer's holding, each within SealTimeout, and
+// queues the announcements for the loop (still running).
+func (n *Node) sealWriters() {
+	for _, w := range n.writers {
+		if w.lease == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.SealTimeout)
+		err := w.lease.Release(ctx, []streams.Config{w.gen.Stream()})
+		cancel()
+		if err != nil {
+			n.log.Warn("fabric: sealing own writer failed; its successor waits for the lease to expire", "writer", w.name, "err", err)
+			continue
+		}
+		s := w.lease.Released()
+		n.log.Info("fabric: sealed own writer", "writer", w.name, "final", s.Final)
+		n.announce(context.Background(), s)
+	}
+}
+
+// announce queues a seal's final positions for the loop to publish.
+func (n *Node) announce(_ context.Context, s *streams.Sealed) {
+	for stream, pos := range s.Final {
+		n.local(inSealed{stream, s.Instance, pos})
+	}
 }
 
 // nodeEvents turns link callbacks into loop inputs; messages are decoded on
@@ -461,48 +550,42 @@ func (n *Node) send(ctx context.Context, in input) {
 	}
 }
 
-// ErrNotWriter: the stream is not one this node writes.
-var ErrNotWriter = errors.New("fabric: not a writer of the stream")
-
 // ErrBadRows: rows are not a non-empty JSON array.
 var ErrBadRows = errors.New("fabric: rows must be a non-empty JSON array")
 
-// Rows queues rows this instance committed at pos on a stream it writes.
-// Call it after the commit and before finishing the IDs: rows go out once
-// the writer's position passes them. It fails with ErrNotWriter or
-// ErrBadRows (nothing is queued) or ctx's error.
-func (n *Node) Rows(ctx context.Context, stream string, pos int64, rows json.RawMessage) error {
-	if !n.writesSet[stream] {
-		return fmt.Errorf("%w: %s", ErrNotWriter, stream)
-	}
-	if pos < 1 {
-		return fmt.Errorf("fabric: rows of %s at %d: positions start at 1", stream, pos)
-	}
-	if t := bytes.TrimSpace(rows); len(t) < 2 || t[0] != '[' || !json.Valid(t) || emptyArray(t) {
-		return fmt.Errorf("%w: %s at %d: %.64q", ErrBadRows, stream, pos, rows)
-	}
-	return n.sendErr(ctx, inRows{stream, pos, rows})
+// validRows reports whether rows is a non-empty JSON array.
+func validRows(rows json.RawMessage) bool {
+	t := bytes.TrimSpace(rows)
+	return len(t) >= 2 && t[0] == '[' && json.Valid(t) && len(bytes.TrimSpace(t[1:len(t)-1])) > 0
 }
 
-func emptyArray(b []byte) bool {
-	return len(bytes.TrimSpace(b[1:len(b)-1])) == 0
-}
-
-// Position reports the writer position of an ephemeral stream written
-// here (durable streams are followed through their Generator).
-func (n *Node) Position(ctx context.Context, stream string, pos int64) error {
-	if !n.writesSet[stream] {
-		return fmt.Errorf("%w: %s", ErrNotWriter, stream)
+// handOver gives the loop a Writer's committed rows, in position order,
+// before their IDs finish (nil rows: an ID without a row). It never fails:
+// the rows are committed, and once the node has stopped readers fetch them
+// from the database.
+func (n *Node) handOver(stream string, ids []int64, rows []json.RawMessage) {
+	for i, id := range ids {
+		if rows[i] != nil {
+			n.local(inRows{stream, id, rows[i]})
+		}
 	}
-	return n.sendErr(ctx, inPosition{stream, pos})
 }
 
-func (n *Node) sendErr(ctx context.Context, in input) error {
+// handOverEphemeral gives the loop an Ephemeral's changes and its new
+// position, in order.
+func (n *Node) handOverEphemeral(stream string, rows []Row, pos int64) {
+	for _, r := range rows {
+		n.local(inRows{stream, r.Pos, r.Rows})
+	}
+	n.local(inPosition{stream, pos})
+}
+
+// local queues an input from this instance's own writers: not bound to a
+// caller's context (what it reports has happened), only to the loop.
+func (n *Node) local(in input) {
 	select {
 	case n.in <- in:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	case <-n.done:
 	}
 }
 
@@ -602,9 +685,8 @@ func (n *Node) track(ctx context.Context, kind string, fn func(context.Context) 
 	}()
 }
 
-// loop owns the core. ctx ends the node; loopCtx outlives it long enough to
-// say BYE.
-func (n *Node) loop(ctx, loopCtx context.Context) {
+// loop owns the core until stop is closed, then says BYE.
+func (n *Node) loop(ctx context.Context, stop <-chan struct{}) {
 	tick := min(n.cfg.AnnounceInterval/4, 50*time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -613,8 +695,13 @@ func (n *Node) loop(ctx, loopCtx context.Context) {
 	n.exec(ctx, n.core.Tick(time.Now()))
 	for {
 		select {
-		case <-ctx.Done():
-			n.exec(loopCtx, n.core.Shutdown())
+		case <-stop:
+			// What is queued now still counts (a seal's announcement):
+			// then BYE.
+			for range len(n.in) {
+				n.step(ctx, <-n.in)
+			}
+			n.exec(ctx, n.core.Shutdown())
 			return
 		case in := <-n.in:
 			n.step(ctx, in)

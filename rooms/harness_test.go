@@ -22,7 +22,6 @@ import (
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/shard"
-	"github.com/weft-dev/weft/streams"
 )
 
 const testSecret = "rooms-test-secret-0123456789"
@@ -53,14 +52,15 @@ func newWriters(t *testing.T) *writers {
 	if err := Migrate(ctx, pool, log); err != nil {
 		t.Fatal(err)
 	}
-	gen, err := streams.Open(ctx, pool, EventsConfig, "w1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	inst, err := instance.NewID("w1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ew, err := fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: "w1", Stream: EventsConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := ew.Generator()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	sql := &catchup.SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
@@ -70,14 +70,14 @@ func newWriters(t *testing.T) *writers {
 		Instance: inst, Cluster: "rooms-test-" + hex.EncodeToString(b[:]), RedisURL: redisURL, Secret: testSecret,
 		Hello:      wire.Hello{Name: "w1", Role: "worker", Version: "test"},
 		Streams:    []core.StreamSpec{{Name: EventsStream, Start: gen.PersistedUpto()}},
-		Generators: []*streams.Generator{gen}, Handler: live, Fetcher: fetcher,
+		Writers: []*fabric.Writer{ew}, Handler: live, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m, _ := instance.NewShardMap([]string{"w1"})
-	q, err := shard.NewQueue(shard.QueueConfig{Exec: OwnerExec(pool, gen, nil, node)})
+	q, err := shard.NewQueue(shard.QueueConfig{Exec: OwnerExec(ew)})
 	if err != nil {
 		t.Fatal(err)
 	}

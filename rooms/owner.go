@@ -11,11 +11,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/shard"
-	"github.com/weft-dev/weft/streams"
 )
 
 // persistReq is the payload of a persist task.
@@ -73,18 +71,15 @@ func requestDigest(room string, r persistReq) []byte {
 }
 
 // OwnerExec is the shard.Exec of an event writer: a room's persists and
-// recomputes, fenced by the writer's lease.
-func OwnerExec(pool *pgxpool.Pool, gen *streams.Generator, lease *streams.Lease, node *fabric.Node) shard.Exec {
-	o := &owner{pool: pool, gen: gen, lease: lease, node: node}
+// recomputes, each in one transaction of the events stream's Writer.
+func OwnerExec(w *fabric.Writer) shard.Exec {
+	o := &owner{w: w}
 	return o.exec
 }
 
 // owner runs a room's tasks on the room's event writer.
 type owner struct {
-	pool  *pgxpool.Pool
-	gen   *streams.Generator
-	lease *streams.Lease
-	node  *fabric.Node
+	w *fabric.Writer
 }
 
 // exec is the shard.Exec of an event writer: a run of persists in one
@@ -118,14 +113,8 @@ func (o *owner) exec(ctx context.Context, room string, tasks []shard.Task) []sha
 	return results
 }
 
-// newRows is a new event's rows, for the fabric once committed.
-type newRows struct {
-	pos  int64
-	rows json.RawMessage
-}
-
-// persist writes the batch in one transaction, fenced by the writer's
-// lease, and hands the new rows to the fabric before finishing their IDs.
+// persist writes the batch in one transaction of the Writer (fenced by its
+// lease; the rows reach readers once committed).
 // A (sender, txn_id) seen before writes nothing: the same request is
 // answered with the event stored the first time, another with TxnReused.
 // A failure rolls everything back, so a retry may simply run again.
@@ -139,20 +128,9 @@ func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, ski
 	if n == 0 {
 		return nil, nil
 	}
-	a, err := o.gen.Alloc(ctx, n)
-	if err != nil {
-		return nil, err
-	}
-	defer a.Finish()
-	ids := a.IDs()
 	answers := make([]persistAns, len(reqs))
-	var fresh []newRows
-	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		if o.lease != nil {
-			if err := o.lease.Fence(ctx, tx); err != nil {
-				return err
-			}
-		}
+	_, err := o.w.Write(ctx, n, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		out := make([]json.RawMessage, len(ids))
 		next := 0
 		for i, r := range reqs {
 			if skip[i].Err != nil {
@@ -162,46 +140,44 @@ func (o *owner) persist(ctx context.Context, room string, reqs []persistReq, ski
 			next++
 			digest := requestDigest(room, r)
 			ev := Event{EventID: newEventID(), Room: room, Sender: r.Sender, Kind: r.Kind, StateKey: r.StateKey,
-				Content: r.Content, StreamPos: id, Writer: o.gen.Self()}
+				Content: r.Content, StreamPos: id, Writer: o.w.Name()}
 			rows, err := json.Marshal([]Event{ev})
 			if err != nil {
-				return err
+				return nil, err
 			}
 			tag, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, room, event_id, sender, txn_id, kind, state_key, content, rows, request_digest)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (sender, txn_id) DO NOTHING`,
 				id, ev.Writer, room, ev.EventID, r.Sender, r.TxnID, r.Kind, r.StateKey, r.Content, rows, digest)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if tag.RowsAffected() == 0 {
+				// The ID stays without a row: a hole readers pass over.
 				if answers[i], err = stored(ctx, tx, room, r, digest); err != nil {
-					return err
+					return nil, err
 				}
 				continue
 			}
 			answers[i] = persistAns{EventID: ev.EventID, StreamPos: id, Writer: ev.Writer}
-			fresh = append(fresh, newRows{id, rows})
+			out[next-1] = rows
 			if r.Kind == "state" {
 				var value struct {
 					Value json.RawMessage `json:"value"`
 				}
 				if err := json.Unmarshal(r.Content, &value); err != nil {
-					return err
+					return nil, err
 				}
 				if _, err := tx.Exec(ctx, `INSERT INTO room_state (room, key, value, stream_id) VALUES ($1, $2, $3, $4)
 					ON CONFLICT (room, key) DO UPDATE SET value = EXCLUDED.value, stream_id = EXCLUDED.stream_id
 					WHERE room_state.stream_id < EXCLUDED.stream_id`, room, *r.StateKey, value.Value, id); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
-		return nil
+		return out, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rooms: persist %d events in %s: %w", n, room, err)
-	}
-	for _, w := range fresh {
-		o.node.Rows(ctx, EventsStream, w.pos, w.rows)
 	}
 	return answers, nil
 }
@@ -231,20 +207,17 @@ func stored(ctx context.Context, tx pgx.Tx, room string, r persistReq, digest []
 // the room's queue, so no persist can interleave with it.
 func (o *owner) recompute(ctx context.Context, room string) shard.Result {
 	var n int64
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		if o.lease != nil {
-			if err := o.lease.Fence(ctx, tx); err != nil {
-				return err
-			}
-		}
+	// A transaction of the Writer with no IDs: fenced by the lease all the
+	// same, so a sealed owner cannot rewrite the state.
+	_, err := o.w.Write(ctx, 0, func(ctx context.Context, tx pgx.Tx, _ []int64) ([]json.RawMessage, error) {
 		if _, err := tx.Exec(ctx, `DELETE FROM room_state WHERE room = $1`, room); err != nil {
-			return err
+			return nil, err
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO room_state (room, key, value, stream_id)
 			SELECT DISTINCT ON (state_key) room, state_key, content->'value', stream_id
 			FROM events WHERE room = $1 AND kind = 'state' ORDER BY state_key, stream_id DESC`, room)
 		n = tag.RowsAffected()
-		return err
+		return nil, err
 	})
 	if err != nil {
 		return shard.Result{Err: fmt.Errorf("rooms: recompute %s: %w", room, err)}

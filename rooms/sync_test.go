@@ -34,6 +34,7 @@ type syncEnv struct {
 	svc       *Service
 	live      *Live
 	node      *fabric.Node
+	w         *fabric.Writer
 	gen       *streams.Generator
 	pool      *pgxpool.Pool // the writer's
 	idleReads atomic.Int64  // sync reads naming a room "!idle..."
@@ -73,13 +74,14 @@ func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(readPool.Close)
-	if e.gen, err = streams.Open(ctx, pool, EventsConfig, "p1"); err != nil {
-		t.Fatal(err)
-	}
 	inst, err := instance.NewID("p1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if e.w, err = fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: "p1", Stream: EventsConfig, NoLease: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.gen = e.w.Generator()
 	fetcher := catchup.NewClient(catchup.ClientConfig{Fallback: map[string]catchup.Source{EventsStream: &catchup.SQLSource{
 		Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}}})
 	t.Cleanup(fetcher.Close)
@@ -87,7 +89,7 @@ func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 		Instance: inst, Cluster: fmt.Sprintf("rooms-sync-%d", time.Now().UnixNano()), RedisURL: testenv.SharedRedisURL(t),
 		Hello:      wire.Hello{Name: "p1", Role: "test", URL: "http://127.0.0.1:1", Version: "test"},
 		Streams:    []core.StreamSpec{{Name: EventsStream, Start: e.gen.PersistedUpto()}},
-		Generators: []*streams.Generator{e.gen}, Handler: e.live, Fetcher: fetcher,
+		Writers: []*fabric.Writer{e.w}, Handler: e.live, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
@@ -112,22 +114,19 @@ func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 // fabric; it returns its position.
 func (e *syncEnv) post(t *testing.T, room string) int64 {
 	t.Helper()
-	ctx := context.Background()
-	a, err := e.gen.Alloc(ctx, 1)
+	ids, err := e.w.Write(context.Background(), 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		id := ids[0]
+		ev := Event{EventID: fmt.Sprint("$e", id), Room: room, Sender: "@a:x", Kind: "message",
+			Content: json.RawMessage(`{"body":"hi"}`), StreamPos: id, Writer: "p1"}
+		rows, _ := json.Marshal([]Event{ev})
+		_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, room, event_id, sender, txn_id, kind, content, rows)
+			VALUES ($1, 'p1', $2, $3, $4, $3, 'message', $5, $6)`, id, room, ev.EventID, ev.Sender, ev.Content, rows)
+		return []json.RawMessage{rows}, err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Finish()
-	id := a.IDs()[0]
-	ev := Event{EventID: fmt.Sprint("$e", id), Room: room, Sender: "@a:x", Kind: "message",
-		Content: json.RawMessage(`{"body":"hi"}`), StreamPos: id, Writer: "p1"}
-	rows, _ := json.Marshal([]Event{ev})
-	if _, err := e.pool.Exec(ctx, `INSERT INTO events (stream_id, writer, room, event_id, sender, txn_id, kind, content, rows)
-		VALUES ($1, 'p1', $2, $3, $4, $3, 'message', $5, $6)`, id, room, ev.EventID, ev.Sender, ev.Content, rows); err != nil {
-		t.Fatal(err)
-	}
-	e.node.Rows(ctx, EventsStream, id, rows)
-	return id
+	return ids[0]
 }
 
 // seen waits until this instance's view covers p1's pos.

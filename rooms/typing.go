@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/shard"
 )
@@ -24,32 +23,32 @@ type typingReq struct {
 // TypingWriter holds the typing stream: who types in which room, until
 // when. It lives in memory; a restart starts again from position 0, and
 // readers reset. It holds only rooms where someone types: the last user
-// to stop (or expire) removes the room, here and in the StateSource, which
-// keeps a bounded number of tombstones for readers that missed it.
+// to stop (or expire) removes the room, here and in the stream's
+// fabric.Ephemeral, which keeps a bounded number of tombstones for readers
+// that missed it.
 type TypingWriter struct {
-	pub publisher
-	src *catchup.StateSource
+	out typingOut
 	now func() time.Time
 
 	mu    sync.Mutex
-	pos   int64
 	rooms map[string]map[string]time.Time // room -> user -> expiry
 }
 
-// publisher is what the writer needs of its fabric.Node.
-type publisher interface {
-	Rows(ctx context.Context, stream string, pos int64, rows json.RawMessage) error
-	Position(ctx context.Context, stream string, pos int64) error
+// typingOut is what the writer needs of its fabric.Ephemeral.
+type typingOut interface {
+	Put(ctx context.Context, key string, rows json.RawMessage) (int64, error)
+	Remove(ctx context.Context, key string, rows json.RawMessage) (int64, error)
+	Position() int64
 }
 
-// NewTypingWriter returns the typing stream's writer, publishing through
-// node and serving catch-ups from src.
-func NewTypingWriter(node *fabric.Node, src *catchup.StateSource) *TypingWriter {
-	return newTypingWriter(node, src)
+// NewTypingWriter returns the typing stream's writer, writing through e
+// (which also serves the stream's catch-up).
+func NewTypingWriter(e *fabric.Ephemeral) *TypingWriter {
+	return newTypingWriter(e)
 }
 
-func newTypingWriter(pub publisher, src *catchup.StateSource) *TypingWriter {
-	return &TypingWriter{pub: pub, src: src, now: time.Now, rooms: map[string]map[string]time.Time{}}
+func newTypingWriter(out typingOut) *TypingWriter {
+	return &TypingWriter{out: out, now: time.Now, rooms: map[string]map[string]time.Time{}}
 }
 
 // Exec is the typing writer's shard.Exec.
@@ -87,49 +86,28 @@ func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64
 		delete(users, r.User)
 	}
 	if was == r.Typing {
-		return w.pos, nil
+		return w.out.Position(), nil
 	}
 	return w.publishLocked(ctx, room)
 }
 
-// publishLocked stores the room's typing users at the next position (a
-// removal when nobody types) and hands them to the fabric. Rooms the
-// StateSource reports below its forgotten removals are published again,
-// so that a reader starting from 0 can page through the state.
+// publishLocked writes the room's typing users at the next position, or
+// removes the room when nobody types.
 func (w *TypingWriter) publishLocked(ctx context.Context, room string) (int64, error) {
 	users := make([]string, 0, len(w.rooms[room]))
 	for u := range w.rooms[room] {
 		users = append(users, u)
 	}
 	slices.Sort(users)
-	w.pos++
 	rows, err := json.Marshal([]typingRow{{Room: room, Users: users}})
 	if err != nil {
 		return 0, err
 	}
-	var stale []string
 	if len(users) == 0 {
 		delete(w.rooms, room)
-		stale, err = w.src.Remove(w.pos, room, rows)
-	} else {
-		err = w.src.Put(w.pos, room, rows)
+		return w.out.Remove(ctx, room, rows)
 	}
-	if err != nil {
-		return 0, err
-	}
-	if err := w.pub.Rows(ctx, TypingStream, w.pos, rows); err != nil {
-		return 0, err
-	}
-	pos := w.pos
-	for _, r := range stale {
-		if _, err := w.publishLocked(ctx, r); err != nil {
-			return 0, err
-		}
-	}
-	if err := w.pub.Position(ctx, TypingStream, w.pos); err != nil {
-		return 0, err
-	}
-	return pos, nil
+	return w.out.Put(ctx, room, rows)
 }
 
 // Expire drops users whose timeout passed, every interval, until ctx ends.

@@ -2,50 +2,74 @@ package rooms
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 const typingInstance = "master-aaaaaaaa"
 
-// recordPub is the typing writer's fabric as a live reader sees it: every
-// row, in order, applied to a Live that never misses one.
-type recordPub struct {
-	t    testing.TB
+// typingNode is the typing writer's fabric: a real node whose own rows
+// reach its Handler in order, as a live reader that never misses one sees
+// them; rows counts them.
+type typingNode struct {
 	live *Live
-	rows int
-	pos  int64
+	node *fabric.Node
+	e    *fabric.Ephemeral
+	rows atomic.Int64
 }
 
-func (p *recordPub) Rows(_ context.Context, _ string, pos int64, rows json.RawMessage) error {
-	p.t.Helper()
-	if pos <= p.pos {
-		p.t.Fatalf("typing row at %d after %d", pos, p.pos)
+func (n *typingNode) Apply(ctx context.Context, k core.Key, pos int64, rows json.RawMessage) error {
+	n.rows.Add(1)
+	return n.live.Apply(ctx, k, pos, rows)
+}
+
+func (n *typingNode) Reset(k core.Key) { n.live.Reset(k) }
+
+// settled waits until the node has delivered every change written.
+func (n *typingNode) settled(t testing.TB) *typingNode {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() bool { return n.node.View(typingKey) >= n.e.Position() },
+		"typing view %d, written %d", n.node.View(typingKey), n.e.Position())
+	return n
+}
+
+func newTestTypingWriter(t testing.TB, maxTombstones int) (*TypingWriter, *fabric.Ephemeral, *typingNode, *time.Time) {
+	e := fabric.NewEphemeral(TypingStream)
+	e.MaxTombstones = maxTombstones
+	tn := &typingNode{live: NewLive(), e: e}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	node, err := fabric.New(fabric.Config{Instance: typingInstance, Cluster: "typing-test-" + hex.EncodeToString(b[:]),
+		RedisURL: testenv.SharedRedisURL(t), Hello: wire.Hello{Name: "master"},
+		Streams: []core.StreamSpec{{Name: TypingStream, Ephemeral: true}}, Ephemerals: []*fabric.Ephemeral{e},
+		Handler: tn, Fetcher: fabric.FetcherFunc(func(context.Context, core.Fetch) (fabric.Page, error) {
+			return fabric.Page{}, errors.New("no catch-up in this test")
+		})})
+	if err != nil {
+		t.Fatal(err)
 	}
-	p.pos = pos
-	p.rows++
-	apply(p.t, p.live, typingKey, pos, rows)
-	return nil
-}
-
-func (p *recordPub) Position(context.Context, string, int64) error { return nil }
-
-func newTestTypingWriter(t testing.TB, maxTombstones int) (*TypingWriter, *catchup.StateSource, *recordPub, *time.Time) {
-	src := catchup.NewStateSource(typingInstance)
-	src.MaxTombstones = maxTombstones
-	pub := &recordPub{t: t, live: NewLive()}
-	w := newTypingWriter(pub, src)
+	tn.node = node
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = node.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	w := newTypingWriter(e)
 	now := time.Unix(1_700_000_000, 0)
 	w.now = func() time.Time { return now }
-	return w, src, pub, &now
+	return w, e, tn, &now
 }
 
 func setTyping(t testing.TB, w *TypingWriter, room, user string, typing bool) int64 {
@@ -60,7 +84,7 @@ func setTyping(t testing.TB, w *TypingWriter, room, user string, typing bool) in
 // catchUpLive brings a reader's Live from view to to through the source,
 // a page of limit positions at a time, resetting on ErrGone as the fabric
 // does. It returns the new view and the resets.
-func catchUpLive(t testing.TB, l *Live, src *catchup.StateSource, view, to int64, limit int) (int64, int) {
+func catchUpLive(t testing.TB, l *Live, src *fabric.Ephemeral, view, to int64, limit int) (int64, int) {
 	t.Helper()
 	resets := 0
 	for view < to {
@@ -90,11 +114,11 @@ func TestTypingFalseToNewRoomsLeavesNothing(t *testing.T) {
 	if rooms, users := w.size(); rooms != 0 || users != 0 {
 		t.Fatalf("the writer holds %d rooms, %d users after 2000 typing:false", rooms, users)
 	}
-	if got := src.Size(); got != (catchup.StateSize{}) {
+	if got := src.Size(); got != (fabric.EphemeralSize{}) {
 		t.Fatalf("the source holds %+v after 2000 typing:false", got)
 	}
-	if pub.rows != 0 {
-		t.Fatalf("%d rows published for changes nobody can see", pub.rows)
+	if n := pub.settled(t).rows.Load(); n != 0 {
+		t.Fatalf("%d rows published for changes nobody can see", n)
 	}
 }
 
@@ -106,7 +130,7 @@ func TestTypingRemovalsAreBoundedAndReadersConverge(t *testing.T) {
 	w, src, pub, now := newTestTypingWriter(t, bound)
 	setTyping(t, w, "!stays:x", "@long:x", true) // outlives every tombstone
 	stale := NewLive()
-	staleView, _ := catchUpLive(t, stale, src, 0, w.pos, 1000)
+	staleView, _ := catchUpLive(t, stale, src, 0, src.Position(), 1000)
 
 	for i := range 2000 {
 		room := fmt.Sprint("!r", i, ":x")
@@ -132,11 +156,11 @@ func TestTypingRemovalsAreBoundedAndReadersConverge(t *testing.T) {
 		t.Fatalf("the source holds %+v, want !stays:x and at most %d tombstones", got, bound)
 	}
 	want := map[string][]string{"!stays:x": {"@long:x"}}
-	if got := pub.live.typingAll(); !maps.EqualFunc(got, want, slices.Equal) {
+	if got := pub.settled(t).live.typingAll(); !maps.EqualFunc(got, want, slices.Equal) {
 		t.Fatalf("the live reader has %v, want %v", got, want)
 	}
 
-	_, resets := catchUpLive(t, stale, src, staleView, w.pos, 1000)
+	_, resets := catchUpLive(t, stale, src, staleView, src.Position(), 1000)
 	if resets != 1 {
 		t.Fatalf("the reader that missed forgotten removals reset %d times, want 1", resets)
 	}
@@ -145,7 +169,7 @@ func TestTypingRemovalsAreBoundedAndReadersConverge(t *testing.T) {
 	}
 	// A reader from 0 pages through, a position a page.
 	fresh := NewLive()
-	if _, resets := catchUpLive(t, fresh, src, 0, w.pos, 1); resets != 0 || !maps.EqualFunc(fresh.typingAll(), want, slices.Equal) {
+	if _, resets := catchUpLive(t, fresh, src, 0, src.Position(), 1); resets != 0 || !maps.EqualFunc(fresh.typingAll(), want, slices.Equal) {
 		t.Fatalf("a reader from 0 has %v after %d resets, want %v", fresh.typingAll(), resets, want)
 	}
 }
@@ -157,10 +181,10 @@ func TestTypingNoChangePublishesNothing(t *testing.T) {
 	p1 := setTyping(t, w, "!a:x", "@u:x", true)
 	p2 := setTyping(t, w, "!a:x", "@u:x", true)
 	p3 := setTyping(t, w, "!a:x", "@v:x", false)
-	if p1 != 1 || p2 != 1 || p3 != 1 || pub.rows != 1 {
-		t.Fatalf("positions %d %d %d and %d rows, want 1 1 1 and one row", p1, p2, p3, pub.rows)
+	if n := pub.settled(t).rows.Load(); p1 != 1 || p2 != 1 || p3 != 1 || n != 1 {
+		t.Fatalf("positions %d %d %d and %d rows, want 1 1 1 and one row", p1, p2, p3, n)
 	}
-	if p := setTyping(t, w, "!a:x", "@u:x", false); p != 2 || pub.rows != 2 {
-		t.Fatalf("stopping: position %d, %d rows; want 2, 2", p, pub.rows)
+	if p := setTyping(t, w, "!a:x", "@u:x", false); p != 2 || pub.settled(t).rows.Load() != 2 {
+		t.Fatalf("stopping: position %d, %d rows; want 2, 2", p, pub.rows.Load())
 	}
 }

@@ -245,6 +245,12 @@ func (g *Generator) Alloc(ctx context.Context, n int) (*Allocation, error) {
 	return g.alloc(ctx, g.db, n)
 }
 
+// AllocIn is Alloc on q: inside a transaction, the IDs come in the same
+// round trips as the rest of it.
+func (g *Generator) AllocIn(ctx context.Context, q DB, n int) (*Allocation, error) {
+	return g.alloc(ctx, q, n)
+}
+
 func (g *Generator) alloc(ctx context.Context, q DB, n int) (*Allocation, error) {
 	if g.id == 0 {
 		return nil, fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)

@@ -164,8 +164,9 @@ func fanoutWeft(ctx context.Context, e *benchEnv, n int) (fanoutResult, error) {
 	if err != nil {
 		return fanoutResult{}, err
 	}
+	eph := fabric.NewEphemeral(ephemeralStream)
 	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: e.redisURL, Secret: benchSecret,
-		Hello: fabricHello("fanw"), Ephemeral: map[string]int64{ephemeralStream: 0}, Handler: nopHandler{},
+		Hello: fabricHello("fanw"), Ephemerals: []*fabric.Ephemeral{eph}, Handler: nopHandler{},
 		ReplicateWait: 200 * time.Millisecond, Logger: e.nodeLog})
 	if err != nil {
 		return fanoutResult{}, err
@@ -186,21 +187,20 @@ func fanoutWeft(ctx context.Context, e *benchEnv, n int) (fanoutResult, error) {
 	if _, _, err := waitReaders(ctx, readers, 20*time.Second, func(s readerStat) bool { return s.Known >= 1 }); err != nil {
 		return fanoutResult{}, fmt.Errorf("readers never heard of the writer: %w", err)
 	}
-	var pos int64
+	// One key: the writer keeps one row, as a stream of changes to one
+	// thing would.
 	side := fanoutSide{
 		burst: func(ctx context.Context, rows [][]byte) error {
 			for _, r := range rows {
-				pos++
-				node.Rows(ctx, ephemeralStream, pos, r)
-				node.Position(ctx, ephemeralStream, pos)
+				if _, err := eph.Put(ctx, "k", r); err != nil {
+					return err
+				}
 			}
 			return nil
 		},
 		one: func(ctx context.Context, row []byte) error {
-			pos++
-			node.Rows(ctx, ephemeralStream, pos, row)
-			node.Position(ctx, ephemeralStream, pos)
-			return nil
+			_, err := eph.Put(ctx, "k", row)
+			return err
 		},
 	}
 	return runFanout(ctx, e, readers, side)

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -31,7 +30,7 @@ const benchSecret = "weft-bench-secret-0123456789"
 // index of its row: RETURNING order is not promised, and RETURNING cannot
 // see the ordinality, so the IDs are drawn once in a materialized CTE.
 const (
-	weftInsert      = `INSERT INTO events (stream_id, writer, rows) VALUES (nextval('events_seq'), $1, $2) RETURNING stream_id`
+	weftInsert      = `INSERT INTO events (stream_id, writer, rows) VALUES (nextval('events_seq'), $1, $2) RETURNING stream_id, 1`
 	weftInsertBatch = `WITH src AS MATERIALIZED (
 			SELECT nextval('events_seq') AS id, r, i FROM unnest($2::text[]) WITH ORDINALITY AS u(r, i)),
 		ins AS (INSERT INTO events (stream_id, writer, rows) SELECT id, $1, r::jsonb FROM src)
@@ -47,10 +46,12 @@ func sqlSource(pool *pgxpool.Pool) *catchup.SQLSource {
 }
 
 // weftWriter is one writer of the events stream, in process: its
-// Generator and its own fabric.Node (its own Redis connections).
+// fabric.Writer (no lease: the raw writers have no fence either) and its
+// own fabric.Node (its own Redis connections).
 type weftWriter struct {
 	name string
 	pool *pgxpool.Pool
+	w    *fabric.Writer
 	gen  *streams.Generator
 	node *fabric.Node
 	stop context.CancelFunc
@@ -94,21 +95,22 @@ func startWeftWriters(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster
 }
 
 func startWeftWriter(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster, name string, o writerOpts) (*weftWriter, error) {
-	gen, err := streams.Open(ctx, pool, eventsCfg, name)
-	if err != nil {
-		return nil, fmt.Errorf("writer %s: %w", name, err)
-	}
 	id, err := instance.NewID(name)
 	if err != nil {
 		return nil, err
 	}
+	fw, err := fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: id, Name: name, Stream: eventsCfg, NoLease: true})
+	if err != nil {
+		return nil, fmt.Errorf("writer %s: %w", name, err)
+	}
+	gen := fw.Generator()
 	h := o.Handler
 	if h == nil {
 		h = nopHandler{}
 	}
 	cfg := fabric.Config{
 		Instance: id, Cluster: cluster, RedisURL: redisURL, Secret: benchSecret,
-		Hello: fabricHello(name), Generators: []*streams.Generator{gen}, Handler: h,
+		Hello: fabricHello(name), Writers: []*fabric.Writer{fw}, Handler: h,
 		AnnounceInterval: o.Announce, ReplicateWait: 200 * time.Millisecond, Logger: o.Log,
 	}
 	if o.Follow {
@@ -121,7 +123,7 @@ func startWeftWriter(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster,
 		return nil, fmt.Errorf("writer %s: %w", name, err)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w := &weftWriter{name: name, pool: pool, gen: gen, node: node, stop: cancel, done: make(chan error, 1)}
+	w := &weftWriter{name: name, pool: pool, w: fw, gen: gen, node: node, stop: cancel, done: make(chan error, 1)}
 	go func() { w.done <- node.Run(runCtx) }()
 	return w, nil
 }
@@ -143,18 +145,15 @@ func stopWriters(ws []*weftWriter) error {
 	return errors.Join(errs...)
 }
 
-// write is one row in its own transaction: INSERT (autocommit) with the ID
-// drawn in the statement, hand the rows to the node, finish the ID. It
-// returns the row's position.
+// write is one row in its own transaction: one INSERT (autocommit) that
+// draws the ID itself, through the Writer, which hands the row to the node
+// and finishes the ID. It returns the row's position.
 func (w *weftWriter) write(ctx context.Context, rows json.RawMessage) (int64, error) {
-	a, err := w.gen.AllocQuery(ctx, w.pool, nil, weftInsert, w.name, string(rows))
+	ids, err := w.w.Insert(ctx, []json.RawMessage{rows}, weftInsert, w.name, string(rows))
 	if err != nil {
 		return 0, fmt.Errorf("writer %s: insert: %w", w.name, err)
 	}
-	defer a.Finish()
-	id := a.IDs()[0]
-	w.node.Rows(ctx, eventsCfg.Name, id, rows)
-	return id, nil
+	return ids[0], nil
 }
 
 // writeBatch is rows in one transaction: one INSERT that draws len(rows)
@@ -164,27 +163,8 @@ func (w *weftWriter) writeBatch(ctx context.Context, rows []json.RawMessage) err
 	for i, r := range rows {
 		texts[i] = string(r)
 	}
-	pos := make([]int64, len(rows)) // by row index
-	a, err := w.gen.AllocQuery(ctx, w.pool, func(row pgx.CollectableRow) (int64, error) {
-		var id, i int64
-		if err := row.Scan(&id, &i); err != nil {
-			return 0, err
-		}
-		if i < 1 || i > int64(len(pos)) || pos[i-1] != 0 {
-			return 0, fmt.Errorf("row index %d out of range or returned twice", i)
-		}
-		pos[i-1] = id
-		return id, nil
-	}, weftInsertBatch, w.name, texts)
-	if err != nil {
+	if _, err := w.w.Insert(ctx, rows, weftInsertBatch, w.name, texts); err != nil {
 		return fmt.Errorf("writer %s: insert batch: %w", w.name, err)
-	}
-	defer a.Finish()
-	if n := len(a.IDs()); n != len(rows) {
-		return fmt.Errorf("writer %s: insert batch: %d IDs for %d rows", w.name, n, len(rows))
-	}
-	for i, id := range pos {
-		w.node.Rows(ctx, eventsCfg.Name, id, rows[i])
 	}
 	return nil
 }

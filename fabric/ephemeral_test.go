@@ -1,4 +1,4 @@
-package catchup
+package fabric
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
-
-	"github.com/weft-dev/weft/fabric"
 )
 
 const stateWriter = "typist-aaaaaaaa"
@@ -34,46 +32,62 @@ type tb interface {
 	Fatalf(format string, args ...any)
 }
 
-// stateWriterModel drives a StateSource the way a writer must: every
-// change at the next position, and the keys Remove reports put again.
+// stateWriterModel drives an Ephemeral bound to a recorder of what it
+// hands over, and keeps the state it should hold.
 type stateWriterModel struct {
-	t     tb
-	src   *StateSource
-	pos   int64
-	state map[string]int
+	t      tb
+	src    *Ephemeral
+	pos    int64
+	state  map[string]int
+	handed []Row // everything handed to the "node", in order
 }
 
 func newStateWriter(t tb, maxTombs int) *stateWriterModel {
-	src := NewStateSource(stateWriter)
-	src.MaxTombstones = maxTombs
-	return &stateWriterModel{t: t, src: src, state: map[string]int{}}
+	w := &stateWriterModel{t: t, src: NewEphemeral("state"), state: map[string]int{}}
+	w.src.MaxTombstones = maxTombs
+	w.src.bind(stateWriter, func(_ string, rows []Row, pos int64) {
+		for _, r := range rows {
+			if len(w.handed) > 0 && r.Pos <= w.handed[len(w.handed)-1].Pos {
+				t.Fatalf("handed over %d after %d", r.Pos, w.handed[len(w.handed)-1].Pos)
+			}
+			w.handed = append(w.handed, r)
+		}
+		if pos != w.handed[len(w.handed)-1].Pos {
+			t.Fatalf("position %d after rows up to %d", pos, w.handed[len(w.handed)-1].Pos)
+		}
+		w.pos = pos
+	})
+	return w
 }
 
 func (w *stateWriterModel) put(key string, v int) {
 	w.t.Helper()
-	w.pos++
 	w.state[key] = v
-	if err := w.src.Put(w.pos, key, rowOf(key, &v)); err != nil {
+	if _, err := w.src.Put(context.Background(), key, rowOf(key, &v)); err != nil {
 		w.t.Fatal(err)
 	}
 }
 
-// remove removes key and reports the keys it had to put again.
+// remove removes key and reports the keys the writer put again (handed
+// over after the removal).
 func (w *stateWriterModel) remove(key string) []string {
 	w.t.Helper()
-	if _, ok := w.state[key]; !ok {
-		return nil // nothing changes: a writer publishes nothing
-	}
-	w.pos++
+	before := len(w.handed)
 	delete(w.state, key)
-	stale, err := w.src.Remove(w.pos, key, rowOf(key, nil))
+	pos, err := w.src.Remove(context.Background(), key, rowOf(key, nil))
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	for _, k := range stale {
-		w.put(k, w.state[k])
+	var again []string
+	for _, r := range w.handed[before:] {
+		if r.Pos == pos {
+			continue
+		}
+		var rs []stateRowJSON
+		_ = json.Unmarshal(r.Rows, &rs)
+		again = append(again, rs[0].K)
 	}
-	return stale
+	return again
 }
 
 // stateReader is a reader's copy of the state at its view.
@@ -85,11 +99,11 @@ type stateReader struct {
 
 // catchUp pages through (view, to] limit positions at a time, resetting on
 // ErrGone as the fabric does.
-func (r *stateReader) catchUp(t tb, src *StateSource, to int64, limit int) {
+func (r *stateReader) catchUp(t tb, src *Ephemeral, to int64, limit int) {
 	t.Helper()
 	for r.view < to {
 		rows, upto, err := src.Updates(context.Background(), stateWriter, r.view, to, limit)
-		if errors.Is(err, fabric.ErrGone) {
+		if errors.Is(err, ErrGone) {
 			if r.view == 0 {
 				t.Fatalf("ErrGone from 0: %v", err)
 			}
@@ -122,13 +136,13 @@ func (r *stateReader) catchUp(t tb, src *StateSource, to int64, limit int) {
 	}
 }
 
-func TestStateSourceTombstonesAreBounded(t *testing.T) {
+func TestEphemeralTombstonesAreBounded(t *testing.T) {
 	w := newStateWriter(t, 100)
 	for i := range 2000 {
 		w.put(fmt.Sprintf("room%d", i), 1)
 		w.remove(fmt.Sprintf("room%d", i))
 	}
-	if got := w.src.Size(); got != (StateSize{Live: 0, Tombstones: 100}) {
+	if got := w.src.Size(); got != (EphemeralSize{Live: 0, Tombstones: 100}) {
 		t.Fatalf("size %+v after 2000 removals, want 100 tombstones and nothing else", got)
 	}
 	w.src.mu.Lock()
@@ -140,7 +154,7 @@ func TestStateSourceTombstonesAreBounded(t *testing.T) {
 	// A reader that had every room, from before the forgotten removals,
 	// starts again; one from after the last forgotten removal is served.
 	_, _, err := w.src.Updates(context.Background(), stateWriter, 5, w.pos, 1000)
-	if !errors.Is(err, fabric.ErrGone) {
+	if !errors.Is(err, ErrGone) {
 		t.Fatalf("from 5: %v, want ErrGone", err)
 	}
 	rows, upto, err := w.src.Updates(context.Background(), stateWriter, w.pos-200, w.pos, 1000)
@@ -152,24 +166,30 @@ func TestStateSourceTombstonesAreBounded(t *testing.T) {
 	}
 }
 
-func TestStateSourceRemoveOfAnAbsentKeyLeavesNothing(t *testing.T) {
-	src := NewStateSource(stateWriter)
-	if stale, err := src.Remove(1, "never", rowOf("never", nil)); err != nil || stale != nil {
-		t.Fatal(stale, err)
+func TestEphemeralRemoveOfAnAbsentKeyLeavesNothing(t *testing.T) {
+	w := newStateWriter(t, 0)
+	if pos, err := w.src.Remove(context.Background(), "never", rowOf("never", nil)); err != nil || pos != 0 || len(w.handed) != 0 {
+		t.Fatalf("remove of a key never held: at %d, %v, handed %v", pos, err, w.handed)
 	}
-	if got := src.Size(); got != (StateSize{}) {
+	if got := w.src.Size(); got != (EphemeralSize{}) {
 		t.Fatalf("size %+v, want nothing", got)
 	}
-	if _, err := src.Remove(1, "never", nil); err == nil {
-		t.Fatal("a removal at a used position was accepted")
+	if _, err := w.src.Put(context.Background(), "k", nil); !errors.Is(err, ErrBadRows) {
+		t.Fatalf("nil rows: %v, want ErrBadRows", err)
 	}
-	rows, upto, err := src.Updates(context.Background(), stateWriter, 0, 1, 10)
+	if _, err := NewEphemeral("x").Put(context.Background(), "k", rowOf("k", nil)); !errors.Is(err, ErrUnbound) {
+		t.Fatalf("unbound: %v, want ErrUnbound", err)
+	}
+	if _, _, err := w.src.Updates(context.Background(), "typist-bbbbbbbb", 0, 1, 10); !errors.Is(err, ErrGone) {
+		t.Fatalf("another instance's state: %v, want ErrGone", err)
+	}
+	rows, upto, err := w.src.Updates(context.Background(), stateWriter, 0, 1, 10)
 	if err != nil || len(rows) != 0 || upto != 1 {
 		t.Fatalf("%v %d %v", rows, upto, err)
 	}
 }
 
-func TestStateSourcePutReplacesTombstone(t *testing.T) {
+func TestEphemeralPutReplacesTombstone(t *testing.T) {
 	w := newStateWriter(t, 2)
 	w.put("a", 1) // 1
 	w.remove("a") // 2: tombstone
@@ -178,7 +198,7 @@ func TestStateSourcePutReplacesTombstone(t *testing.T) {
 	w.remove("b") // 5
 	w.put("c", 1) // 6
 	w.remove("c") // 7: two tombstones, none forgotten
-	if got := w.src.Size(); got != (StateSize{Live: 1, Tombstones: 2}) {
+	if got := w.src.Size(); got != (EphemeralSize{Live: 1, Tombstones: 2}) {
 		t.Fatalf("size %+v", got)
 	}
 	r := &stateReader{view: 1, state: map[string]int{"a": 1}}
@@ -191,7 +211,7 @@ func TestStateSourcePutReplacesTombstone(t *testing.T) {
 // A key live since before the newest forgotten removal is reported each
 // time the horizon passes it, and put again by the writer: a reader from 0
 // then pages through the whole state, a position a page, without ErrGone.
-func TestStateSourceReportsKeysBelowTheHorizon(t *testing.T) {
+func TestEphemeralReportsKeysBelowTheHorizon(t *testing.T) {
 	w := newStateWriter(t, 10)
 	w.put("early", 1)
 	var reported []string
@@ -213,7 +233,7 @@ func TestStateSourceReportsKeysBelowTheHorizon(t *testing.T) {
 
 // Whatever the changes and wherever a reader stopped, catching up (with a
 // reset when told ErrGone) ends with the writer's state.
-func TestStateSourceReadersConverge(t *testing.T) {
+func TestEphemeralReadersConverge(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		w := newStateWriter(rt, rapid.IntRange(1, 8).Draw(rt, "maxTombstones"))
 		keys := rapid.IntRange(1, 12).Draw(rt, "keys")

@@ -1,0 +1,259 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/streams"
+)
+
+// Writer is this instance's writer of one durable stream, and the one way
+// to write rows to it. Each Write runs the whole sequence in its order:
+// the IDs are allocated inside the transaction, which is fenced by the
+// writer name's lease; it commits or rolls back; only a committed
+// transaction's rows are handed to the node, in position order; then the
+// IDs are finished, whether it committed or not. A caller cannot publish
+// rows that may roll back, hand them over too late, or leave an ID
+// unfinished.
+//
+// OpenWriter claims the writer name; pass the Writer in Config.Writers. From
+// then on the Node owns it: it renews the lease (Run returns an error
+// wrapping streams.ErrSealed if the name was sealed or taken over), and on
+// a graceful stop seals it (so its successor need not wait for the lease)
+// and announces the seal before BYE.
+type Writer struct {
+	db    streams.DB
+	gen   *streams.Generator
+	lease *streams.Lease // nil: unfenced (WriterConfig.NoLease)
+	name  string
+	node  atomic.Pointer[Node]
+}
+
+// WriterConfig configures OpenWriter. Zero values mean the documented
+// defaults.
+type WriterConfig struct {
+	// Instance is this process's instance ID. Required.
+	Instance string
+	// Name is the writer name, claimed with a lease. Required.
+	Name string
+	// Stream is the durable stream written. Required.
+	Stream streams.Config
+	// LeaseTTL: a holder silent this long is sealed by a survivor [10 s].
+	LeaseTTL time.Duration
+	// Wait makes OpenWriter wait for a live holder of the name to go;
+	// false fails at once with an error wrapping streams.ErrNameHeld.
+	Wait bool
+	// OnWait is called at every look at a name held by a live instance
+	// while OpenWriter waits (see streams.LeaseConfig.OnWait).
+	OnWait func(holder string, epoch int64, until time.Time)
+	// URL is where this instance serves, recorded with the holding so that
+	// others forward to the name's owner by the registry.
+	URL string
+	// NoLease writes without a lease: nothing fences a second process
+	// writing as the same name. Only for a name that can never have two
+	// holders (a benchmark, a single-process tool).
+	NoLease bool
+}
+
+// ErrUnbound: the Writer (or Ephemeral) was not given to a Node.
+var ErrUnbound = errors.New("fabric: writer not bound to a node (pass it in Config.Writers or Config.Ephemerals)")
+
+// OpenWriter claims cfg.Name for cfg.Instance (waiting for a live holder
+// when cfg.Wait) and opens the stream's generator as that writer, after
+// the claim so that it starts from what the seal of the previous holder
+// stored.
+func OpenWriter(ctx context.Context, db streams.DB, cfg WriterConfig) (*Writer, error) {
+	if cfg.Name == "" || cfg.Instance == "" {
+		return nil, errors.New("fabric: writer config: Name and Instance are required")
+	}
+	if err := cfg.Stream.Validate(); err != nil {
+		return nil, fmt.Errorf("fabric: writer config: Stream: %w", err)
+	}
+	w := &Writer{db: db, name: cfg.Name}
+	if !cfg.NoLease {
+		l, err := streams.Claim(ctx, db, cfg.Name, cfg.Instance, streams.LeaseConfig{TTL: cfg.LeaseTTL, Wait: cfg.Wait,
+			Poll: 100 * time.Millisecond, URL: cfg.URL, OnWait: cfg.OnWait, Streams: []streams.Config{cfg.Stream}})
+		if err != nil {
+			return nil, err
+		}
+		w.lease = l
+	}
+	gen, err := streams.Open(ctx, db, cfg.Stream, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	gen.SetLease(w.lease)
+	w.gen = gen
+	return w, nil
+}
+
+// Generator is the stream's generator: positions, tokens, persisted-upto.
+// Write through the Writer, never through the generator's Alloc.
+func (w *Writer) Generator() *streams.Generator { return w.gen }
+
+// Lease is the writer name's holding, nil with NoLease.
+func (w *Writer) Lease() *streams.Lease { return w.lease }
+
+// Name is the writer name.
+func (w *Writer) Name() string { return w.name }
+
+// Stream is the stream's name.
+func (w *Writer) Stream() string { return w.gen.Stream().Name }
+
+// epoch is the holding's epoch, 0 without a lease.
+func (w *Writer) epoch() uint64 {
+	if w.lease == nil {
+		return 0
+	}
+	return uint64(w.lease.Epoch())
+}
+
+// WriteFunc writes the rows of one Write inside its transaction, at ids
+// (ascending), and returns the rows at each ID for readers: a non-empty
+// JSON array, or nil where the ID carries no row (say, a request it found
+// already written). Its error rolls the transaction back.
+type WriteFunc func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error)
+
+// Write allocates n IDs in a new transaction fenced by the lease, runs fn,
+// and commits. It returns the IDs once committed, or an error if nothing
+// was (a sealed writer gets one wrapping streams.ErrSealed); the rows are
+// handed to the node only after the commit. With n = 0 it is a fenced
+// transaction that writes no row of the stream (derived state, say).
+func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error) {
+	node := w.node.Load()
+	if node == nil {
+		return nil, ErrUnbound
+	}
+	tx, err := w.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: write %s: begin: %w", w.Stream(), err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) // after a commit: a no-op
+	if w.lease != nil {
+		if err := w.lease.Fence(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+	var ids []int64
+	if n > 0 {
+		a, err := w.gen.AllocIn(ctx, tx, n)
+		if err != nil {
+			return nil, err
+		}
+		defer a.Finish()
+		ids = a.IDs()
+	}
+	rows, err := fn(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) != len(ids) {
+		return nil, fmt.Errorf("fabric: write %s: %d rows for %d IDs", w.Stream(), len(rows), len(ids))
+	}
+	for i, r := range rows {
+		if r != nil && !validRows(r) {
+			return nil, fmt.Errorf("%w: %s at %d: %.64q", ErrBadRows, w.Stream(), ids[i], r)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err)
+	}
+	node.handOver(w.Stream(), ids, rows)
+	return ids, nil
+}
+
+// Insert writes rows with one statement that draws their IDs from the
+// stream's sequence itself (nextval in the statement) and returns, for
+// each row it writes, its ID and the 1-based index of the row in rows, in
+// any order:
+//
+//	WITH src AS MATERIALIZED (SELECT nextval('events_seq') AS id, r, i
+//	    FROM unnest($2::text[]) WITH ORDINALITY AS u(r, i)),
+//	ins AS (INSERT INTO events (stream_id, writer, rows) SELECT id, $1, r::jsonb FROM src)
+//	SELECT id, i FROM src
+//
+// It saves Write's round trips: without a lease it is one (autocommit);
+// with one, the statement runs in a transaction fenced by it. The rows are
+// handed to the node after the commit, in position order, then the IDs
+// finish. It returns the ID of each row, in the order of rows.
+func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string, args ...any) ([]int64, error) {
+	node := w.node.Load()
+	if node == nil {
+		return nil, ErrUnbound
+	}
+	for _, r := range rows {
+		if !validRows(r) {
+			return nil, fmt.Errorf("%w: %s: %.64q", ErrBadRows, w.Stream(), r)
+		}
+	}
+	byRow := make([]int64, len(rows))
+	scan := func(row pgx.CollectableRow) (int64, error) {
+		var id, i int64
+		if err := row.Scan(&id, &i); err != nil {
+			return 0, err
+		}
+		if i < 1 || i > int64(len(byRow)) || byRow[i-1] != 0 {
+			return 0, fmt.Errorf("row index %d out of range or returned twice", i)
+		}
+		byRow[i-1] = id
+		return id, nil
+	}
+	var q streams.DB = w.db
+	var tx pgx.Tx
+	if w.lease != nil {
+		var err error
+		if tx, err = w.db.Begin(ctx); err != nil {
+			return nil, fmt.Errorf("fabric: insert %s: begin: %w", w.Stream(), err)
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		if err := w.lease.Fence(ctx, tx); err != nil {
+			return nil, err
+		}
+		q = tx
+	}
+	a, err := w.gen.AllocQuery(ctx, q, scan, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer a.Finish()
+	if n := len(a.IDs()); n != len(rows) {
+		// Autocommit: what ran has committed; the IDs without rows are
+		// holes. In a transaction it rolls back.
+		return nil, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", w.Stream(), n, len(rows))
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
+		}
+	}
+	// In position order, as Write does.
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmpInt64(byRow[a], byRow[b]) })
+	ids := make([]int64, len(rows))
+	sorted := make([]json.RawMessage, len(rows))
+	for k, i := range order {
+		ids[k], sorted[k] = byRow[i], rows[i]
+	}
+	node.handOver(w.Stream(), ids, sorted)
+	return byRow, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
