@@ -205,7 +205,7 @@ func TestRollingRestart(t *testing.T) {
 			}
 			if strings.HasPrefix(name, "persister") {
 				log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
-				if !strings.Contains(string(log), inst) || !strings.Contains(string(log), "stop: sealed own writer") {
+				if !strings.Contains(string(log), inst) || !strings.Contains(string(log), "sealed own writer") {
 					t.Errorf("%s (%s) did not seal its own writer", name, inst)
 				}
 				first := ch.firstAckAfter(name, exited, 10*time.Second)
