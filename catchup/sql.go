@@ -22,8 +22,10 @@ import (
 //
 //   - Grouped false (one table row per position): IDColumn is unique per
 //     writer and RowsColumn (jsonb, json or text) holds the position's rows
-//     as one JSON value, usually an array. It is returned verbatim: it must
-//     be the same JSON the writer published live.
+//     as one JSON value, usually an array. It is returned verbatim: from a
+//     json or text column the bytes the writer published live, from jsonb
+//     PostgreSQL's normalized text of the same value (key order and spacing
+//     may differ). Readers must parse rows, never compare their bytes.
 //   - Grouped true (several table rows per position): the rows of a
 //     position are the JSON array of its RowsColumn values (jsonb_agg),
 //     ordered by OrderColumn.
