@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
 )
@@ -70,7 +71,7 @@ type ClientConfig struct {
 	// connection).
 	Retries int
 	// Backoff is the delay between attempts.
-	Backoff fabric.BackoffConfig
+	Backoff backoff.Config
 	// SourceCooldown is how long a source that just timed out or was
 	// unreachable is skipped by streams with a Fallback, which read the
 	// fallback at once instead of paying a timeout per page [5 s]; zero

@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // fastBackoff keeps retry tests quick.
-var fastBackoff = fabric.BackoffConfig{Initial: time.Millisecond, Max: 5 * time.Millisecond}
+var fastBackoff = backoff.Config{Initial: time.Millisecond, Max: 5 * time.Millisecond}
 
 // countingHandler counts requests and can run a hook before h.
 type countingHandler struct {
@@ -56,7 +57,7 @@ func newTestClient(t *testing.T, cfg ClientConfig) *Client {
 	if cfg.Secret == "" {
 		cfg.Secret = testSecret
 	}
-	if cfg.Backoff == (fabric.BackoffConfig{}) {
+	if cfg.Backoff == (backoff.Config{}) {
 		cfg.Backoff = fastBackoff
 	}
 	c := NewClient(cfg)

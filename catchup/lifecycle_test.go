@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
@@ -113,7 +114,7 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 		Fetcher:          client,
 		AnnounceInterval: 100 * time.Millisecond,
 		ReplicateWait:    200 * time.Millisecond,
-		Backoff:          fabric.BackoffConfig{Initial: 50 * time.Millisecond, Max: time.Second},
+		Backoff:          backoff.Config{Initial: 50 * time.Millisecond, Max: time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)

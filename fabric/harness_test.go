@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/fabrictest"
 	"github.com/weft-dev/weft/internal/testenv"
@@ -114,7 +115,7 @@ func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clus
 		Fetcher:          fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 		ReplicateWait:    200 * time.Millisecond,
-		Backoff:          BackoffConfig{Initial: 50 * time.Millisecond, Max: time.Second},
+		Backoff:          backoff.Config{Initial: 50 * time.Millisecond, Max: time.Second},
 	}
 	if o.tune != nil {
 		o.tune(&cfg)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/backoff"
 )
 
 // Defaults of linkConfig, used for its zero fields.
@@ -58,7 +60,7 @@ type linkConfig struct {
 	// Channel is the pub/sub channel, e.g. "weft:<cluster>"; required.
 	Channel string
 	// Backoff is the reconnect policy.
-	Backoff BackoffConfig
+	Backoff backoff.Config
 	// PingInterval is how often the subscriber connection is PINGed [1s].
 	PingInterval time.Duration
 	// PingTimeout: no PONG (or any other reply) this long after a PING means
@@ -107,7 +109,7 @@ func (c linkConfig) validate() error {
 	case c.QueueBytes < 0:
 		return fmt.Errorf("fabric: linkConfig.QueueBytes %d is negative", c.QueueBytes)
 	}
-	return c.Backoff.Validate() // it names BackoffConfig's field
+	return c.Backoff.Validate() // it names the field
 }
 
 func (c linkConfig) withDefaults() linkConfig {
@@ -332,7 +334,7 @@ func (l *link) run(ctx context.Context, ev linkEvents) error {
 	defer wg.Wait()
 	wg.Go(func() { l.runPublisher(ctx) })
 
-	bo := l.cfg.Backoff.newBackOff(nil)
+	bo := l.cfg.Backoff.NewBackOff()
 	for {
 		l.attempts.Add(1)
 		l.cfg.OnAttempt()
@@ -643,7 +645,7 @@ func (l *link) runPublisher(ctx context.Context) {
 	// on a canceled context, and a batch taken from the queue must not be
 	// lost to shutdown. Timeouts bound them.
 	sendCtx := context.WithoutCancel(ctx)
-	retry := BackoffConfig{Initial: publishRetryInitial, Max: publishRetryMax}.newBackOff(nil)
+	retry := backoff.Config{Initial: publishRetryInitial, Max: publishRetryMax}.NewBackOff()
 	batch := make([]string, 0, l.cfg.MaxBatch)
 	for {
 		if ctx.Err() != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -209,7 +210,7 @@ func TestLinkConfigValidate(t *testing.T) {
 		{linkConfig{Options: opts, Channel: "c", RunIDCheck: -1}, "RunIDCheck"},
 		{linkConfig{Options: opts, Channel: "c", PublishQueue: -1}, "PublishQueue"},
 		{linkConfig{Options: opts, Channel: "c", MaxBatch: -1}, "MaxBatch"},
-		{linkConfig{Options: opts, Channel: "c", Backoff: BackoffConfig{Multiplier: 0.5}}, "Backoff"},
+		{linkConfig{Options: opts, Channel: "c", Backoff: backoff.Config{Multiplier: 0.5}}, "Backoff"},
 	} {
 		l, err := newLink(tc.cfg)
 		if err == nil {
@@ -342,7 +343,7 @@ func TestLinkRedisRestart(t *testing.T) {
 	r := testenv.StartRedis(t)
 	var attempts atomic.Int64
 	tl := startTestLink(t, r.URL(), func(c *linkConfig) {
-		c.Backoff = BackoffConfig{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
+		c.Backoff = backoff.Config{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 		c.OnAttempt = func() { attempts.Add(1) }
 	})
 	defer tl.stop()
@@ -424,7 +425,7 @@ func TestLinkBackoffOutage(t *testing.T) {
 	defer goleak.VerifyNone(t, linkLeakOptions()...)
 	const outage = 20 * time.Second
 	r := testenv.StartRedis(t)
-	bo := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+	bo := backoff.Config{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
 	var attempts atomic.Int64
 	tl := startTestLink(t, r.URL(), func(c *linkConfig) {
 		c.Backoff = bo
@@ -452,7 +453,7 @@ func TestLinkBackoffOutage(t *testing.T) {
 	r.Start(t)
 	restarted := time.Now()
 
-	fewest, most := backoffBounds(bo, outage)
+	fewest, most := bo.RetriesWithin(outage)
 	// ±1: the window starts at the kill, not at the first delay, and an
 	// attempt may fall either side of its end.
 	if during < int64(fewest-1) || during > int64(most+1) {
@@ -491,7 +492,7 @@ func TestLinkBackoffNeedsEstablished(t *testing.T) {
 	// INFO, under -race).
 	const slack = 500 * time.Millisecond
 	tl := startTestLink(t, r.URL(), func(c *linkConfig) {
-		c.Backoff = BackoffConfig{Initial: initial, Max: 5 * time.Second, Jitter: -1}
+		c.Backoff = backoff.Config{Initial: initial, Max: 5 * time.Second, Jitter: -1}
 	})
 	defer tl.stop()
 	tl.rec.waitEvents(t, 1, 10*time.Second)
@@ -552,7 +553,7 @@ func TestLinkHalfDead(t *testing.T) {
 		c.PingInterval = interval
 		c.PingTimeout = timeout
 		c.RunIDCheck = 100 * time.Millisecond // an INFO in flight must not delay linkDown
-		c.Backoff = BackoffConfig{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
+		c.Backoff = backoff.Config{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 	})
 	defer tl.stop()
 	tl.rec.waitEvents(t, 1, 10*time.Second)
@@ -594,7 +595,7 @@ func TestLinkRunIDChange(t *testing.T) {
 
 	tl := startTestLink(t, "redis://"+p.addr()+"/0", func(c *linkConfig) {
 		c.RunIDCheck = 100 * time.Millisecond
-		c.Backoff = BackoffConfig{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
+		c.Backoff = backoff.Config{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 	})
 	defer tl.stop()
 	tl.rec.waitEvents(t, 1, 10*time.Second)

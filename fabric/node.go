@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/instance"
@@ -106,7 +107,7 @@ type Config struct {
 	// before the connection may count as established [500 ms].
 	ReplicateWait time.Duration
 	// Backoff is the reconnect policy; catch-up retries use it too.
-	Backoff BackoffConfig
+	Backoff backoff.Config
 	// Secret, when set, signs every command this node publishes (HMAC) and
 	// makes it drop, and count, any line not signed with the same secret:
 	// a forged position could otherwise make readers skip rows. Every
@@ -203,7 +204,7 @@ type Node struct {
 	writers   []*Writer
 	epoch     uint64
 	done      chan struct{} // closed once the loop takes no more input
-	followed  int // durable streams followed through a generator
+	followed  int           // durable streams followed through a generator
 
 	// Degraded mode: everEst is set once the connection was established;
 	// dbFresh (offset from born) is when the writer positions were read
@@ -362,7 +363,7 @@ func New(cfg Config) (*Node, error) {
 	c, err := core.New(core.Config{
 		Instance: cfg.Instance, Hello: hello, Streams: specs, Views: views, Writes: writes,
 		ReplicateWait: cfg.ReplicateWait, HeartbeatInterval: cfg.HeartbeatInterval,
-		AnnounceInterval: cfg.AnnounceInterval, RetryDelay: cfg.Backoff.delays(), MaxLineAge: cfg.MaxLineAge,
+		AnnounceInterval: cfg.AnnounceInterval, RetryDelay: cfg.Backoff.Delays(), MaxLineAge: cfg.MaxLineAge,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fabric: %w", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/testenv"
@@ -190,7 +191,7 @@ func TestNodePoisonedRowBacksOff(t *testing.T) {
 	var poisoned atomic.Int64
 	var mu sync.Mutex
 	var attempts []time.Time
-	backoff := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+	backoff := backoff.Config{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
 	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
 	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: func(c *Config) { c.Backoff = backoff }})
 	reader.rec.Reject = func(k core.Key, pos int64) error {

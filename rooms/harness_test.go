@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
@@ -68,8 +69,8 @@ func newWriters(t *testing.T) *writers {
 	live := NewLive()
 	node, err := fabric.New(fabric.Config{
 		Instance: inst, Cluster: "rooms-test-" + hex.EncodeToString(b[:]), RedisURL: redisURL, Secret: testSecret,
-		Hello:      wire.Hello{Name: "w1", Role: "worker", Version: "test"},
-		Streams:    []core.StreamSpec{{Name: EventsStream, Start: gen.PersistedUpto()}},
+		Hello:   wire.Hello{Name: "w1", Role: "worker", Version: "test"},
+		Streams: []core.StreamSpec{{Name: EventsStream, Start: gen.PersistedUpto()}},
 		Writers: []*fabric.Writer{ew}, Handler: live, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})
@@ -94,7 +95,7 @@ func newWriters(t *testing.T) *writers {
 	ownerFwd := shard.NewForwarder(shard.ForwarderConfig{Self: "w1", Map: m, Local: q,
 		Resolve: func(string) (string, bool) { return "", false }})
 	w.workerFwd = shard.NewForwarder(shard.ForwarderConfig{Map: m, Resolve: w.resolve, Secret: testSecret,
-		Backoff: fabric.BackoffConfig{Initial: time.Millisecond, Max: 5 * time.Millisecond}})
+		Backoff: backoff.Config{Initial: time.Millisecond, Max: 5 * time.Millisecond}})
 	t.Cleanup(func() {
 		w.srv.Close()
 		ownerFwd.Close()

@@ -87,8 +87,8 @@ func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 	t.Cleanup(fetcher.Close)
 	e.node, err = fabric.New(fabric.Config{
 		Instance: inst, Cluster: fmt.Sprintf("rooms-sync-%d", time.Now().UnixNano()), RedisURL: testenv.SharedRedisURL(t),
-		Hello:      wire.Hello{Name: "p1", Role: "test", URL: "http://127.0.0.1:1", Version: "test"},
-		Streams:    []core.StreamSpec{{Name: EventsStream, Start: e.gen.PersistedUpto()}},
+		Hello:   wire.Hello{Name: "p1", Role: "test", URL: "http://127.0.0.1:1", Version: "test"},
+		Streams: []core.StreamSpec{{Name: EventsStream, Start: e.gen.PersistedUpto()}},
 		Writers: []*fabric.Writer{e.w}, Handler: e.live, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/instance"
 )
 
@@ -75,7 +75,7 @@ func (c *cluster) resolve(name string) (string, bool) {
 func (c *cluster) forwarder(t testing.TB, self string, tune func(*ForwarderConfig)) *Forwarder {
 	t.Helper()
 	cfg := ForwarderConfig{Self: self, Map: c.m, Resolve: c.resolve, Secret: testSecret,
-		Backoff: fabric.BackoffConfig{Initial: time.Millisecond, Max: 5 * time.Millisecond}}
+		Backoff: backoff.Config{Initial: time.Millisecond, Max: 5 * time.Millisecond}}
 	if self != "" {
 		cfg.Local = c.owners[self].queue
 	}

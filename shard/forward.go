@@ -19,7 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/instance"
 )
 
@@ -104,7 +104,7 @@ type ForwarderConfig struct {
 	// A 409 adds one more attempt, once.
 	Retries int
 	// Backoff is the delay between attempts.
-	Backoff fabric.BackoffConfig
+	Backoff backoff.Config
 	// Timeout bounds one HTTP attempt [10 s].
 	Timeout time.Duration
 	// Registerer receives the metrics; nil means a private registry.

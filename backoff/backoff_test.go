@@ -1,4 +1,4 @@
-package fabric
+package backoff
 
 import (
 	"strings"
@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
+	cbackoff "github.com/cenkalti/backoff/v4"
 )
 
-// fakeClock is a backoff.Clock that moves only when told.
+// fakeClock is a cbackoff.Clock that moves only when told.
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time
@@ -28,12 +28,12 @@ func (c *fakeClock) advance(d time.Duration) {
 }
 
 func TestBackoffDefaults(t *testing.T) {
-	got := BackoffConfig{}.withDefaults()
-	want := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
+	got := Config{}.withDefaults()
+	want := Config{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
 	if got != want {
 		t.Fatalf("defaults = %+v, want %+v", got, want)
 	}
-	if got := (BackoffConfig{Jitter: -1}).withDefaults().Jitter; got != 0 {
+	if got := (Config{Jitter: -1}).withDefaults().Jitter; got != 0 {
 		t.Fatalf("negative Jitter became %v, want 0 (no jitter)", got)
 	}
 }
@@ -43,7 +43,7 @@ func TestBackoffDefaults(t *testing.T) {
 // over.
 func TestBackoffSchedule(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-	b := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: -1}.newBackOff(clock)
+	b := Config{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: -1}.NewBackOffClock(clock)
 	want := []time.Duration{100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000}
 	for i, w := range want {
 		w *= time.Millisecond
@@ -55,7 +55,7 @@ func TestBackoffSchedule(t *testing.T) {
 	// MaxElapsedTime is 0: a month of failures later it still retries.
 	clock.advance(30 * 24 * time.Hour)
 	if got := b.NextBackOff(); got != 5*time.Second {
-		t.Fatalf("delay after a month = %v, want 5s (never backoff.Stop)", got)
+		t.Fatalf("delay after a month = %v, want 5s (never cbackoff.Stop)", got)
 	}
 	b.Reset()
 	if got := b.NextBackOff(); got != 100*time.Millisecond {
@@ -66,7 +66,7 @@ func TestBackoffSchedule(t *testing.T) {
 // TestBackoffScheduleMultiplier: a custom Multiplier and a Max that is not a
 // step of the geometric series.
 func TestBackoffScheduleMultiplier(t *testing.T) {
-	b := BackoffConfig{Initial: time.Second, Max: 10 * time.Second, Multiplier: 3, Jitter: -1}.newBackOff(nil)
+	b := Config{Initial: time.Second, Max: 10 * time.Second, Multiplier: 3, Jitter: -1}.NewBackOffClock(nil)
 	for i, w := range []time.Duration{1, 3, 9, 10, 10} {
 		w *= time.Second
 		if got := b.NextBackOff(); got != w {
@@ -79,12 +79,12 @@ func TestBackoffScheduleMultiplier(t *testing.T) {
 // unjittered one and never above Max; the delays do spread (at the cap too,
 // where a jittered delay above Max is mirrored below it).
 func TestBackoffJitterBounds(t *testing.T) {
-	cfg := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
+	cfg := Config{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.2}
 	const steps, runs = 10, 500
 	lo := make([]time.Duration, steps)
 	hi := make([]time.Duration, steps)
 	for run := range runs {
-		b := cfg.newBackOff(nil)
+		b := cfg.NewBackOffClock(nil)
 		for i := range steps {
 			base := min(cfg.Initial<<i, cfg.Max)
 			low := time.Duration(float64(base) * (1 - cfg.Jitter))
@@ -117,60 +117,40 @@ func TestBackoffJitterBounds(t *testing.T) {
 }
 
 func TestBackoffValidate(t *testing.T) {
-	if err := (BackoffConfig{}).Validate(); err != nil {
+	if err := (Config{}).Validate(); err != nil {
 		t.Fatalf("zero config: %v", err)
 	}
-	if err := (BackoffConfig{Jitter: -1}).Validate(); err != nil {
+	if err := (Config{Jitter: -1}).Validate(); err != nil {
 		t.Fatalf("no jitter: %v", err)
 	}
 	for _, tc := range []struct {
-		cfg   BackoffConfig
+		cfg   Config
 		field string
 	}{
-		{BackoffConfig{Initial: -time.Second}, "Initial"},
-		{BackoffConfig{Max: -time.Second}, "Max"},
-		{BackoffConfig{Initial: 10 * time.Second}, "Max"}, // above the default Max
-		{BackoffConfig{Initial: time.Second, Max: time.Millisecond}, "Max"},
-		{BackoffConfig{Multiplier: 0.5}, "Multiplier"},
-		{BackoffConfig{Multiplier: -2}, "Multiplier"},
-		{BackoffConfig{Jitter: 1}, "Jitter"},
+		{Config{Initial: -time.Second}, "Initial"},
+		{Config{Max: -time.Second}, "Max"},
+		{Config{Initial: 10 * time.Second}, "Max"}, // above the default Max
+		{Config{Initial: time.Second, Max: time.Millisecond}, "Max"},
+		{Config{Multiplier: 0.5}, "Multiplier"},
+		{Config{Multiplier: -2}, "Multiplier"},
+		{Config{Jitter: 1}, "Jitter"},
 	} {
 		err := tc.cfg.Validate()
-		if err == nil || !strings.Contains(err.Error(), "BackoffConfig."+tc.field) || !strings.HasPrefix(err.Error(), "fabric: ") {
-			t.Errorf("Validate(%+v) = %v, want an error naming BackoffConfig.%s", tc.cfg, err, tc.field)
+		if err == nil || !strings.Contains(err.Error(), "Config."+tc.field) || !strings.HasPrefix(err.Error(), "fabric: ") {
+			t.Errorf("Validate(%+v) = %v, want an error naming Config.%s", tc.cfg, err, tc.field)
 		}
 	}
-}
-
-// backoffBounds returns the fewest and the most retries that fit in window
-// under cfg, from the schedule with every delay at its longest (fewest) or
-// shortest (most) jittered value. Retries are immediate failures.
-func backoffBounds(cfg BackoffConfig, window time.Duration) (fewest, most int) {
-	cfg = cfg.withDefaults()
-	count := func(factor float64) int {
-		n, elapsed, base := 0, time.Duration(0), cfg.Initial
-		for {
-			d := min(time.Duration(float64(base)*factor), cfg.Max)
-			if elapsed+d > window {
-				return n
-			}
-			elapsed += d
-			n++
-			base = min(time.Duration(float64(base)*cfg.Multiplier), cfg.Max)
-		}
-	}
-	return count(1 + cfg.Jitter), count(1 - cfg.Jitter)
 }
 
 func TestBackoffBounds(t *testing.T) {
 	// 0.1 0.2 0.4 0.8 1.6 3.2 5 5 -> 8 retries in 20s without jitter.
-	f, m := backoffBounds(BackoffConfig{Jitter: -1}, 20*time.Second)
+	f, m := Config{Jitter: -1}.RetriesWithin(20 * time.Second)
 	if f != 8 || m != 8 {
 		t.Fatalf("no jitter: bounds %d..%d, want 8..8", f, m)
 	}
 	// Longest: 0.12 0.24 0.48 0.96 1.92 3.84 5 5 (capped) -> 8.
 	// Shortest: 0.08 0.16 0.32 0.64 1.28 2.56 4 4 4 -> 9.
-	f, m = backoffBounds(BackoffConfig{}, 20*time.Second)
+	f, m = Config{}.RetriesWithin(20 * time.Second)
 	if f != 8 || m != 9 {
 		t.Fatalf("jitter 0.2: bounds %d..%d, want 8..9", f, m)
 	}
@@ -178,16 +158,16 @@ func TestBackoffBounds(t *testing.T) {
 
 // TestBackoffDelays: the by-attempt form follows the same schedule.
 func TestBackoffDelays(t *testing.T) {
-	cfg := BackoffConfig{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: -1}
-	b := cfg.newBackOff(nil)
-	delay := cfg.delays()
+	cfg := Config{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: -1}
+	b := cfg.NewBackOffClock(nil)
+	delay := cfg.Delays()
 	for attempt := 1; attempt <= 12; attempt++ {
 		if got, want := delay(attempt), b.NextBackOff(); got != want {
 			t.Fatalf("delays()(%d) = %v, want %v as from newBackOff", attempt, got, want)
 		}
 	}
 	cfg.Jitter = 0.2
-	delay = cfg.delays()
+	delay = cfg.Delays()
 	for attempt := 1; attempt <= 12; attempt++ {
 		base := min(cfg.Initial<<(attempt-1), cfg.Max)
 		for range 100 {
@@ -199,4 +179,4 @@ func TestBackoffDelays(t *testing.T) {
 	}
 }
 
-var _ backoff.Clock = (*fakeClock)(nil)
+var _ cbackoff.Clock = (*fakeClock)(nil)
