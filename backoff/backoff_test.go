@@ -136,7 +136,7 @@ func TestBackoffValidate(t *testing.T) {
 		{Config{Jitter: 1}, "Jitter"},
 	} {
 		err := tc.cfg.Validate()
-		if err == nil || !strings.Contains(err.Error(), "Config."+tc.field) || !strings.HasPrefix(err.Error(), "fabric: ") {
+		if err == nil || !strings.Contains(err.Error(), "Config."+tc.field) || !strings.HasPrefix(err.Error(), "backoff: ") {
 			t.Errorf("Validate(%+v) = %v, want an error naming Config.%s", tc.cfg, err, tc.field)
 		}
 	}

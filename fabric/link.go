@@ -109,7 +109,10 @@ func (c linkConfig) validate() error {
 	case c.QueueBytes < 0:
 		return fmt.Errorf("fabric: linkConfig.QueueBytes %d is negative", c.QueueBytes)
 	}
-	return c.Backoff.Validate() // it names the field
+	if err := c.Backoff.Validate(); err != nil {
+		return fmt.Errorf("fabric: linkConfig.Backoff: %w", err)
+	}
+	return nil
 }
 
 func (c linkConfig) withDefaults() linkConfig {
