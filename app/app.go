@@ -163,7 +163,7 @@ func (r *runner) run(ctx context.Context) error {
 			}
 			log.Info("took typing writer name", "name", cfg.Name, "epoch", epoch)
 		}
-		if gen, err = streams.Open(ctx, pool, rooms.EventsConfig, ""); err != nil {
+		if gen, err = streams.Open(ctx, pool, rooms.Events(), ""); err != nil {
 			return err
 		}
 		readGens = []*streams.Generator{gen}
@@ -182,7 +182,10 @@ func (r *runner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cuClient := catchup.NewClient(catchup.ClientConfig{Secret: cfg.Secret, Fallback: map[string]catchup.Source{rooms.EventsStream: sql}, Registerer: reg, Logger: log})
+	cuClient, err := catchup.NewClient(catchup.ClientConfig{Secret: cfg.Secret, Fallback: map[string]catchup.Source{rooms.EventsStream: sql}, Registerer: reg, Logger: log})
+	if err != nil {
+		return err
+	}
 	defer cuClient.Close()
 
 	live := rooms.NewLive()
@@ -250,11 +253,17 @@ func (r *runner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	eventsFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesEvents()), Map: eventsMap, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
+	eventsFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesEvents()), Map: eventsMap, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log})
+	if err != nil {
+		return err
+	}
 	defer eventsFwd.Close()
-	typingFwd := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
+	typingFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log})
+	if err != nil {
+		return err
+	}
 	defer typingFwd.Close()
 	svc := rooms.NewService(rooms.Config{Pool: pool, Events: gen, Node: node, Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriters: cfg.EventWriters, TypingWriter: cfg.TypingWriter,
@@ -301,7 +310,7 @@ func (r *runner) run(ctx context.Context) error {
 	wg.Go(func() { refreshHolders(workCtx, hold, node, cfg.AnnounceInterval) })
 	if r.role == RoleMaster {
 		wg.Go(func() {
-			streams.SealLoop(workCtx, pool, []streams.Config{rooms.EventsConfig}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
+			streams.SealLoop(workCtx, pool, []streams.Config{rooms.Events()}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
 				log.Warn("sealed a writer whose lease expired", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
 				for stream, pos := range s.Final {
 					node.AnnounceSealed(nodeCtx, stream, s.Instance, pos)
@@ -339,7 +348,7 @@ func (r *runner) run(ctx context.Context) error {
 // periodic WARN say who holds it.
 func (r *runner) openWriter(ctx context.Context, pool *pgxpool.Pool) (*fabric.Writer, error) {
 	var lastLog time.Time
-	return fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: r.inst, Name: r.cfg.Name, Stream: rooms.EventsConfig,
+	return fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: r.inst, Name: r.cfg.Name, Stream: rooms.Events(),
 		LeaseTTL: r.cfg.LeaseTTL, Wait: true, URL: r.cfg.Advertise(),
 		OnWait: func(holder string, epoch int64, until time.Time) {
 			r.wait.set(holder, epoch, until)

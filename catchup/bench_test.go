@@ -94,7 +94,10 @@ func BenchmarkCatchup100k(b *testing.B) {
 		}
 		hs := httptest.NewServer(s)
 		defer hs.Close()
-		c := NewClient(ClientConfig{Secret: testSecret, Limit: page})
+		c, err := NewClient(ClientConfig{Secret: testSecret, Limit: page})
+		if err != nil {
+			b.Fatal(err)
+		}
 		defer c.Close()
 		for b.Loop() {
 			rows, err := c.Updates(ctx, hs.URL, "events", "w1", 0, total)

@@ -129,8 +129,38 @@ type sourceSem struct {
 	users int
 }
 
-// NewClient builds a Client; invalid values fall back to the defaults.
-func NewClient(cfg ClientConfig) *Client {
+// Validate names the first invalid field. Zero values mean the defaults;
+// negative ones are refused (but a negative SourceCooldown, which turns the
+// cooldown off).
+func (c *ClientConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		bad  bool
+	}{
+		{"SourceTimeout", c.SourceTimeout < 0},
+		{"RequestTimeout", c.RequestTimeout < 0},
+		{"Retries", c.Retries < 0},
+		{"PerSourceLimit", c.PerSourceLimit < 0},
+		{"Limit", c.Limit < 0},
+		{"MaxResponseBytes", c.MaxResponseBytes < 0},
+	} {
+		if f.bad {
+			return fmt.Errorf("catchup: client config: %s is negative", f.name)
+		}
+	}
+	for stream, src := range c.Fallback {
+		if src == nil {
+			return fmt.Errorf("catchup: client config: Fallback: stream %s has a nil Source", stream)
+		}
+	}
+	return nil
+}
+
+// NewClient checks cfg and builds a Client.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.SourceTimeout = cmp(cfg.SourceTimeout, DefaultSourceTimeout)
 	cfg.RequestTimeout = cmp(cfg.RequestTimeout, DefaultRequestTimeout)
 	if cfg.SourceCooldown == 0 {
@@ -160,7 +190,7 @@ func NewClient(cfg ClientConfig) *Client {
 		}}
 		c.own = true
 	}
-	return c
+	return c, nil
 }
 
 // Close releases the idle connections of the Client's own transport.

@@ -60,7 +60,10 @@ func newTestClient(t *testing.T, cfg ClientConfig) *Client {
 	if cfg.Backoff == (backoff.Config{}) {
 		cfg.Backoff = fastBackoff
 	}
-	c := NewClient(cfg)
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(c.Close)
 	return c
 }

@@ -32,10 +32,13 @@ func ExampleNewServer() {
 	}
 	go catchup.NewHTTPServer(":8080", srv).ListenAndServe() // bounded headers and bodies
 
-	client := catchup.NewClient(catchup.ClientConfig{
+	client, err := catchup.NewClient(catchup.ClientConfig{
 		Secret:   "s3cret",
 		Fallback: map[string]catchup.Source{"events": events}, // a hung or gone source: read the table
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 	_ = fabric.Config{Fetcher: client}
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/weft-dev/weft/streams"
 )
 
-var lcEvents = fabrictest.EventsConfig
+var lcEvents = fabrictest.Events()
 
 func lcDB(t *testing.T) *pgxpool.Pool { return fabrictest.EventsDB(t) }
 
@@ -100,7 +100,10 @@ func startInstance(t *testing.T, pool *pgxpool.Pool, redisURL, writer string, o 
 		// A reader's state is at 0: it was offline for everything written so far.
 		follow = []core.StreamSpec{{Name: "events", Start: 0}}
 	}
-	client := NewClient(ClientConfig{Secret: testSecret, Fallback: map[string]Source{"events": sql}})
+	client, err := NewClient(ClientConfig{Secret: testSecret, Fallback: map[string]Source{"events": sql}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err := fabric.New(fabric.Config{
 		Instance:         inst,
 		Cluster:          "lifecycle",
@@ -278,7 +281,10 @@ func TestEphemeralWriterRestart(t *testing.T) {
 	}
 
 	// A request for the old instance's range answers 410 -> ErrGone.
-	client := NewClient(ClientConfig{Secret: testSecret})
+	client, err := NewClient(ClientConfig{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer client.Close()
 	_, err = client.FetchPage(context.Background(), core.Fetch{Key: k, Instance: "typist-aaaaaaaa", URL: t2.http.URL, Ephemeral: true, From: 0, To: 3})
 	if !errors.Is(err, fabric.ErrGone) {

@@ -56,7 +56,10 @@ func ExampleOpenWriter() {
 		log.Fatal(err) // streams.ErrNameHeld without Wait; a *streams.CheckError for a bad sequence
 	}
 	sql := &catchup.SQLSource{Pool: pool, Table: "ledger", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
-	fetcher := catchup.NewClient(catchup.ClientConfig{Secret: "s3cret", Fallback: map[string]catchup.Source{"ledger": sql}})
+	fetcher, err := catchup.NewClient(catchup.ClientConfig{Secret: "s3cret", Fallback: map[string]catchup.Source{"ledger": sql}})
+	if err != nil {
+		log.Fatal(err)
+	}
 	node, err := fabric.New(fabric.Config{
 		Instance: id, Cluster: "prod", RedisURL: "redis://127.0.0.1:6379/0", Secret: "s3cret",
 		Hello:   wire.Hello{Name: "ledger1", URL: "http://10.0.0.5:8080"},
@@ -146,12 +149,16 @@ func ExampleNode_WaitForToken() {
 	}
 	id, _ := instance.NewID("reader")
 	sql := &catchup.SQLSource{Pool: pool, Table: "ledger", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
+	fetcher, err := catchup.NewClient(catchup.ClientConfig{Secret: "s3cret", Fallback: map[string]catchup.Source{"ledger": sql}})
+	if err != nil {
+		log.Fatal(err)
+	}
 	node, err := fabric.New(fabric.Config{
 		Instance: id, Cluster: "prod", RedisURL: "redis://127.0.0.1:6379/0", Secret: "s3cret",
 		Streams:    []core.StreamSpec{{Name: "ledger", Start: gen.PersistedUpto()}},
 		Generators: []*streams.Generator{gen},
 		Handler:    printer{},
-		Fetcher:    catchup.NewClient(catchup.ClientConfig{Secret: "s3cret", Fallback: map[string]catchup.Source{"ledger": sql}}),
+		Fetcher:    fetcher,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -20,7 +20,7 @@ import (
 	"github.com/weft-dev/weft/streams"
 )
 
-var eventsCfg = fabrictest.EventsConfig
+var eventsCfg = fabrictest.Events()
 
 // testDB is a fresh migrated database with an events stream.
 func testDB(t testing.TB) *pgxpool.Pool { return fabrictest.EventsDB(t) }

@@ -57,7 +57,7 @@ func newWriters(t *testing.T) *writers {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ew, err := fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: "w1", Stream: EventsConfig})
+	ew, err := fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: "w1", Stream: Events()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,10 @@ func newWriters(t *testing.T) *writers {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	sql := &catchup.SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
-	fetcher := catchup.NewClient(catchup.ClientConfig{Secret: testSecret, Fallback: map[string]catchup.Source{EventsStream: sql}})
+	fetcher, err := catchup.NewClient(catchup.ClientConfig{Secret: testSecret, Fallback: map[string]catchup.Source{EventsStream: sql}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	live := NewLive()
 	node, err := fabric.New(fabric.Config{
 		Instance: inst, Cluster: "rooms-test-" + hex.EncodeToString(b[:]), RedisURL: redisURL, Secret: testSecret,
@@ -92,10 +95,16 @@ func newWriters(t *testing.T) *writers {
 	wg.Go(func() { _ = q.Run(runCtx) })
 	w := &writers{pool: pool, srv: httptest.NewServer(srv)}
 	w.ownerURL = w.srv.URL
-	ownerFwd := shard.NewForwarder(shard.ForwarderConfig{Self: "w1", Map: m, Local: q,
+	ownerFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: "w1", Map: m, Local: q,
 		Resolve: func(string) (string, bool) { return "", false }})
-	w.workerFwd = shard.NewForwarder(shard.ForwarderConfig{Map: m, Resolve: w.resolve, Secret: testSecret,
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.workerFwd, err = shard.NewForwarder(shard.ForwarderConfig{Map: m, Resolve: w.resolve, Secret: testSecret,
 		Backoff: backoff.Config{Initial: time.Millisecond, Max: 5 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		w.srv.Close()
 		ownerFwd.Close()

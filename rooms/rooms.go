@@ -28,11 +28,13 @@ const (
 	TypingStream = "typing"
 )
 
-// EventsConfig is the events stream: one sequence, one table.
-var EventsConfig = streams.Config{
-	Name:     EventsStream,
-	Sequence: "events_seq",
-	Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+// Events is the events stream: one sequence, one table.
+func Events() streams.Config {
+	return streams.Config{
+		Name:     EventsStream,
+		Sequence: "events_seq",
+		Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+	}
 }
 
 // Task kinds on a room's owner queue.

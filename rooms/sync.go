@@ -320,8 +320,8 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 // served as the instance catches up.
 func (s *Service) beyondStream(ctx context.Context, t streams.Token) (string, error) {
 	var last int64
-	if err := s.pool.QueryRow(ctx, `SELECT last_value FROM `+EventsConfig.Sequence).Scan(&last); err != nil {
-		return "", fmt.Errorf("rooms: read %s: %w", EventsConfig.Sequence, err)
+	if err := s.pool.QueryRow(ctx, `SELECT last_value FROM `+Events().Sequence).Scan(&last); err != nil {
+		return "", fmt.Errorf("rooms: read %s: %w", Events().Sequence, err)
 	}
 	if m := t.Max(); m > last {
 		return fmt.Sprintf("token %s is ahead of the stream: position %d was never handed out (the sequence is at %d)", t, m, last), nil

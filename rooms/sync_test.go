@@ -78,12 +78,15 @@ func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.w, err = fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: "p1", Stream: EventsConfig, NoLease: true}); err != nil {
+	if e.w, err = fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: inst, Name: "p1", Stream: Events(), NoLease: true}); err != nil {
 		t.Fatal(err)
 	}
 	e.gen = e.w.Generator()
-	fetcher := catchup.NewClient(catchup.ClientConfig{Fallback: map[string]catchup.Source{EventsStream: &catchup.SQLSource{
+	fetcher, err := catchup.NewClient(catchup.ClientConfig{Fallback: map[string]catchup.Source{EventsStream: &catchup.SQLSource{
 		Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(fetcher.Close)
 	e.node, err = fabric.New(fabric.Config{
 		Instance: inst, Cluster: fmt.Sprintf("rooms-sync-%d", time.Now().UnixNano()), RedisURL: testenv.SharedRedisURL(t),

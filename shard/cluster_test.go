@@ -82,7 +82,10 @@ func (c *cluster) forwarder(t testing.TB, self string, tune func(*ForwarderConfi
 	if tune != nil {
 		tune(&cfg)
 	}
-	f := NewForwarder(cfg)
+	f, err := NewForwarder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(f.Close)
 	return f
 }

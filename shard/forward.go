@@ -137,13 +137,14 @@ type Forwarder struct {
 	log *slog.Logger
 	m   *forwarderMetrics
 	hc  *http.Client
-	own bool  // hc is ours to close
-	err error // cfg's problem: every Do fails with it
+	own bool // hc is ours to close
 }
 
-// NewForwarder builds a Forwarder. An invalid cfg makes every Do fail with
-// the error Validate gives.
-func NewForwarder(cfg ForwarderConfig) *Forwarder {
+// NewForwarder checks cfg and builds a Forwarder.
+func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.Retries = positive(cfg.Retries, DefaultForwardRetries)
 	cfg.Timeout = positive(cfg.Timeout, DefaultForwardTimeout)
 	log := cfg.Logger
@@ -154,7 +155,7 @@ func NewForwarder(cfg ForwarderConfig) *Forwarder {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	f := &Forwarder{cfg: cfg, log: log, m: newForwarderMetrics(reg), hc: cfg.HTTPClient, err: cfg.Validate()}
+	f := &Forwarder{cfg: cfg, log: log, m: newForwarderMetrics(reg), hc: cfg.HTTPClient}
 	if f.hc == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		// Every write goes to one of a few owners: keep enough idle
@@ -165,7 +166,7 @@ func NewForwarder(cfg ForwarderConfig) *Forwarder {
 		}}
 		f.own = true
 	}
-	return f
+	return f, nil
 }
 
 // Close releases the idle connections of the Forwarder's own HTTP client.
@@ -192,9 +193,6 @@ func (f *Forwarder) Close() {
 // the error is a *RejectedError (matching ErrIdempotencyKeyReused for a
 // reused key).
 func (f *Forwarder) Do(ctx context.Context, key string, t Task, idempotencyKey string) (Result, error) {
-	if f.err != nil {
-		return Result{}, f.err
-	}
 	start := time.Now()
 	owner := f.cfg.Map.Owner(key)
 	if f.cfg.Self != "" && owner == f.cfg.Self && (f.cfg.Holds == nil || f.cfg.Holds()) {

@@ -21,7 +21,7 @@ import (
 )
 
 // allStreams are the durable streams the checks cover.
-var allStreams = []streams.Config{rooms.EventsConfig}
+var allStreams = []streams.Config{rooms.Events()}
 
 type migrateCmd struct{}
 

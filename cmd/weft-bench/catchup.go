@@ -93,7 +93,10 @@ func measureCatchup(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		_ = hs.Close()
 		<-served
 	}()
-	client := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret, Limit: catchupPage})
+	client, err := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret, Limit: catchupPage})
+	if err != nil {
+		return nil, err
+	}
 	defer client.Close()
 	url := "http://" + l.Addr().String()
 	weft := func() (time.Duration, error) {

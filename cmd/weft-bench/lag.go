@@ -67,12 +67,15 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 	if err != nil {
 		return 0, 0, 0, err
 	}
+	fetcher, err := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
+		Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(db.Pool)}})
+	if err != nil {
+		return 0, 0, 0, err
+	}
 	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: e.redisURL, Secret: benchSecret,
 		Hello: fabricHello("lagreader"), Streams: []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}},
 		Generators: []*streams.Generator{gen}, Handler: nopHandler{}, AnnounceInterval: interval,
-		ReplicateWait: 200 * time.Millisecond, Logger: e.nodeLog,
-		Fetcher: catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
-			Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(db.Pool)}})})
+		ReplicateWait: 200 * time.Millisecond, Logger: e.nodeLog, Fetcher: fetcher})
 	if err != nil {
 		return 0, 0, 0, err
 	}

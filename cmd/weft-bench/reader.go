@@ -263,7 +263,11 @@ func (r *readerState) newNode(ctx context.Context, a readerArgs, log *slog.Logge
 	}
 	if a.Stream == "ephemeral" {
 		cfg.Streams = []core.StreamSpec{{Name: ephemeralStream, Ephemeral: true}}
-		cfg.Fetcher = catchup.NewClient(catchup.ClientConfig{Secret: a.Secret})
+		f, err := catchup.NewClient(catchup.ClientConfig{Secret: a.Secret})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Fetcher = f
 		return fabric.New(cfg)
 	}
 	pool, err := pgxpool.New(ctx, a.Database)
@@ -277,8 +281,12 @@ func (r *readerState) newNode(ctx context.Context, a readerArgs, log *slog.Logge
 	}
 	cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}}
 	cfg.Generators = []*streams.Generator{gen}
-	cfg.Fetcher = catchup.NewClient(catchup.ClientConfig{Secret: a.Secret,
+	f, err := catchup.NewClient(catchup.ClientConfig{Secret: a.Secret,
 		Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(pool)}})
+	if err != nil {
+		return nil, err
+	}
+	cfg.Fetcher = f
 	return fabric.New(cfg)
 }
 

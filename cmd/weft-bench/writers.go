@@ -115,8 +115,10 @@ func startWeftWriter(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster,
 	}
 	if o.Follow {
 		cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}}
-		cfg.Fetcher = catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
-			Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(pool)}})
+		if cfg.Fetcher, err = catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
+			Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(pool)}}); err != nil {
+			return nil, err
+		}
 	}
 	node, err := fabric.New(cfg)
 	if err != nil {

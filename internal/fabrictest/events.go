@@ -12,12 +12,14 @@ import (
 	"github.com/weft-dev/weft/streams"
 )
 
-// EventsConfig is the test stream: one sequence, one table whose rows
-// column holds each position's JSON rows.
-var EventsConfig = streams.Config{
-	Name:     "events",
-	Sequence: "events_seq",
-	Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+// Events is the test stream: one sequence, one table whose rows column
+// holds each position's JSON rows.
+func Events() streams.Config {
+	return streams.Config{
+		Name:     "events",
+		Sequence: "events_seq",
+		Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+	}
 }
 
 // EventsDB is a fresh migrated database with the test events stream.
