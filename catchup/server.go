@@ -2,8 +2,6 @@ package catchup
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/internal/httpx"
 )
 
 // Source serves the rows of one stream.
@@ -122,8 +121,7 @@ type Server struct {
 	cfg     ServerConfig
 	log     *slog.Logger
 	m       *serverMetrics
-	secret  [sha256.Size]byte // compared as digests: no length leak
-	open    bool              // Insecure without a Secret
+	secret  httpx.Secret
 	sources map[string]Source
 	mux     *http.ServeMux
 	bufs    bufPool
@@ -153,8 +151,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("catchup: server metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, log: log, m: m, secret: sha256.Sum256([]byte(cfg.Secret)),
-		open: cfg.Secret == "", sources: make(map[string]Source, len(cfg.Sources)), mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, log: log, m: m, secret: httpx.NewSecret(cfg.Secret),
+		sources: make(map[string]Source, len(cfg.Sources)), mux: http.NewServeMux()}
 	for name, src := range cfg.Sources {
 		s.sources[name] = src
 	}
@@ -176,8 +174,7 @@ func (s *Server) Handler() http.Handler { return s }
 
 // ServeHTTP authenticates, bounds the body and routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !s.authorized(r) {
-		w.Header().Set("WWW-Authenticate", "Bearer")
+	if !s.secret.Allows(r) {
 		writeError(w, http.StatusUnauthorized, "missing or wrong bearer secret", "")
 		return
 	}
@@ -197,20 +194,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// authorized checks the bearer secret in constant time.
-func (s *Server) authorized(r *http.Request) bool {
-	if s.open {
-		return true
-	}
-	h := r.Header.Get("Authorization")
-	const scheme = "bearer "
-	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
-		return false
-	}
-	got := sha256.Sum256([]byte(h[len(scheme):]))
-	return subtle.ConstantTimeCompare(got[:], s.secret[:]) == 1
-}
-
 func (s *Server) servePing(w http.ResponseWriter, r *http.Request) {
 	if !allowGet(w, r) {
 		return
@@ -225,7 +208,6 @@ func allowGet(w http.ResponseWriter, r *http.Request) bool {
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		return true
 	}
-	w.Header().Set("Allow", "GET, HEAD")
 	writeError(w, http.StatusMethodNotAllowed, "method not allowed", "")
 	return false
 }
@@ -324,7 +306,6 @@ func (s *Server) updates(w http.ResponseWriter, r *http.Request, stream string, 
 	if r.Context().Err() == nil {
 		s.log.Warn("catch-up source failed", "stream", stream, "writer", req.writer, "from", req.from, "to", req.to, "err", err)
 	}
-	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusServiceUnavailable, "source unavailable: "+err.Error(), "")
 	return http.StatusServiceUnavailable
 }

@@ -1,13 +1,10 @@
 package shard
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
-	"io"
 	"net/http"
-	"strconv"
-	"strings"
+
+	"github.com/weft-dev/weft/internal/httpx"
 )
 
 // Route and bounds of the forwarding endpoint.
@@ -58,31 +55,5 @@ func errorAnswer(code int, b answerBody) answer {
 
 // write sends a.
 func (a answer) write(w http.ResponseWriter) {
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Content-Length", strconv.Itoa(len(a.body)))
-	switch a.code {
-	case http.StatusServiceUnavailable:
-		h.Set("Retry-After", "1")
-	case http.StatusUnauthorized:
-		h.Set("WWW-Authenticate", "Bearer")
-	case http.StatusMethodNotAllowed:
-		h.Set("Allow", http.MethodPost)
-	}
-	w.WriteHeader(a.code)
-	io.WriteString(w, a.body)
-}
-
-// bearer checks an Authorization header against a secret's digest in
-// constant time (digests, so the length does not leak either).
-func bearer(r *http.Request, secret *[sha256.Size]byte) bool {
-	h := r.Header.Get("Authorization")
-	const scheme = "bearer "
-	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
-		return false
-	}
-	got := sha256.Sum256([]byte(h[len(scheme):]))
-	return subtle.ConstantTimeCompare(got[:], secret[:]) == 1
+	httpx.WriteJSON(w, a.code, []byte(a.body), http.MethodPost)
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/httpx"
 )
 
 // ServerConfig configures a Server. Zero values mean the documented
@@ -87,8 +88,7 @@ type Server struct {
 	cfg    ServerConfig
 	log    *slog.Logger
 	m      *serverMetrics
-	secret [sha256.Size]byte
-	open   bool // Insecure without a Secret
+	secret httpx.Secret
 	dedup  *dedup
 }
 
@@ -113,8 +113,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Secret != "" && len(cfg.Secret) < shortSecret {
 		log.Warn("shard forwarding secret is short: use at least 16 random bytes", "length", len(cfg.Secret))
 	}
-	return &Server{cfg: cfg, log: log, m: newServerMetrics(reg), secret: sha256.Sum256([]byte(cfg.Secret)),
-		open: cfg.Secret == "", dedup: newDedup(cfg.IdempotencyEntries, cfg.IdempotencyTTL, cfg.now)}, nil
+	return &Server{cfg: cfg, log: log, m: newServerMetrics(reg), secret: httpx.NewSecret(cfg.Secret),
+		dedup: newDedup(cfg.IdempotencyEntries, cfg.IdempotencyTTL, cfg.now)}, nil
 }
 
 // ServeHTTP serves POST PathPrefix{key}.
@@ -136,7 +136,7 @@ func badInput(field, reason string) answer {
 // serve answers r; ok is false when the caller went away while waiting for
 // a duplicate's answer.
 func (s *Server) serve(r *http.Request) (a answer, ok bool) {
-	if !s.open && !bearer(r, &s.secret) {
+	if !s.secret.Allows(r) {
 		return errorAnswer(http.StatusUnauthorized, answerBody{Error: "missing or wrong bearer secret"}), true
 	}
 	if r.Method != http.MethodPost {

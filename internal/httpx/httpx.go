@@ -1,0 +1,76 @@
+// Package httpx holds what the /_weft/ endpoints (catch-up and forwarding)
+// share: the bearer secret check and the JSON error answer.
+package httpx
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Secret checks "Authorization: Bearer <secret>" in constant time. The
+// zero Secret (built from "") allows every request: a server in insecure
+// mode.
+type Secret struct {
+	digest [sha256.Size]byte // compared as digests: no length leak
+	set    bool
+}
+
+// NewSecret returns the check for secret; "" allows everything.
+func NewSecret(secret string) Secret {
+	if secret == "" {
+		return Secret{}
+	}
+	return Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+}
+
+// Allows reports whether r carries the secret (or no secret is set).
+func (s Secret) Allows(r *http.Request) bool {
+	if !s.set {
+		return true
+	}
+	h := r.Header.Get("Authorization")
+	const scheme = "bearer "
+	if len(h) <= len(scheme) || !strings.EqualFold(h[:len(scheme)], scheme) {
+		return false
+	}
+	got := sha256.Sum256([]byte(h[len(scheme):]))
+	return subtle.ConstantTimeCompare(got[:], s.digest[:]) == 1
+}
+
+// ErrorBody is the JSON of every error answer: what is wrong, and the
+// field (a parameter, a body field) at fault if any.
+type ErrorBody struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+// WriteJSON answers code with body (JSON, sent as it is) and the headers
+// every /_weft/ answer carries: a 503 says when to retry, a 401 which
+// scheme, a 405 which methods (allow).
+func WriteJSON(w http.ResponseWriter, code int, body []byte, allow string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	switch code {
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", "1")
+	case http.StatusUnauthorized:
+		h.Set("WWW-Authenticate", "Bearer")
+	case http.StatusMethodNotAllowed:
+		h.Set("Allow", allow)
+	}
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}
+
+// WriteError answers code with an ErrorBody.
+func WriteError(w http.ResponseWriter, code int, reason, field string) {
+	b, _ := json.Marshal(ErrorBody{Error: reason, Field: field}) // strings: cannot fail
+	WriteJSON(w, code, append(b, '\n'), "GET, HEAD")
+}

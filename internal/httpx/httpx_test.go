@@ -1,0 +1,44 @@
+package httpx
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+func TestSecret(t *testing.T) {
+	req := func(auth string) *http.Request {
+		r := httptest.NewRequest("GET", "/_weft/v1/ping", nil)
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		return r
+	}
+	s := NewSecret("s3cret")
+	for auth, want := range map[string]bool{
+		"Bearer s3cret": true, "bearer s3cret": true, "BEARER s3cret": true,
+		"": false, "Bearer ": false, "Bearer s3cre": false, "Bearer s3cretx": false, "Basic s3cret": false, "s3cret": false,
+	} {
+		if got := s.Allows(req(auth)); got != want {
+			t.Errorf("Allows(%q) = %v, want %v", auth, got, want)
+		}
+	}
+	if !NewSecret("").Allows(req("")) {
+		t.Error("an empty secret (insecure mode) refused a request")
+	}
+}
+
+func TestWriteError(t *testing.T) {
+	for code, header := range map[int]string{503: "Retry-After", 401: "WWW-Authenticate", 405: "Allow", 400: ""} {
+		w := httptest.NewRecorder()
+		WriteError(w, code, "bad", "from")
+		var b ErrorBody
+		if err := json.Unmarshal(w.Body.Bytes(), &b); err != nil || b.Error != "bad" || b.Field != "from" || w.Code != code {
+			t.Errorf("%d: %d %q %v", code, w.Code, w.Body, err)
+		}
+		if w.Header().Get("Content-Type") != "application/json" || (header != "" && w.Header().Get(header) == "") {
+			t.Errorf("%d: headers %v", code, w.Header())
+		}
+	}
+}
