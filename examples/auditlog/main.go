@@ -8,6 +8,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -92,7 +93,7 @@ func main() {
 func run(ctx context.Context, o options, log *slog.Logger) error {
 	pool, err := pgxpool.New(ctx, o.db)
 	if err != nil {
-		return err
+		return fmt.Errorf("auditlog: -db: %w", err)
 	}
 	defer pool.Close()
 	own, _ := fs.Sub(migrations, "migrations") // fixed at build time
@@ -101,10 +102,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	} else if _, err := schema.MigrateFS(ctx, pool, own, "auditlog_schema_version", log); err != nil {
 		return err
 	}
-	name := o.writer
-	if name == "" {
-		name = "reader"
-	}
+	name := cmp.Or(o.writer, "reader")
 	inst, err := instance.NewID(name)
 	if err != nil {
 		return err
@@ -152,9 +150,9 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	})
 	srv := catchup.NewHTTPServer(o.addr, mux)
 
-	// The node stops last: on the way out it seals the writer name, so a
-	// successor need not wait for the lease, and says BYE. If it fails,
-	// the work stops.
+	// Whichever of the writes, the node and the server ends first ends the
+	// run. On its way out the node seals the writer name (a successor need
+	// not wait for the lease) and says BYE.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -184,7 +182,7 @@ func write(ctx context.Context, w *fabric.Writer, keys []string, n int, check st
 		key, seq := keys[i%len(keys)], int64(0)
 		ids, err := w.Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
 			var rows string
-			err := tx.QueryRow(ctx, insert, ids[0], w.Name(), key, fmt.Sprintf("%s change %d", w.Name(), i)).Scan(&rows, &seq)
+			err := tx.QueryRow(ctx, insert, ids[0], w.Name(), key, fmt.Sprintf("%s change %d", w.Name(), i/len(keys))).Scan(&rows, &seq)
 			return []json.RawMessage{json.RawMessage(rows)}, err
 		})
 		if err != nil {
