@@ -91,6 +91,10 @@ func main() {
 }
 
 func run(ctx context.Context, o options, log *slog.Logger) error {
+	keys := strings.Split(o.keys, ",")
+	if slices.Contains(keys, "") {
+		return fmt.Errorf("auditlog: -keys %q: a key is empty", o.keys)
+	}
 	pool, err := pgxpool.New(ctx, o.db)
 	if err != nil {
 		return fmt.Errorf("auditlog: -db: %w", err)
@@ -160,7 +164,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	wg.Go(func() { nodeErr = node.Run(ctx); cancel() })
 	wg.Go(func() { serveErr = srv.ListenAndServe(); cancel() })
 	if w != nil {
-		err = write(ctx, w, strings.Split(o.keys, ","), o.n, o.check)
+		err = write(ctx, w, keys, o.n, o.check)
 		cancel()
 	}
 	<-ctx.Done()

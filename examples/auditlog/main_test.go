@@ -68,13 +68,23 @@ func TestTwoWritersOneReaderThroughRedisRestart(t *testing.T) {
 			"-keys", strings.Join(keys, ","), "-n", strconv.Itoa(perKey), "-check", "http://"+readerAddr)...))
 	}
 
-	testenv.Eventually(t, 60*time.Second, func() bool { return len(reader.entries(t)) >= total/5 }, "reader saw too few entries before the Redis crash")
+	// reached reports whether the reader has n entries, and fails the test
+	// at once if a writer has failed (a read-back it could not make).
+	reached := func(n int) bool {
+		for _, w := range writers {
+			if w.exited() && w.err != nil {
+				t.Fatalf("writer %s: %v", w.name, w.err)
+			}
+		}
+		return len(reader.entries(t)) >= n
+	}
+	testenv.Eventually(t, 60*time.Second, func() bool { return reached(total / 5) }, "reader saw too few entries before the Redis crash")
 	t.Logf("Redis killed after %v", time.Since(began).Round(time.Millisecond))
 	rds.Kill(t)
 	killed, down := time.Now(), len(reader.entries(t))
 	// Degraded mode: the writers keep writing to PostgreSQL, and the
 	// reader follows them from there at the announce pace.
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(reader.entries(t)) >= down+10 }, "reader stuck at %d entries while Redis was down", down)
+	testenv.Eventually(t, 30*time.Second, func() bool { return reached(down + 10) }, "reader stuck at %d entries while Redis was down", down)
 	during := len(reader.entries(t))
 	rds.Start(t)
 	t.Logf("Redis was down for %v, from entry %d to %d of %d", time.Since(killed).Round(time.Millisecond), down, during, total)
@@ -92,6 +102,23 @@ func TestTwoWritersOneReaderThroughRedisRestart(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return len(reader.entries(t)) >= total }, "reader has fewer than %d entries", total)
 	t.Logf("the rest took %v after Redis came back", time.Since(restarted).Round(time.Millisecond))
+
+	// The reader's HTTP log agrees, and a malformed read-back is refused.
+	var logC []entry
+	if err := getJSON(t.Context(), hc, "http://"+readerAddr+"/log/c?writer=w2&pos=1", &logC); err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range logC {
+		if e.Key != "c" || e.Seq != int64(i+1) {
+			t.Fatalf("/log/c entry %d is %+v", i, e)
+		}
+	}
+	if len(logC) != perKey {
+		t.Fatalf("/log/c has %d entries, want %d", len(logC), perKey)
+	}
+	if err := getJSON(t.Context(), hc, "http://"+readerAddr+"/log/c?writer=w2&pos=x", &logC); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Fatalf("pos=x: got %v, want a 400", err)
+	}
 	reader.interrupt(t)
 
 	got := reader.entries(t)
