@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 // The reader must print every entry exactly once, per key in order, per
 // writer in position order.
 func TestTwoWritersOneReaderThroughRedisRestart(t *testing.T) {
-	const perKey = 100
+	const perKey = 80
 	owners := map[string][]string{"w1": {"a", "b"}, "w2": {"c", "d"}}
 	total := perKey * 4
 
