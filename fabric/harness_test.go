@@ -75,6 +75,7 @@ type member struct {
 }
 
 type clusterOpts struct {
+	lease   bool // a writer claims its name with a lease (sealed on a graceful stop)
 	fetcher *dbFetcher
 	tune    func(*Config)
 }
@@ -91,7 +92,7 @@ func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clus
 	if name == "reader" {
 		gen, err = streams.Open(ctx, pool, eventsCfg, "")
 	} else {
-		w, err = OpenWriter(ctx, pool, WriterConfig{Instance: id, Name: name, Stream: eventsCfg, NoLease: true})
+		w, err = OpenWriter(ctx, pool, WriterConfig{Instance: id, Name: name, Stream: eventsCfg, NoLease: !o.lease})
 		if w != nil {
 			gen = w.Generator()
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/streams"
 )
 
 func TestNodeTwoWritersOneReader(t *testing.T) {
@@ -372,5 +374,59 @@ func TestNodeSaysBye(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// WaitForToken: a writer's token is covered once the reader has its rows
+// and every active writer reached the token's minimum; a writer sealed
+// since (its position stays at its last row) does not hold a later token
+// back; a token naming a writer the registry does not hold is an error.
+func TestNodeWaitForToken(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	leased := clusterOpts{lease: true}
+	w1 := startMember(t, pool, rds.URL(), "persister1", leased)
+	w2 := startMember(t, pool, rds.URL(), "persister2", leased)
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() }, "reader not ready")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 5 {
+		if _, err := w1.write(ctx, pool, i); err != nil {
+			t.Fatal(err)
+		}
+		id, err := w2.write(ctx, pool, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := w2.gen.Token()
+		if err := reader.node.WaitForToken(ctx, "events", tok); err != nil {
+			t.Fatalf("token %s: %v", tok, err)
+		}
+		if v := reader.node.View(eventsKey("persister2")); v < id {
+			t.Fatalf("token %s covered with persister2 at %d, below its row %d", tok, v, id)
+		}
+	}
+	// persister1 leaves for good (a graceful stop seals it); persister2
+	// goes on: its later tokens have a minimum above persister1's last row.
+	w1.shutdown()
+	for i := range 5 {
+		if _, err := w2.write(ctx, pool, 100+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return !slices.Contains(w2.gen.Writers(), "persister1") && !slices.Contains(reader.gen.Writers(), "persister1")
+	}, "persister1 still counted after its seal")
+	tok := w2.gen.Token()
+	if tok.Min() <= reader.node.View(eventsKey("persister1")) {
+		t.Fatalf("token %s: its minimum is not above persister1's last row (%d): the case is not exercised", tok, reader.node.View(eventsKey("persister1")))
+	}
+	if err := reader.node.WaitForToken(ctx, "events", tok); err != nil {
+		t.Fatalf("a token after persister1's seal: %v (held back by a sealed writer?)", err)
+	}
+	bad := streams.NewToken(0, map[streams.WriterID]int64{999: 1})
+	if err := reader.node.WaitForToken(ctx, "events", bad); err == nil || !strings.Contains(err.Error(), "unknown") {
+		t.Fatalf("a token naming writer 999: %v, want an error", err)
 	}
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/streams"
 )
 
 // notifEventually polls cond until it holds, failing the test after a deadline.
@@ -139,8 +138,8 @@ func TestNotifierWaitCanceled(t *testing.T) {
 		t.Fatalf("%d waiters after cancel, want 0", got)
 	}
 	// The key was only waited on: nothing of it may remain.
-	if len(n.keys) != 0 || len(n.streams) != 0 {
-		t.Fatalf("state left after cancel: %d keys, %d streams", len(n.keys), len(n.streams))
+	if len(n.keys) != 0 {
+		t.Fatalf("state left after cancel: %d keys", len(n.keys))
 	}
 
 	// An ended ctx returns at once without registering...
@@ -216,17 +215,9 @@ func (c *notifRacingCtx) Err() error {
 func TestNotifierWaitCoveredAsCtxEnds(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	n := newNotifier()
-	ids := &notifNames{m: map[streams.WriterID]string{1: "a"}}
 	for pos := int64(1); pos <= 200; pos++ {
 		ctx := &notifRacingCtx{Context: context.Background(), fire: func() { n.advance(notifKeyA, pos) }, done: make(chan struct{})}
-		var err error
-		if pos%2 == 0 {
-			err = n.waitFor(ctx, notifKeyA, pos)
-		} else {
-			tok := streams.NewToken(0, map[streams.WriterID]int64{1: pos})
-			err = n.waitForToken(ctx, "s", tok, ids.name)
-		}
-		if err != nil {
+		if err := n.waitFor(ctx, notifKeyA, pos); err != nil {
 			t.Fatalf("wait for %d covered as ctx ended: %v, want nil", pos, err)
 		}
 		if got := n.waiters(); got != 0 {
@@ -288,107 +279,8 @@ func TestNotifierResetThenAdvance(t *testing.T) {
 	}
 }
 
-// notifNames is a writer ID -> name table that learns names as the test
-// goes, like a generator that meets new writers.
-type notifNames struct {
-	mu sync.Mutex
-	m  map[streams.WriterID]string
-}
-
-func (r *notifNames) set(w streams.WriterID, name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.m[w] = name
-}
-
-func (r *notifNames) name(w streams.WriterID) (string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.m[w]
-	return s, ok
-}
-
-func TestNotifierWaitForToken(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	n := newNotifier()
-	ids := &notifNames{m: map[streams.WriterID]string{1: "a"}} // 2 is "b", learnt later
-	keyB := core.Key{Stream: "s", Writer: "b"}
-	keyC := core.Key{Stream: "s", Writer: "c"}
-	tok := streams.NewToken(3, map[streams.WriterID]int64{1: 10, 2: 7})
-
-	n.advance(notifKeyA, 10)
-	n.advance(keyC, 1) // known, not in the token: must reach min 3
-	errc := make(chan error, 1)
-	go func() { errc <- n.waitForToken(context.Background(), "s", tok, ids.name) }()
-	step := func(what string) {
-		t.Helper()
-		waitersAre(t, n, 1) // woken, re-checked, waiting again
-		if len(errc) != 0 {
-			t.Fatalf("%s: token wait returned %v", what, <-errc)
-		}
-	}
-	step("b unresolved")
-	n.advance(keyC, 3)
-	step("c at min, b unresolved")
-	ids.set(2, "b")
-	step("b resolvable, no advance yet")
-	n.advance(keyB, 5)
-	step("b at 5 of 7")
-	n.advance(keyB, 7)
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	if got := n.waiters(); got != 0 {
-		t.Fatalf("%d waiters after the token is covered, want 0", got)
-	}
-
-	// Covered already: returns at once.
-	if err := n.waitForToken(context.Background(), "s", tok, ids.name); err != nil {
-		t.Fatal(err)
-	}
-	// A known writer reset to 0 holds back a token with min 3.
-	n.reset(keyC)
-	go func() { errc <- n.waitForToken(context.Background(), "s", tok, ids.name) }()
-	step("c reset")
-	n.advance(keyC, 3)
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestNotifierWaitForTokenCanceled(t *testing.T) {
-	defer goleak.VerifyNone(t)
-	n := newNotifier()
-	ids := &notifNames{m: map[streams.WriterID]string{1: "a"}}
-	for _, tc := range []struct {
-		name string
-		tok  streams.Token
-	}{
-		{"unresolved writer", streams.NewToken(0, map[streams.WriterID]int64{9: 1})},
-		{"uncovered position", streams.NewToken(0, map[streams.WriterID]int64{1: 4})},
-	} {
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		go func() { errc <- n.waitForToken(ctx, "t", tc.tok, ids.name) }()
-		waitersAre(t, n, 1)
-		cancel()
-		if err := <-errc; !errors.Is(err, context.Canceled) {
-			t.Fatalf("%s: %v, want context.Canceled", tc.name, err)
-		}
-		if got := n.waiters(); got != 0 {
-			t.Fatalf("%s: %d waiters after cancel, want 0", tc.name, got)
-		}
-		if len(n.keys) != 0 || len(n.streams) != 0 {
-			t.Fatalf("%s: state left after cancel: %d keys, %d streams", tc.name, len(n.keys), len(n.streams))
-		}
-		if err := n.waitForToken(ctx, "t", tc.tok, ids.name); !errors.Is(err, context.Canceled) {
-			t.Fatalf("%s with ended ctx: %v, want context.Canceled", tc.name, err)
-		}
-	}
-}
-
-// TestNotifierRace runs advances and resets against many waitFor and
-// waitForToken calls, some of which give up; meant for -race. Half the
+// TestNotifierRace runs advances and resets against many waitFor calls,
+// some of which give up; meant for -race. Half the
 // waits start before the first advance, so they block; the other half
 // start while advances run. Every wait must end, with nil unless its ctx
 // ended.
@@ -404,8 +296,6 @@ func TestNotifierRace(t *testing.T) {
 	for i := range keys {
 		keys[i] = core.Key{Stream: "s", Writer: string(rune('a' + i))}
 	}
-	ids := &notifNames{m: map[streams.WriterID]string{}}
-
 	var wg sync.WaitGroup
 	var ended atomic.Int64
 	wait := func(i int) {
@@ -417,16 +307,7 @@ func TestNotifierRace(t *testing.T) {
 			ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(5000))*time.Microsecond)
 			defer cancel()
 		}
-		var err error
-		if i%3 == 0 {
-			es := map[streams.WriterID]int64{}
-			for w := range streams.WriterID(writers) {
-				es[w+1] = 1 + rng.Int64N(top)
-			}
-			err = n.waitForToken(ctx, "s", streams.NewToken(rng.Int64N(top/2), es), ids.name)
-		} else {
-			err = n.waitFor(ctx, keys[rng.IntN(writers)], 1+rng.Int64N(top))
-		}
+		err := n.waitFor(ctx, keys[rng.IntN(writers)], 1+rng.Int64N(top))
 		if err != nil && ctx.Err() == nil {
 			t.Errorf("wait %d: %v with live ctx", i, err)
 		}
@@ -447,9 +328,6 @@ func TestNotifierRace(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		for v := int64(1); v <= top; v++ {
 			for i, k := range keys {
-				if v == top/2 && i == 0 {
-					ids.set(streams.WriterID(i+1), k.Writer) // a writer learnt late
-				}
 				if v == top/3 && i == writers-1 {
 					n.reset(k) // an ephemeral writer restarted
 				}
@@ -457,8 +335,7 @@ func TestNotifierRace(t *testing.T) {
 			}
 			runtime.Gosched()
 		}
-		for i, k := range keys {
-			ids.set(streams.WriterID(i+1), k.Writer)
+		for _, k := range keys {
 			n.advance(k, top)
 		}
 	})
@@ -499,24 +376,6 @@ func BenchmarkWaitAlreadyCovered(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := n.waitFor(ctx, notifKeyA, 50); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkWaitForTokenCovered is the token fast path: a two-writer token
-// the views already cover.
-func BenchmarkWaitForTokenCovered(b *testing.B) {
-	n := newNotifier()
-	keyB := core.Key{Stream: "s", Writer: "b"}
-	n.advance(notifKeyA, 100)
-	n.advance(keyB, 100)
-	ids := &notifNames{m: map[streams.WriterID]string{1: "a", 2: "b"}}
-	tok := streams.NewToken(50, map[streams.WriterID]int64{1: 90, 2: 80})
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := n.waitForToken(ctx, "s", tok, ids.name); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -86,8 +86,9 @@ func (c *Core) sealed(cmd *wire.Sealed) {
 		c.note(NoteDropped, cmd.Stream, "bad_writer")
 		return
 	}
-	if _, live := c.peers[cmd.Writer]; live || c.gone[cmd.Writer] != goneForever {
+	if _, live := c.peers[cmd.Writer]; cmd.Writer != cmd.Instance && (live || c.gone[cmd.Writer] != goneForever) {
 		// Fenced: whatever it still publishes is in the database already.
+		// (A writer that seals itself on a graceful stop says BYE next.)
 		c.forget(cmd.Writer, goneForever, "sealed")
 	}
 	v := c.view(Key{Stream: cmd.Stream, Writer: name})
