@@ -307,7 +307,7 @@ func (r *runner) run(ctx context.Context) error {
 	if tw != nil {
 		wg.Go(func() { tw.Expire(workCtx, 100*time.Millisecond) })
 	}
-	wg.Go(func() { refreshHolders(workCtx, hold, node, cfg.AnnounceInterval) })
+	wg.Go(func() { refreshHolders(workCtx, hold, cfg.AnnounceInterval) })
 	if r.role == RoleMaster {
 		wg.Go(func() {
 			streams.SealLoop(workCtx, pool, []streams.Config{rooms.Events()}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
@@ -391,15 +391,13 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	log.Info("stop: requests ended and queues drained; sealing the writer and saying BYE", "took", time.Since(start).Round(time.Millisecond))
 }
 
-// refreshHolders keeps the writer registry read at the announce pace, and
-// hands the node who holds each writer name.
-func refreshHolders(ctx context.Context, h *holders, node *fabric.Node, every time.Duration) {
+// refreshHolders keeps the writer registry read at the announce pace, for
+// forwarding.
+func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if h.refresh(ctx) == nil { // a failed read keeps the last one
-			node.Holders(ctx, h.holdings())
-		}
+		_ = h.refresh(ctx) // a failed read keeps the last one
 		select {
 		case <-ctx.Done():
 			return

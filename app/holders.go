@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -93,19 +92,6 @@ func (h *holders) resolve(name string) (string, bool) {
 	}
 	p, ok := h.node.PeerByName(name)
 	return p.URL, ok && p.URL != ""
-}
-
-// holdings is the last read of the registry, for the node.
-func (h *holders) holdings() []core.Holding {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]core.Holding, 0, len(h.byName))
-	for _, r := range h.byName {
-		if r.Instance != "" && r.Epoch > 0 {
-			out = append(out, core.Holding{Name: r.Name, Instance: r.Instance, Epoch: uint64(r.Epoch)})
-		}
-	}
-	return out
 }
 
 // holds reports whether instance is the current holder of name.

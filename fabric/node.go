@@ -591,14 +591,6 @@ func (n *Node) local(in input) {
 	}
 }
 
-// Holders hands the node the writer registry's holders of writer names
-// (streams.Writers: instance and epoch per name). A holder newer than the
-// one heard of on the channel supersedes it at once: lines of the older
-// one, or replays of them, are refused from then on.
-func (n *Node) Holders(ctx context.Context, hs []core.Holding) {
-	n.send(ctx, inHolders{hs})
-}
-
 // AnnounceSealed tells the cluster that this instance sealed the writer
 // instance on stream at its final position (see streams.Seal): readers
 // fetch what it committed and stop waiting for it.
@@ -633,12 +625,33 @@ func (n *Node) housekeeping(ctx context.Context) {
 	}
 }
 
-// refreshAll re-reads each durable stream's registry and positions, hands
+// refreshAll reads the writer registry (holders and their epochs), re-reads
+// each durable stream's registry and positions, hands
 // the core every other writer's position as the database knows it (the
 // repair for a writer whose link is down), and stores this instance's.
 // Once the views reach what a refresh read, the node is fresh from
 // PostgreSQL as of that read (degraded mode).
 func (n *Node) refreshAll(ctx context.Context) {
+	var db streams.DB
+	for _, g := range n.gens {
+		db = g.DB()
+	}
+	if db != nil {
+		// Who holds each writer name, at which epoch: an older holder's
+		// lines (or their replays) are refused before the new one speaks.
+		n.track(ctx, "holders", func(ctx context.Context) error {
+			rows, err := streams.Writers(ctx, db)
+			if err != nil {
+				return err
+			}
+			hs := make([]core.Holding, 0, len(rows))
+			for _, r := range rows {
+				hs = append(hs, core.Holding{Name: r.Name, Instance: r.Instance, Epoch: uint64(r.Epoch)})
+			}
+			n.send(ctx, inHolders{hs})
+			return nil
+		})
+	}
 	for _, g := range n.gens {
 		n.track(ctx, "refresh", func(ctx context.Context) error {
 			at := time.Since(n.born) // before the read: conservative

@@ -208,6 +208,9 @@ func RegisterWriter(ctx context.Context, db DB, name string) (WriterID, error) {
 	return id, nil
 }
 
+// DB is the database the generator reads and writes.
+func (g *Generator) DB() DB { return g.db }
+
 // Stream is the stream's configuration.
 func (g *Generator) Stream() Config { return g.cfg }
 

@@ -116,7 +116,10 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	// Any instance serves any writer's range from the table, and falls
 	// back to it when the writer's instance does not answer.
 	sources := map[string]catchup.Source{stream.Name: &catchup.SQLSource{Pool: pool, Table: "audit", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}}
-	client := catchup.NewClient(catchup.ClientConfig{Secret: o.secret, Fallback: sources, Logger: log})
+	client, err := catchup.NewClient(catchup.ClientConfig{Secret: o.secret, Fallback: sources, Logger: log})
+	if err != nil {
+		return err
+	}
 	defer client.Close()
 	// Start 0: the process replays the whole log through catch-up. A
 	// real reader would load a snapshot and start at its PersistedUpto.
