@@ -204,6 +204,7 @@ func (r *runner) run(ctx context.Context) error {
 		Fetcher:           cuClient,
 		AnnounceInterval:  cfg.AnnounceInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval,
+		SealExpired:       sealExpired(r.role, cfg.LeaseTTL),
 		Registerer:        reg,
 		Logger:            log,
 	})
@@ -308,16 +309,6 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Go(func() { tw.Expire(workCtx, 100*time.Millisecond) })
 	}
 	wg.Go(func() { refreshHolders(workCtx, hold, cfg.AnnounceInterval) })
-	if r.role == RoleMaster {
-		wg.Go(func() {
-			streams.SealLoop(workCtx, pool, []streams.Config{rooms.Events()}, cfg.LeaseTTL/4, func(s *streams.Sealed) {
-				log.Warn("sealed a writer whose lease expired", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
-				for stream, pos := range s.Final {
-					node.AnnounceSealed(nodeCtx, stream, s.Instance, pos)
-				}
-			})
-		})
-	}
 	r.handler.set(instrument(mux, reg))
 	log.Info("instance started", "role", r.role, "name", cfg.Name, "http", r.cfg.HTTPAddr, "advertise", cfg.Advertise(),
 		"writes_events", cfg.WritesEvents(), "writes_typing", cfg.WritesTyping(), "epoch", epoch)
@@ -389,6 +380,14 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	}
 	wg.Wait()
 	log.Info("stop: requests ended and queues drained; sealing the writer and saying BYE", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// sealExpired: the master seals expired writers at a quarter of the lease.
+func sealExpired(role string, ttl time.Duration) time.Duration {
+	if role == RoleMaster {
+		return ttl / 4
+	}
+	return 0
 }
 
 // refreshHolders keeps the writer registry read at the announce pace, for

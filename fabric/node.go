@@ -120,6 +120,12 @@ type Config struct {
 	// it, and readers follow only the highest epoch of a name: a previous
 	// holder that is still running, or a replay of its lines, is ignored.
 	Epoch uint64
+	// SealExpired, when positive, makes this node a sealer: this often it
+	// seals every writer of its durable streams whose lease expired (a
+	// crashed or stalled holder) and announces each seal, so persisted-upto
+	// moves on. Any number of instances may; one is enough (the binaries'
+	// master, at a quarter of the lease). Zero: never.
+	SealExpired time.Duration
 	// SealTimeout bounds the seal of each Writer on a graceful stop
 	// [500 ms]; past it the seal is skipped and the name's lease lapses.
 	SealTimeout time.Duration
@@ -435,6 +441,19 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { n.housekeeping(runCtx) })
 	wg.Go(func() { n.watchStalls(runCtx) })
+	if n.cfg.SealExpired > 0 && len(n.gens) > 0 {
+		var db streams.DB
+		var cfgs []streams.Config
+		for _, g := range n.gens {
+			db, cfgs = g.DB(), append(cfgs, g.Stream())
+		}
+		wg.Go(func() {
+			_ = streams.SealLoop(runCtx, db, cfgs, n.cfg.SealExpired, func(s *streams.Sealed) {
+				n.log.Warn("fabric: sealed a writer whose lease expired", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
+				n.announce(runCtx, s)
+			})
+		})
+	}
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
