@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -164,11 +165,18 @@ func migrateSchema(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) er
 }
 
 // shortErr drops the driver's connection preamble ("failed to connect to
-// `user=... database=...`: "), which the log line's own keys say.
+// `user=... database=...`: "), which the log line's own keys say, and puts
+// its attempts (one per address, one line each) on one line.
 func shortErr(err error) string {
 	s := err.Error()
-	if i := strings.Index(s, "`: "); i >= 0 && strings.Contains(s[:i], "failed to connect to `") {
-		return s[i+3:]
+	if i := strings.Index(s, "`:"); i >= 0 && strings.Contains(s[:i], "failed to connect to `") {
+		s = s[i+2:]
 	}
-	return s
+	var parts []string
+	for _, p := range strings.Split(s, "\n") {
+		if p = strings.TrimSpace(p); p != "" && !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
