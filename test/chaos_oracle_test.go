@@ -173,9 +173,9 @@ type statusDoc struct {
 	Peers         map[string]struct {
 		Name string `json:"name"`
 	} `json:"peers"`
-	Established   bool      `json:"established"`
-	Degraded      bool      `json:"degraded"`
-	Streams       []struct {
+	Established bool `json:"established"`
+	Degraded    bool `json:"degraded"`
+	Streams     []struct {
 		Stream   string `json:"stream"`
 		Writer   string `json:"writer"`
 		Position int64  `json:"position"`
