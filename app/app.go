@@ -33,9 +33,6 @@ import (
 	"github.com/weft-dev/weft/streams"
 )
 
-// Version is reported in HELLO and /status.
-const Version = "0.1.0"
-
 // Roles.
 const (
 	RoleMaster = "master"
@@ -78,6 +75,7 @@ func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr 
 		return err
 	}
 	log = log.With("instance", inst)
+	logStart(log, cfg, role)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
@@ -432,21 +430,10 @@ func wrap(what string, err error) error {
 }
 
 // prepareSchema: the master migrates; a worker waits until the schema is
-// current, so two versions never migrate at once.
+// current, so two versions never migrate at once (database.go).
 func prepareSchema(ctx context.Context, pool *pgxpool.Pool, role string, log *slog.Logger) error {
 	if role == RoleMaster {
-		return rooms.Migrate(ctx, pool, log)
+		return migrateSchema(ctx, pool, log)
 	}
-	for {
-		n, err := rooms.Pending(ctx, pool)
-		if err == nil && n == 0 {
-			return nil
-		}
-		log.Info("waiting for the master to migrate the schema", "pending", n, "err", err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
+	return awaitSchema(ctx, pool, log)
 }

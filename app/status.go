@@ -45,6 +45,7 @@ type Status struct {
 	Name        string `json:"name"`
 	Role        string `json:"role"`
 	Version     string `json:"version"`
+	Revision    string `json:"revision"` // with Version: which build answers (BuildInfo)
 	URL         string `json:"url"`
 	Ready       bool   `json:"ready"`
 	Established bool   `json:"established"`
@@ -85,7 +86,7 @@ type WriterStatus struct {
 
 func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
 	ns := s.node.Status()
-	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, URL: s.cfg.Advertise(),
+	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
 		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
 		Peers: ns.Peers, QueueDepth: map[string]int{}}
 	for _, v := range ns.Views {
@@ -171,7 +172,7 @@ func (p *waitingPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/readyz":
 		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 	case "/status":
-		writeStatus(w, http.StatusOK, Status{Instance: p.inst, Name: p.cfg.Name, Role: p.role, Version: Version,
+		writeStatus(w, http.StatusOK, Status{Instance: p.inst, Name: p.cfg.Name, Role: p.role, Version: Version, Revision: Build().Revision,
 			URL: p.cfg.Advertise(), Waiting: p.get(), Peers: map[string]fabric.Peer{}, QueueDepth: map[string]int{}})
 	default:
 		w.Header().Set("Content-Type", "application/json")

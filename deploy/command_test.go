@@ -26,8 +26,7 @@ const recorder = "#!/bin/sh\nprintf '%s\\000' \"${0##*/}\" \"$@\" > \"$WEFT_ARGV
 // Every weft service's command line and environment are accepted by the
 // real binaries: each flag it passes is one of the binary's flags, each
 // WEFT_ variable is one the binary reads, and the configuration they make
-// together passes validation (worker --check-config; master and worker
-// share instance.Config, and the master has no flags of its own for run).
+// together passes validation (--check-config of the service's binary).
 func TestComposeCommandsAcceptedByBinaries(t *testing.T) {
 	p := loadProject(t)
 	for name, bin := range weftServices() {
@@ -59,9 +58,9 @@ func TestComposeCommandsAcceptedByBinaries(t *testing.T) {
 				}
 				args = args[1:]
 			}
-			out, err := run(filepath.Join(binDir, "worker"), append(args, "--check-config"), env)
+			out, err := run(filepath.Join(binDir, bin), append(args, "--check-config"), env)
 			if err != nil || !strings.Contains(out, "configuration ok") {
-				t.Fatalf("service %s: worker %q --check-config with its environment: %v\n%s", name, args, err, out)
+				t.Fatalf("service %s: %s %q --check-config with its environment: %v\n%s", name, bin, args, err, out)
 			}
 			if name == "worker" {
 				want := "http://" + containerHostname + ":8080"
@@ -140,7 +139,11 @@ func run(bin string, args []string, env map[string]string) (string, error) {
 
 func helpText(t *testing.T, bin string) string {
 	t.Helper()
-	out, err := run(filepath.Join(binDir, bin), []string{"--help"}, nil)
+	args := []string{"--help"}
+	if bin == "master" {
+		args = []string{"run", "--help"} // `master` alone runs it
+	}
+	out, err := run(filepath.Join(binDir, bin), args, nil)
 	if err != nil {
 		t.Fatalf("%s --help: %v\n%s", bin, err, out)
 	}

@@ -221,6 +221,7 @@ type Node struct {
 	pendingFresh map[string]freshTarget
 	streamFresh  map[string]time.Duration // per durable stream followed
 	refused      map[string]time.Time     // cause -> last logged (loop only)
+	unopened     map[string]time.Time     // reason -> last logged (linkMessage only)
 }
 
 // freshTarget is what a registry refresh read at `at`: the views must
@@ -532,11 +533,12 @@ func (e nodeEvents) linkFresh(sent time.Time) { e.n.send(e.ctx, inFresh{sent}) }
 func (e nodeEvents) linkMessage(payload string) {
 	// The line is only read while decoding (Decode keeps nothing of it),
 	// so it is viewed without a copy.
-	line := unsafe.Slice(unsafe.StringData(payload), len(payload))
+	raw := unsafe.Slice(unsafe.StringData(payload), len(payload))
 	n := e.n
-	line, st, reason := n.env.open(line)
+	line, st, reason := n.env.open(raw)
 	if reason != "" {
 		n.m.invalid.WithLabelValues(reason).Inc()
+		n.logUnopened(reason, raw)
 		return
 	}
 	if string(wire.PeekSender(line)) == n.cfg.Instance {
@@ -562,6 +564,29 @@ func (e nodeEvents) linkMessage(payload string) {
 			n.cfg.OnCommand(cmd)
 		}
 	}
+}
+
+// logUnopened says, at most once per refusedLogEvery and reason, that
+// lines are refused before they could be read, naming the sender the line
+// claims (unverified): a secret differs between instances, or one runs
+// --insecure. Otherwise only readiness and a counter would show it.
+func (n *Node) logUnopened(reason string, line []byte) {
+	now := time.Now()
+	if now.Sub(n.unopened[reason]) < refusedLogEvery {
+		return
+	}
+	if n.unopened == nil {
+		n.unopened = map[string]time.Time{}
+	}
+	n.unopened[reason] = now
+	sender := "unknown"
+	if cmd, _, _, ok := wire.CutStamp(line); ok {
+		if s := wire.PeekSender(cmd); len(s) > 0 {
+			sender = string(s[:min(len(s), 64)])
+		}
+	}
+	n.log.Warn("fabric: refused lines on the channel not signed with this instance's secret (another --secret, or --insecure on one side); counted in weft_fabric_invalid_commands_total",
+		"reason", reason, "sender", sender)
 }
 
 func (n *Node) send(ctx context.Context, in input) {

@@ -2,10 +2,12 @@ package instance
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -27,7 +29,7 @@ type Config struct {
 	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in shard order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
 	TypingWriter      string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
 	AnnounceInterval  time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
-	LeaseTTL          time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by a survivor." env:"WEFT_LEASE_TTL" default:"10s"`
+	LeaseTTL          time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by the master." env:"WEFT_LEASE_TTL" default:"10s"`
 	HeartbeatInterval time.Duration `name:"heartbeat-interval" help:"Every instance announces itself this often; one not heard from for 3 heartbeats is forgotten." env:"WEFT_HEARTBEAT_INTERVAL" default:"5s"`
 	LogFormat         string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
 	LogLevel          string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
@@ -127,14 +129,47 @@ func (c *Config) WritesEvents() bool { return slices.Contains(c.EventWriters, c.
 func (c *Config) WritesTyping() bool { return c.TypingWriter == c.Name }
 
 // Logger builds the slog logger the config asks for, writing to stderr.
-func (c *Config) Logger() *slog.Logger {
+// Durations read as text in both formats ("1.5s", where JSON would give
+// nanoseconds) and maps become groups of fields (final.events=25, where
+// text would print a Go map).
+func (c *Config) Logger() *slog.Logger { return c.LoggerTo(os.Stderr) }
+
+// LoggerTo is Logger writing to w.
+func (c *Config) LoggerTo(w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.LogLevel))
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: replaceAttr}
 	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		return slog.New(slog.NewJSONHandler(w, opts))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func replaceAttr(_ []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindDuration:
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	case slog.KindAny:
+		if g, ok := mapGroup(a.Value.Any()); ok {
+			a.Value = g
+		}
+	}
+	return a
+}
+
+// mapGroup is a map with string keys as a group, its keys sorted.
+func mapGroup(v any) (slog.Value, bool) {
+	m := reflect.ValueOf(v)
+	if m.Kind() != reflect.Map || m.Type().Key().Kind() != reflect.String {
+		return slog.Value{}, false
+	}
+	keys := m.MapKeys()
+	slices.SortFunc(keys, func(a, b reflect.Value) int { return strings.Compare(a.String(), b.String()) })
+	attrs := make([]slog.Attr, 0, len(keys))
+	for _, k := range keys {
+		attrs = append(attrs, slog.Any(k.String(), m.MapIndex(k).Interface()))
+	}
+	return slog.GroupValue(attrs...), true
 }
 
 func redact(s string) string {

@@ -4,12 +4,17 @@
 //	                        expired, writes typing by default, serves clients
 //	master migrate          apply schema migrations and exit
 //	master check [--repair] run the startup consistency checks (and fix them)
-//	master status [--json]  live instances, writers, positions and lag
+//	master status [--watch] live instances, writers, positions and lag
+//
+// Each command takes only the flags it uses. Exit status: 0 on success and
+// after SIGTERM or SIGINT, 1 after a runtime failure, 2 for a bad flag,
+// command or setting (one line on stderr).
 package main
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -21,34 +26,71 @@ import (
 )
 
 // flags are the configuration flags; a defined type, so kong parses them
-// without calling Config.Validate: migrate and check need no secret.
+// without calling Config.Validate before we choose to.
 type flags instance.Config
 
 type cli struct {
-	Config flags `embed:""`
+	Version kong.VersionFlag `help:"Print the version and exit."`
 
-	Run     runCmd     `cmd:"" default:"1" help:"Run the master (the default)."`
+	Run     runCmd     `cmd:"" default:"withargs" help:"Run the master (the default): migrate, seal writers whose lease expired, write typing, serve clients."`
 	Migrate migrateCmd `cmd:"" help:"Apply schema migrations and exit."`
 	Check   checkCmd   `cmd:"" help:"Run the startup consistency checks of every stream."`
-	Status  statusCmd  `cmd:"" help:"Show live instances, writers, positions and lag."`
+	Status  statusCmd  `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
 }
+
+type runCmd struct {
+	Config      flags `embed:""`
+	CheckConfig bool  `name:"check-config" help:"Validate the configuration and exit."`
+}
+
+// out is where the commands write.
+type out struct{ stdout, stderr io.Writer }
 
 func main() {
-	var c cli
-	kctx := kong.Parse(&c, kong.Name("master"), kong.Description("The weft master instance and operator commands."),
-		kong.Vars{"default_name": "master"}, kong.UsageOnError())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	cfg := instance.Config(c.Config)
-	kctx.BindTo(ctx, (*context.Context)(nil))
-	if err := kctx.Run(&cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "master:", err)
-		os.Exit(1)
-	}
+	os.Exit(run(os.Args[1:], out{os.Stdout, os.Stderr}))
 }
 
-type runCmd struct{}
+func run(args []string, o out) int {
+	var c cli
+	parser, err := app.NewParser(&c, "master", "The weft master instance and operator commands. `master` alone runs the master; its flags are in `master run --help`.", kong.Vars{"default_name": "master"})
+	if err != nil {
+		panic(err) // the grammar above is wrong
+	}
+	parser.Stdout, parser.Stderr = o.stdout, o.stderr
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		return app.UsageError(o.stderr, "master", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch kctx.Command() {
+	case "migrate":
+		err = c.Migrate.run(ctx, o)
+	case "check":
+		err = c.Check.run(ctx, o)
+	case "status":
+		if err = c.Status.validate(); err != nil {
+			return app.UsageError(o.stderr, "master status", err)
+		}
+		err = c.Status.run(ctx, o)
+	default:
+		return c.Run.run(ctx, o)
+	}
+	if err != nil {
+		fmt.Fprintln(o.stderr, "master:", err)
+		return app.ExitFailure
+	}
+	return app.ExitOK
+}
 
-func (runCmd) Run(ctx context.Context, cfg *instance.Config) error {
-	return app.Run(ctx, *cfg, app.RoleMaster, nil)
+func (r runCmd) run(ctx context.Context, o out) int {
+	cfg := instance.Config(r.Config)
+	if err := cfg.Validate(); err != nil {
+		return app.UsageError(o.stderr, "master", err)
+	}
+	if r.CheckConfig {
+		fmt.Fprintln(o.stdout, "configuration ok")
+		return app.ExitOK
+	}
+	return app.Main(ctx, cfg, app.RoleMaster)
 }

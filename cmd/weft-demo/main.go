@@ -2,10 +2,13 @@
 // and two workers on local ports against the local Redis and PostgreSQL,
 // drives a mixed load (messages, state, typing, long-poll syncs) with a
 // live progress line, then checks that every instance returns the same
-// room histories and prints a summary. It exits 0 only if consistent.
+// room histories and prints a summary with the machine it ran on. It exits
+// 0 only if consistent. On success it drops its database and deletes the
+// instances' logs (unless -keep); on failure it keeps both and says where.
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -21,7 +24,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,14 +44,18 @@ func main() {
 	dbURL := flag.String("database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "a PostgreSQL database to create the demo database from")
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis")
 	rooms := flag.Int("rooms", 20, "rooms to spread the load over")
+	keep := flag.Bool("keep", false, "keep the database "+demoDB+" and the instances' logs after a successful run")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *bin, *dbURL, *redisURL, *dur, *rooms); err != nil {
+	if err := run(ctx, *bin, *dbURL, *redisURL, *dur, *rooms, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
+
+// demoDB is the database the demo creates (dropped first if it exists).
+const demoDB = "weft_demo"
 
 type instance struct {
 	name, bin, url string
@@ -54,8 +63,8 @@ type instance struct {
 	done           chan struct{}
 }
 
-func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration, nrooms int) error {
-	dbURL, err := freshDatabase(ctx, adminURL, "weft_demo")
+func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration, nrooms int, keep bool) (err error) {
+	dbURL, err := freshDatabase(ctx, adminURL, demoDB)
 	if err != nil {
 		return err
 	}
@@ -63,7 +72,20 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 	if err != nil {
 		return err
 	}
-	fmt.Printf("weft demo: database weft_demo, logs in %s\n", logs)
+	fmt.Printf("weft demo on %s\ndatabase %s, logs in %s\n", machine(), demoDB, logs)
+	// Registered first, so it runs after the instances have stopped.
+	defer func() {
+		if err != nil || keep {
+			fmt.Printf("kept: database %s and the instances' logs in %s\n", demoDB, logs)
+			return
+		}
+		if derr := dropDatabase(context.Background(), adminURL, demoDB); derr != nil {
+			fmt.Printf("could not drop database %s: %v; logs kept in %s\n", demoDB, derr, logs)
+			return
+		}
+		_ = os.RemoveAll(logs)
+		fmt.Printf("cleaned up: dropped database %s, deleted %s (-keep keeps them)\n", demoDB, logs)
+	}()
 	env := append(os.Environ(), "WEFT_DATABASE_URL="+dbURL, "WEFT_REDIS_URL="+redisURL, "WEFT_SECRET=demo-secret-0123456789",
 		"WEFT_CLUSTER=demo", "WEFT_ANNOUNCE_INTERVAL=200ms", "WEFT_LEASE_TTL=5s")
 	var procs []*instance
@@ -123,7 +145,9 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 	// every instance has a long-poller following all rooms.
 	loadCtx, stopLoad := context.WithTimeout(ctx, dur)
 	defer stopLoad()
-	var sent, failed, syncs atomic.Int64
+	// Messages and state changes are room events (persisted, in sync);
+	// typing is ephemeral: counted apart, it is not an event.
+	var messages, states, typing, failed, syncs atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 6 {
 		wg.Go(func() {
@@ -132,17 +156,20 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 				p := procs[rng.IntN(len(procs))]
 				room := url.PathEscape(fmt.Sprintf("!demo%d:weft", rng.IntN(nrooms)))
 				var err error
+				count := &messages
 				switch r := rng.IntN(20); {
 				case r == 0:
+					count = &states
 					err = call(loadCtx, "PUT", p.url+"/v1/rooms/"+room+"/state/topic", map[string]any{"value": fmt.Sprintf("topic %d.%d", g, i)}, nil)
 				case r == 1:
+					count = &typing
 					err = call(loadCtx, "PUT", p.url+"/v1/rooms/"+room+"/typing/"+fmt.Sprintf("@u%d:weft", g), map[string]any{"typing": true, "timeout_ms": 2000}, nil)
 				default:
 					err = call(loadCtx, "POST", p.url+"/v1/rooms/"+room+"/messages", map[string]any{"sender": fmt.Sprintf("@u%d:weft", g), "body": fmt.Sprintf("hello %d", i), "txn_id": fmt.Sprintf("%d-%d", g, i)}, nil)
 				}
 				switch {
 				case err == nil:
-					sent.Add(1)
+					count.Add(1)
 				case loadCtx.Err() == nil:
 					failed.Add(1)
 				}
@@ -182,8 +209,10 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 		case <-tick.C:
 		case <-loadCtx.Done():
 		}
-		rate := float64(sent.Load()) / time.Since(began).Seconds()
-		line := fmt.Sprintf("%6.0f writes/s  %6d ok  %3d failed  %5d syncs  lag %s", rate, sent.Load(), failed.Load(), syncs.Load(), lags(ctx, procs))
+		secs := time.Since(began).Seconds()
+		events := messages.Load() + states.Load()
+		line := fmt.Sprintf("%6.0f events/s (%d)  %4.0f typing/s  %3d failed  %5d syncs  lag %s", float64(events)/secs, events,
+			float64(typing.Load())/secs, failed.Load(), syncs.Load(), lags(ctx, procs))
 		if tty {
 			bar.Describe(line)
 		} else {
@@ -227,8 +256,12 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\n", p.name, len(histories[i]), n, same)
 	}
 	_ = tw.Flush()
-	fmt.Printf("\n%d writes acknowledged (%.0f/s), %d failed, %d syncs answered in %v\n", sent.Load(),
-		float64(sent.Load())/dur.Seconds(), failed.Load(), syncs.Load(), dur)
+	events := messages.Load() + states.Load()
+	fmt.Printf("\nin %v on %s:\n", dur, machine())
+	fmt.Printf("  %d events acknowledged after read-your-writes (%.0f/s): %d messages, %d state changes\n",
+		events, float64(events)/dur.Seconds(), messages.Load(), states.Load())
+	fmt.Printf("  %d typing updates (%.0f/s; ephemeral, not events), %d writes failed, %d syncs answered\n",
+		typing.Load(), float64(typing.Load())/dur.Seconds(), failed.Load(), syncs.Load())
 	if !consistent {
 		return errors.New("instances disagree on room histories")
 	}
@@ -348,6 +381,42 @@ func call(ctx context.Context, method, u string, body, out any) error {
 		return json.Unmarshal(data, out)
 	}
 	return nil
+}
+
+// machine says where the figures come from: the same load gives other
+// figures on another machine.
+func machine() string {
+	cpu, cores := "unknown CPU", 0
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			switch strings.TrimSpace(k) {
+			case "model name":
+				if ok {
+					cpu = strings.TrimSpace(v)
+				}
+			case "processor":
+				cores++
+			}
+		}
+		f.Close()
+	}
+	if cores == 0 {
+		cores = runtime.NumCPU()
+	}
+	return fmt.Sprintf("%s, %d cores (GOMAXPROCS %d), %s/%s, %s", cpu, cores, runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version())
+}
+
+// dropDatabase drops name on the server of adminURL.
+func dropDatabase(ctx context.Context, adminURL, name string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	return err
 }
 
 // freshDatabase drops and creates name on the server of adminURL.

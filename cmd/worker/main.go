@@ -1,11 +1,15 @@
 // Command worker runs a weft instance: it follows the streams, serves the
 // rooms client API and catch-up, and, when its --name is one of
 // --event-writers or the --typing-writer, writes those streams.
+//
+// Exit status: 0 after SIGTERM or SIGINT, 1 after a runtime failure
+// (logged at ERROR), 2 for a bad flag or setting (one line on stderr).
 package main
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -21,27 +25,34 @@ import (
 type flags instance.Config
 
 type cli struct {
-	Config      flags `embed:""`
-	CheckConfig bool  `name:"check-config" help:"Validate the configuration and exit."`
+	Config      flags            `embed:""`
+	CheckConfig bool             `name:"check-config" help:"Validate the configuration and exit."`
+	Version     kong.VersionFlag `help:"Print the version and exit."`
 }
 
 func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
 	var c cli
-	kong.Parse(&c, kong.Name("worker"), kong.Description("A weft worker instance."),
-		kong.Vars{"default_name": "worker"}, kong.UsageOnError())
+	parser, err := app.NewParser(&c, "worker", "A weft worker instance.", kong.Vars{"default_name": "worker"})
+	if err != nil {
+		panic(err) // the grammar above is wrong
+	}
+	parser.Stdout, parser.Stderr = stdout, stderr
+	if _, err := parser.Parse(args); err != nil {
+		return app.UsageError(stderr, "worker", err)
+	}
 	cfg := instance.Config(c.Config)
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(2)
+		return app.UsageError(stderr, "worker", err)
 	}
 	if c.CheckConfig {
-		fmt.Println("configuration ok")
-		return
+		fmt.Fprintln(stdout, "configuration ok")
+		return app.ExitOK
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.Run(ctx, cfg, app.RoleWorker, nil); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
-	}
+	return app.Main(ctx, cfg, app.RoleWorker)
 }

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/weft-dev/weft/app"
+)
+
+// statusCmd prints what a running instance's /status says, and what every
+// live instance it knows says about itself.
+type statusCmd struct {
+	URL      string        `name:"url" help:"Base URL of the instance to ask; default $$WEFT_ADVERTISE_URL, else http://$$WEFT_HTTP_ADDR, else http://127.0.0.1:8080."`
+	JSON     bool          `name:"json" help:"Print the asked instance's /status document as JSON."`
+	Watch    bool          `name:"watch" short:"w" help:"Refresh until interrupted: in place on a terminal, one snapshot after another otherwise."`
+	Interval time.Duration `name:"interval" help:"Time between refreshes with --watch (>= 100ms)." default:"2s"`
+}
+
+// askTimeout bounds one /status request.
+const askTimeout = 3 * time.Second
+
+func (c *statusCmd) validate() error {
+	if c.Interval < 100*time.Millisecond {
+		return fmt.Errorf("--interval %v is below 100ms", c.Interval)
+	}
+	if c.URL == "" {
+		c.URL = defaultStatusURL(os.Getenv("WEFT_ADVERTISE_URL"), os.Getenv("WEFT_HTTP_ADDR"))
+	}
+	c.URL = strings.TrimRight(c.URL, "/")
+	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
+		return fmt.Errorf("--url %q: want http(s)://host:port", c.URL)
+	}
+	return nil
+}
+
+// defaultStatusURL is the instance this process's environment runs: the
+// master's own when run beside it (docker compose exec master master status).
+func defaultStatusURL(advertise, httpAddr string) string {
+	if advertise != "" {
+		return advertise
+	}
+	if host, port, err := net.SplitHostPort(httpAddr); err == nil {
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			host = "127.0.0.1"
+		}
+		return "http://" + net.JoinHostPort(host, port)
+	}
+	return "http://127.0.0.1:8080"
+}
+
+func (c *statusCmd) run(ctx context.Context, o out) error {
+	if !c.Watch {
+		return c.once(ctx, o.stdout)
+	}
+	tty := false
+	if f, ok := o.stdout.(*os.File); ok {
+		tty = term.IsTerminal(int(f.Fd()))
+	}
+	t := time.NewTicker(c.Interval)
+	defer t.Stop()
+	for n := 1; ; n++ {
+		// A whole refresh is written at once, so a reader never sees half.
+		var buf bytes.Buffer
+		if tty {
+			buf.WriteString("\x1b[H\x1b[2J") // home, clear screen
+		} else if n > 1 {
+			buf.WriteString("\n")
+		}
+		fmt.Fprintf(&buf, "--- refresh %d at %s, every %v (interrupt to stop)\n", n, time.Now().UTC().Format("15:04:05.000Z"), c.Interval)
+		if err := c.once(ctx, &buf); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			fmt.Fprintf(&buf, "error: %v\n", err) // the next refresh may succeed
+		}
+		if _, err := o.stdout.Write(buf.Bytes()); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// once prints one snapshot.
+func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
+	body, st, err := fetchStatus(ctx, c.URL)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		_, err := w.Write(body)
+		return err
+	}
+	return printCluster(w, c.URL, st, askPeers(ctx, st))
+}
+
+func fetchStatus(ctx context.Context, base string) ([]byte, app.Status, error) {
+	var st app.Status
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/status", nil)
+	if err != nil {
+		return nil, st, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, st, fmt.Errorf("cannot reach %s/status: %s", base, shortError(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, st, fmt.Errorf("ask %s: %w", base, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, st, fmt.Errorf("%s/status: %s", base, resp.Status)
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, st, fmt.Errorf("%s/status: %w", base, err)
+	}
+	return body, st, nil
+}
+
+// peerStatus is what one live instance says about itself.
+type peerStatus struct {
+	st  app.Status
+	err error
+}
+
+// askPeers asks every live peer of st for its own /status, at once.
+func askPeers(ctx context.Context, st app.Status) map[string]peerStatus {
+	out := map[string]peerStatus{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for id, p := range st.Peers {
+		if p.URL == "" {
+			continue
+		}
+		wg.Go(func() {
+			_, ps, err := fetchStatus(ctx, strings.TrimRight(p.URL, "/"))
+			if err == nil && ps.Instance != id {
+				err = fmt.Errorf("%s is now %s", p.URL, ps.Instance)
+			}
+			mu.Lock()
+			out[id] = peerStatus{ps, err}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// printCluster writes the tables: every instance as it reports itself,
+// the views of the asked instance, and the writer registry.
+func printCluster(out io.Writer, asked string, st app.Status, peers map[string]peerStatus) error {
+	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "asked %s: %s (%s), persisted-upto %d, token %s\n\n", asked, st.Instance, st.Role, st.PersistedUpto, st.Token)
+	fmt.Fprintln(w, "INSTANCE\tNAME\tROLE\tREADY\tDEGRADED\tMAX LAG\tQUEUE\tPERSISTED-UPTO\tVERSION\tURL")
+	row := func(s app.Status) {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Instance, s.Name, s.Role, yesNo(s.Ready), yesNo(s.Degraded),
+			maxLag(s), queueDepth(s), s.PersistedUpto, s.Version, s.URL)
+	}
+	row(st)
+	for _, id := range slices.Sorted(maps.Keys(st.Peers)) {
+		p := st.Peers[id]
+		ps, asked := peers[id]
+		switch {
+		case !asked:
+			fmt.Fprintf(w, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\t(no URL)\n", id, p.Name, p.Role)
+		case ps.err != nil:
+			fmt.Fprintf(w, "%s\t%s\t%s\tunreachable\t-\t-\t-\t-\t-\t%s (%s)\n", id, p.Name, p.Role, p.URL, shortError(ps.err))
+		default:
+			row(ps.st)
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "views of %s:\n", st.Instance)
+	fmt.Fprintln(w, "STREAM\tWRITER\tINSTANCE\tPOSITION\tANNOUNCED\tLAG\tCATCHING UP")
+	for _, v := range st.Streams {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", v.Stream, v.Writer, v.Instance, v.Position, v.Announced, v.Lag, yesNo(v.Catching))
+	}
+	if len(st.Writers) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "WRITER\tHOLDER\tEPOCH\tLEASE UNTIL\tSEALED")
+		for _, wr := range st.Writers {
+			until := "-"
+			if !wr.LeaseUntil.IsZero() {
+				until = wr.LeaseUntil.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", wr.Name, wr.Instance, wr.Epoch, until, yesNo(wr.Sealed))
+		}
+	}
+	return w.Flush()
+}
+
+func maxLag(s app.Status) int64 {
+	var m int64
+	for _, v := range s.Streams {
+		m = max(m, v.Lag)
+	}
+	return m
+}
+
+func queueDepth(s app.Status) int {
+	n := 0
+	for _, d := range s.QueueDepth {
+		n += d
+	}
+	return n
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// shortError is the end of an error chain: "connection refused", not the
+// whole request that failed.
+func shortError(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err.Error()
+		}
+		err = next
+	}
+}

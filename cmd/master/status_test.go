@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/weft-dev/weft/app"
+	"github.com/weft-dev/weft/fabric"
+)
+
+func TestDefaultStatusURL(t *testing.T) {
+	for _, c := range []struct{ advertise, addr, want string }{
+		{"http://master:8080", "0.0.0.0:8080", "http://master:8080"},
+		{"", "0.0.0.0:9000", "http://127.0.0.1:9000"},
+		{"", "10.0.0.5:8081", "http://10.0.0.5:8081"},
+		{"", "", "http://127.0.0.1:8080"},
+		{"", "garbage", "http://127.0.0.1:8080"},
+	} {
+		if got := defaultStatusURL(c.advertise, c.addr); got != c.want {
+			t.Errorf("defaultStatusURL(%q, %q) = %q, want %q", c.advertise, c.addr, got, c.want)
+		}
+	}
+}
+
+// The table has a row per instance: the asked one and each peer as it
+// reports itself, or why it could not be asked.
+func TestPrintCluster(t *testing.T) {
+	st := app.Status{Instance: "master-aaaaaaaa", Name: "master", Role: "master", Ready: true, Version: "v1", URL: "http://m",
+		Streams:    []app.StreamView{{Stream: "events", Writer: "persister1", Instance: "persister1-bbbbbbbb", Position: 7, Announced: 9, Lag: 2, Catching: true}},
+		QueueDepth: map[string]int{"typing": 1},
+		Peers: map[string]fabric.Peer{
+			"persister1-bbbbbbbb": {Name: "persister1", Role: "worker", URL: "http://p1"},
+			"sync1-cccccccc":      {Name: "sync1", Role: "worker", URL: "http://s1"},
+			"odd-dddddddd":        {Name: "odd", Role: "worker"},
+		}}
+	peers := map[string]peerStatus{
+		"persister1-bbbbbbbb": {st: app.Status{Instance: "persister1-bbbbbbbb", Name: "persister1", Role: "worker", Degraded: true,
+			Streams: []app.StreamView{{Lag: 4}}, QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1"}},
+		"sync1-cccccccc": {err: errors.New("Get: dial: connection refused")},
+	}
+	var b bytes.Buffer
+	if err := printCluster(&b, "http://m", st, peers); err != nil {
+		t.Fatal(err)
+	}
+	squeeze := func(s string) string {
+		var lines []string
+		for l := range strings.Lines(s) {
+			lines = append(lines, strings.Join(strings.Fields(l), " "))
+		}
+		return strings.Join(lines, "\n")
+	}
+	out := squeeze(b.String())
+	for _, want := range []string{
+		"master-aaaaaaaa      master      master  yes    no        2        1      0               v1       http://m",
+		"persister1-bbbbbbbb  persister1  worker  no     yes       4        3      5               v1       http://p1",
+		"sync1-cccccccc       sync1       worker  unreachable",
+		"connection refused",
+		"odd-dddddddd         odd         worker  -",
+		"events  persister1  persister1-bbbbbbbb  7         9          2    yes",
+	} {
+		if !strings.Contains(out, squeeze(want)) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+}
+
+// Usage errors: status 2, one line with a hint, nothing on stdout.
+func TestRunUsageErrors(t *testing.T) {
+	for _, args := range [][]string{{"--bogus"}, {"status", "--interval", "5ms"}, {"check", "--secret", "x"}, {"--lease-ttl", "1ms"}} {
+		var stdout, stderr bytes.Buffer
+		code := run(args, out{&stdout, &stderr})
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if code != app.ExitUsage || len(lines) != 1 || !strings.Contains(lines[0], "(try 'master") || stdout.Len() != 0 {
+			t.Errorf("master %q: status %d, stderr %q, stdout %q", args, code, stderr.String(), stdout.String())
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--secret", "0123456789abcdef0123", "--check-config"}, out{&stdout, &stderr}); code != 0 || stdout.String() != "configuration ok\n" {
+		t.Errorf("master --check-config: %d %q %q", code, stdout.String(), stderr.String())
+	}
+}
