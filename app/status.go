@@ -29,7 +29,11 @@ type statusPage struct {
 
 func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
 	if !s.node.Ready() {
-		http.Error(w, "not ready: not established or catching up", http.StatusServiceUnavailable)
+		why := "not established or catching up"
+		if s.node.Status().Deaf {
+			why = "every line of the other instances is refused: is --secret the same everywhere?"
+		}
+		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 		return
 	}
 	if s.node.Status().Degraded {
@@ -52,7 +56,10 @@ type Status struct {
 	// Degraded: Redis is unreachable (or the connection is being
 	// established again); positions are followed from PostgreSQL, and
 	// Ready says whether that keeps this instance fresh.
-	Degraded      bool                   `json:"degraded"`
+	Degraded bool `json:"degraded"`
+	// Deaf: every line of the other instances is refused unopened (its
+	// --secret differs from theirs): not ready.
+	Deaf          bool                   `json:"deaf"`
 	PersistedUpto int64                  `json:"persisted_upto"`
 	Token         string                 `json:"token"`
 	Streams       []StreamView           `json:"streams"`
@@ -87,7 +94,7 @@ type WriterStatus struct {
 func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
 	ns := s.node.Status()
 	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
-		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
+		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
 		Peers: ns.Peers, QueueDepth: map[string]int{}}
 	for _, v := range ns.Views {
 		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,

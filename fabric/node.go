@@ -221,7 +221,12 @@ type Node struct {
 	pendingFresh map[string]freshTarget
 	streamFresh  map[string]time.Duration // per durable stream followed
 	refused      map[string]time.Time     // cause -> last logged (loop only)
-	unopened     map[string]time.Time     // reason -> last logged (linkMessage only)
+	// Deafness: when a line of another instance was last opened, and when
+	// one was last refused unopened (another secret, or none), as offsets
+	// from born.
+	lastOpened, lastUnopened atomic.Int64
+	otherHolders             atomic.Int64 // writer names another live instance holds (loop-written)
+	unopened                 map[string]time.Time // reason -> last logged (linkMessage only)
 }
 
 // freshTarget is what a registry refresh read at `at`: the views must
@@ -538,6 +543,7 @@ func (e nodeEvents) linkMessage(payload string) {
 	line, st, reason := n.env.open(raw)
 	if reason != "" {
 		n.m.invalid.WithLabelValues(reason).Inc()
+		n.lastUnopened.Store(int64(time.Since(n.born)))
 		n.logUnopened(reason, raw)
 		return
 	}
@@ -545,6 +551,7 @@ func (e nodeEvents) linkMessage(payload string) {
 		n.m.echoes.Inc() // our own echo: half the lines a writer receives
 		return
 	}
+	n.lastOpened.Store(int64(time.Since(n.born)))
 	decode := n.codec.Decode
 	if n.env.signed() {
 		decode = n.codec.DecodeSigned
@@ -852,6 +859,7 @@ func (n *Node) checkFresh() {
 // updateReady publishes the core's readiness; it changes on inputs and on
 // ticks (the REPLICATE window closing), so both call it.
 func (n *Node) updateReady() {
+	n.otherHolders.Store(int64(n.core.OtherHolders()))
 	r := n.core.Ready()
 	if n.ready.Swap(r) != r {
 		n.m.ready.Set(b2f(r))

@@ -19,6 +19,9 @@ func (n *Node) Ready() bool {
 	if now-time.Duration(n.tickAt.Load()) > stallGap {
 		return false
 	}
+	if n.deaf(now) {
+		return false
+	}
 	stalled := n.stalledAt.Load()
 	if n.ready.Load() {
 		fresh := n.freshAt.Load()
@@ -64,4 +67,25 @@ func (n *Node) watchStalls(ctx context.Context) {
 			last = now
 		}
 	}
+}
+
+// deaf reports that this node refuses every other instance's lines while
+// writers it should hear exist: lines arrived lately, none could be opened
+// (its secret differs from theirs, or one side runs without), and another
+// instance holds a writer name (the registry says so). It hears no writer,
+// so it serves nothing fresh. A forged line among live peers' lines
+// changes nothing (their heartbeats keep being opened), and a newcomer
+// with the wrong secret cannot take a lone writer out: that writer has no
+// other writer to hear.
+func (n *Node) deaf(now time.Duration) bool {
+	if n.otherHolders.Load() == 0 {
+		return false
+	}
+	window := 3 * n.core.HeartbeatInterval()
+	bad := time.Duration(n.lastUnopened.Load())
+	if bad == 0 || now-bad > window {
+		return false
+	}
+	good := time.Duration(n.lastOpened.Load())
+	return good == 0 || now-good > window
 }

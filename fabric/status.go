@@ -14,11 +14,14 @@ type Status struct {
 	// Degraded: the connection was established and is not now (Redis
 	// down, or establishing again); readiness then rests on positions
 	// followed from PostgreSQL.
-	Degraded bool             `json:"degraded"`
-	Views    []core.ViewInfo  `json:"views"`
-	Peers    map[string]Peer  `json:"peers"`
-	Link     linkStats        `json:"link"`
-	Writes   map[string]int64 `json:"writes"`
+	Degraded bool `json:"degraded"`
+	// Deaf: lines of other instances arrive and none can be opened (a
+	// secret differs, or one side runs without): not ready.
+	Deaf   bool             `json:"deaf"`
+	Views  []core.ViewInfo  `json:"views"`
+	Peers  map[string]Peer  `json:"peers"`
+	Link   linkStats        `json:"link"`
+	Writes map[string]int64 `json:"writes"`
 }
 
 // Peer is a live instance: heard from within the peer timeout.
@@ -46,6 +49,7 @@ func (n *Node) Status() Status {
 
 func (n *Node) publishStatus() {
 	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.Ready(), Degraded: n.degraded(),
+		Deaf:  n.deaf(time.Since(n.born)),
 		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
 	n.m.degraded.Set(b2f(s.Degraded))
 	live, gone, holders := n.core.PeerCounts()

@@ -77,6 +77,17 @@ func TestOperatorWrongSecret(t *testing.T) {
 			}
 		}
 	}
+	// It hears nobody: not ready, and /status says why.
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		code, body := httpGet(stranger.url + "/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "--secret") {
+			return fmt.Errorf("/readyz %d %q, want 503 naming --secret", code, body)
+		}
+		return nil
+	})
+	if code, _ := httpGet(master.url + "/readyz"); code != http.StatusOK {
+		t.Errorf("the master is not ready (%d) because a stranger talks nonsense on the channel", code)
+	}
 	for _, p := range []*proc{stranger, master} {
 		if code := c.stopCode(t, p); code != 0 {
 			t.Errorf("%s: exit %d after SIGTERM, want 0", p.name, code)

@@ -378,6 +378,9 @@ func (c *Core) Shutdown() []Action {
 	return c.flush()
 }
 
+// HeartbeatInterval is the configured heartbeat interval.
+func (c *Core) HeartbeatInterval() time.Duration { return c.cfg.HeartbeatInterval }
+
 // IsEstablished reports whether the connection is established.
 func (c *Core) IsEstablished() bool { return c.established }
 

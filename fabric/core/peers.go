@@ -282,3 +282,15 @@ func (c *Core) Peers() map[string]PeerInfo {
 func (c *Core) PeerCounts() (live, gone, holders int) {
 	return len(c.peers), len(c.gone), len(c.holders)
 }
+
+// OtherHolders counts the writer names held by another instance that has
+// not left for good: instances this one should hear from.
+func (c *Core) OtherHolders() int {
+	n := 0
+	for _, h := range c.holders {
+		if h.instance != c.cfg.Instance && c.gone[h.instance] != goneForever {
+			n++
+		}
+	}
+	return n
+}
