@@ -225,7 +225,7 @@ type Node struct {
 	// one was last refused unopened (another secret, or none), as offsets
 	// from born.
 	lastOpened, lastUnopened atomic.Int64
-	otherHolders             atomic.Int64 // writer names another live instance holds (loop-written)
+	otherHolders             atomic.Int64         // writer names another live instance holds (loop-written)
 	unopened                 map[string]time.Time // reason -> last logged (linkMessage only)
 }
 
