@@ -408,7 +408,7 @@ func TestChaosGarbage(t *testing.T) {
 			}
 			var body io.Reader
 			if rng.IntN(2) == 0 {
-				body = strings.NewReader([]string{`{}`, `{"body":1}`, `{"sender":"@a:b","body":"x","txn_id":"` + junk(3) + `"}`, junk(64), `[`, `{"typing":true,"timeout_ms":-5}`}[rng.IntN(6)])
+				body = strings.NewReader([]string{`{}`, `{"body":1}`, `{"sender":"@fuzz:test","body":"x","txn_id":"` + junk(3) + `"}`, junk(64), `[`, `{"typing":true,"timeout_ms":-5}`}[rng.IntN(6)])
 			}
 			req, err := http.NewRequestWithContext(ctx, methods[rng.IntN(len(methods))], p.url+fmt.Sprintf(path, args...)+"?"+q.Encode(), body)
 			if err != nil {

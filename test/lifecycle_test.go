@@ -164,9 +164,11 @@ func (ch *chaos) surgeRestart(name string) (took time.Duration, exited time.Time
 		code, _ := call(context.Background(), "GET", succ.url+"/healthz", nil, nil)
 		return code == 200
 	}, "%s's successor never answered /healthz", name)
+	ch.mu.Lock() // stop clears old.cmd, which the supervisor reads
 	start := time.Now()
 	ch.c.stop(old, syscall.SIGTERM)
 	exited = time.Now()
+	ch.mu.Unlock()
 	took = exited.Sub(start)
 	ch.replace(succ)
 	ch.mu.Lock()
