@@ -523,6 +523,13 @@ func TestQueueKeepsNothingPerKey(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	// Submit returns once its result is handed out, before the worker
+	// takes the lock back to drop the key's record. Drain returns once
+	// every task is finished, which a worker records under the same lock
+	// as the drop.
+	if err := q.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	q.mu.Lock()
 	keys, ready := len(q.keys), len(q.ready)
 	q.mu.Unlock()
