@@ -130,12 +130,21 @@ func (m *member) shutdown() {
 
 // write commits one row as this member's writer and hands it to the node.
 func (m *member) write(ctx context.Context, pool *pgxpool.Pool, n int) (int64, error) {
+	return m.writeOnAlloc(ctx, pool, n, nil)
+}
+
+// writeOnAlloc is write that calls allocated, when set, with the row's ID
+// before the row is committed: before any node can apply it.
+func (m *member) writeOnAlloc(ctx context.Context, pool *pgxpool.Pool, n int, allocated func(id int64)) (int64, error) {
 	a, err := m.gen.Alloc(ctx, 1)
 	if err != nil {
 		return 0, err
 	}
 	defer a.Finish()
 	id := a.IDs()[0]
+	if allocated != nil {
+		allocated(id)
+	}
 	rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
 	if _, err := pool.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, id, m.gen.Self(), rows); err != nil {
 		return 0, err
