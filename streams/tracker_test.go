@@ -392,9 +392,9 @@ func (m *trackerModel) pick(t *rapid.T, ok func(*remoteWriter) bool) *remoteWrit
 	return ws[rapid.IntRange(0, len(ws)-1).Draw(t, "writer")]
 }
 
-func live(w *remoteWriter) bool      { return w.committed && !w.sealed }
-func committed(w *remoteWriter) bool { return w.committed }
-func busy(w *remoteWriter) bool      { return len(w.inflight) > 0 }
+func (w *remoteWriter) live() bool        { return w.committed && !w.sealed }
+func (w *remoteWriter) isCommitted() bool { return w.committed }
+func (w *remoteWriter) busy() bool        { return len(w.inflight) > 0 }
 
 // latest is each name's last registration, committed or not.
 func (m *trackerModel) latest() []*remoteWriter {
@@ -421,19 +421,17 @@ func (m *trackerModel) freeNames() []WriterID {
 }
 
 // readRegistry ends a refresh: every name's last committed registration at
-// its stored position, the sealed ones dropped, then the cap lifted to the
-// sequence value read first.
-func (m *trackerModel) readRegistry() {
+// its stored position, the sealed ones dropped (in any order, as Refresh
+// ranges over a map), then the cap lifted to the sequence value read first.
+func (m *trackerModel) readRegistry(t *rapid.T) {
 	last := make([]*remoteWriter, m.names)
 	for _, w := range m.remotes {
 		if w.committed {
 			last[w.id-2] = w
 		}
 	}
-	for _, w := range last {
-		if w == nil {
-			continue
-		}
+	last = slices.DeleteFunc(last, func(w *remoteWriter) bool { return w == nil })
+	for _, w := range rapid.Permutation(last).Draw(t, "registry") {
 		m.tr.Observe(w.id, w.stored)
 		if w.sealed {
 			m.tr.RemoveWriter(w.id)
@@ -537,23 +535,23 @@ func (m *trackerModel) actions() []modelAction {
 		{"commit-registration", 1, func() bool { return len(m.writers(func(w *remoteWriter) bool { return !w.committed })) > 0 }, func(t *rapid.T) {
 			m.pick(t, func(w *remoteWriter) bool { return !w.committed }).committed = true
 		}},
-		{"remote-alloc", 3, func() bool { return len(m.writers(live)) > 0 }, func(t *rapid.T) {
-			w := m.pick(t, live)
+		{"remote-alloc", 3, func() bool { return len(m.writers((*remoteWriter).live)) > 0 }, func(t *rapid.T) {
+			w := m.pick(t, (*remoteWriter).live)
 			m.seq++
 			m.owner[m.seq] = w.id
 			w.inflight = append(w.inflight, m.seq)
 		}},
-		{"remote-finish", 1, func() bool { return len(m.writers(busy)) > 0 }, func(t *rapid.T) {
-			w := m.pick(t, busy)
+		{"remote-finish", 1, func() bool { return len(m.writers((*remoteWriter).busy)) > 0 }, func(t *rapid.T) {
+			w := m.pick(t, (*remoteWriter).busy)
 			i := rapid.IntRange(0, len(w.inflight)-1).Draw(t, "i")
 			m.markFinished(w.inflight[i])
 			w.inflight = slices.Delete(w.inflight, i, i+1)
 		}},
-		{"announce", 1, nil, func(t *rapid.T) { m.announce(t, m.pick(t, committed)) }},
+		{"announce", 1, nil, func(t *rapid.T) { m.announce(t, m.pick(t, (*remoteWriter).isCommitted)) }},
 		// The announce interval ticks: every writer sends a POSITION, and
 		// some of them are lost.
 		{"tick", 1, nil, func(t *rapid.T) {
-			for _, w := range m.writers(committed) {
+			for _, w := range m.writers((*remoteWriter).isCommitted) {
 				if rapid.Bool().Draw(t, "delivered") {
 					m.announce(t, w)
 				}
@@ -561,8 +559,8 @@ func (m *trackerModel) actions() []modelAction {
 		}},
 		// Sealing waits for the writer's transactions to end, fences out
 		// later ones and stores the sequence head as its final position.
-		{"seal", 1, func() bool { return len(m.writers(live)) > 0 }, func(t *rapid.T) {
-			w := m.pick(t, live)
+		{"seal", 1, func() bool { return len(m.writers((*remoteWriter).live)) > 0 }, func(t *rapid.T) {
+			w := m.pick(t, (*remoteWriter).live)
 			for _, id := range w.inflight {
 				m.markFinished(id)
 			}
@@ -571,12 +569,12 @@ func (m *trackerModel) actions() []modelAction {
 		}},
 		// A refresh reads the sequence value, then (a step later, with
 		// anything in between) the registry.
-		{"refresh", 3, nil, func(*rapid.T) {
+		{"refresh", 3, nil, func(t *rapid.T) {
 			if !m.refreshing {
 				m.refreshing, m.refreshCap = true, m.seq
 				return
 			}
-			m.readRegistry()
+			m.readRegistry(t)
 		}},
 		// A row seen in a table or on the bus is persisted, whoever wrote it.
 		{"row-seen", 1, func() bool { return len(m.done) > 0 }, func(t *rapid.T) {
@@ -621,7 +619,7 @@ func (m *trackerModel) quiesce(t *rapid.T) {
 		w.committed, w.inflight, w.stored = true, nil, m.seq
 	}
 	m.refreshCap = m.seq
-	m.readRegistry()
+	m.readRegistry(t)
 	if got := m.tr.PersistedUpto(); got != m.seq {
 		t.Fatalf("quiescent persisted-upto = %d, want sequence head %d", got, m.seq)
 	}
