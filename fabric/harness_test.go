@@ -139,8 +139,17 @@ func (m *member) shutdown() {
 }
 
 // write commits one row as this member's writer and hands it to the node.
-func (m *member) write(ctx context.Context, _ *pgxpool.Pool, n int) (int64, error) {
+func (m *member) write(ctx context.Context, pool *pgxpool.Pool, n int) (int64, error) {
+	return m.writeOnAlloc(ctx, pool, n, nil)
+}
+
+// writeOnAlloc is write that calls allocated, when set, with the row's ID
+// before the row is committed: before any node can apply it.
+func (m *member) writeOnAlloc(ctx context.Context, _ *pgxpool.Pool, n int, allocated func(id int64)) (int64, error) {
 	ids, err := m.w.Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		if allocated != nil {
+			allocated(ids[0])
+		}
 		rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
 		_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, ids[0], m.gen.Self(), rows)
 		return []json.RawMessage{rows}, err

@@ -523,15 +523,17 @@ func TestQueueKeepsNothingPerKey(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// A worker hands out a batch's results before it drops the key's
-	// record, so the last records may outlive their Submit briefly.
-	var keys, ready int
-	if !testenv.Poll(5*time.Second, func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		keys, ready = len(q.keys), len(q.ready)
-		return keys == 0 && ready == 0
-	}) {
+	// Submit returns once its result is handed out, before the worker
+	// takes the lock back to drop the key's record. Drain returns once
+	// every task is finished, which a worker records under the same lock
+	// as the drop.
+	if err := q.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	q.mu.Lock()
+	keys, ready := len(q.keys), len(q.ready)
+	q.mu.Unlock()
+	if keys != 0 || ready != 0 {
 		t.Errorf("after 10000 keys ran: %d key records, %d ready, want none", keys, ready)
 	}
 	// The queue's own goroutines are its workers and nothing else.

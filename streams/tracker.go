@@ -24,9 +24,12 @@ const maxDone = 1 << 16
 //   - Between asking the sequence for IDs and recording them (BeginAlloc
 //     to Allocated), the local position may not pass what was known when
 //     the request started: the IDs on their way back may be just above it.
-//   - Persisted-upto is the minimum over known writers, then skips forward
-//     over IDs known to be persisted, and never passes the cap (the
-//     sequence value read with the writer registry) nor goes backwards.
+//   - Persisted-upto is the minimum over known writers, taken no higher
+//     than the cap (the sequence value read before the writer registry: a
+//     writer not known then holds only IDs above it, but may be learned
+//     later at a lower position); it then skips forward over IDs known to
+//     be persisted, never passes the cap (once past where NewTracker
+//     started it), and never goes backwards.
 type Tracker struct {
 	self    WriterID
 	writers map[WriterID]int64
@@ -38,7 +41,7 @@ type Tracker struct {
 	done    []int64 // IDs above persistedUpto known persisted, sorted
 	maxSeen int64
 	upto    int64
-	sound   int64 // persisted-upto before the cap; only moves up
+	sound   int64 // every ID at or below is persisted, whoever holds it; only moves up
 	cap     int64
 	capped  bool
 }
@@ -49,6 +52,9 @@ type Ticket struct{ id uint64 }
 // NewTracker starts a tracker for an instance that writes as self (0 for a
 // reader) from the given writer positions. A writer present in positions is
 // counted in persisted-upto from the start; self is always counted.
+// Positions must come from one read of the registry: a writer missing from
+// it registers later and so allocates above every position in it, which
+// makes their minimum a sound start even above a cap set afterwards.
 func NewTracker(self WriterID, positions map[WriterID]int64) *Tracker {
 	t := &Tracker{self: self, writers: make(map[WriterID]int64, len(positions)+1), tickets: map[uint64]int64{}}
 	for w, p := range positions {
@@ -63,7 +69,7 @@ func NewTracker(self WriterID, positions map[WriterID]int64) *Tracker {
 			t.writers[self] = 0
 		}
 	}
-	t.sound = t.minWriter()
+	t.sound, _ = t.minWriter()
 	t.upto = t.sound
 	return t
 }
@@ -236,7 +242,20 @@ func (t *Tracker) update() {
 			t.writers[t.self] = target
 		}
 	}
-	m := max(t.minWriter(), t.sound)
+	// Above the cap a writer not known yet may hold any ID, however far the
+	// known ones got: a floor taken past it would stay above that writer
+	// once it is learned and the cap lifts. At or below the cap, every
+	// writer that holds an ID is known (or was sealed).
+	m, ok := t.minWriter()
+	switch {
+	case t.capped && ok:
+		m = min(m, t.cap)
+	case t.capped:
+		m = t.cap
+	case !ok:
+		m = t.sound
+	}
+	m = max(m, t.sound)
 	// Skip forward over IDs known persisted: the IDs between writers'
 	// positions belong to someone, and these ones are done.
 	i, _ := slices.BinarySearch(t.done, m+1)
@@ -251,8 +270,8 @@ func (t *Tracker) update() {
 	t.upto = max(t.upto, m)
 }
 
-// minWriter is the minimum writer position, or upto when none is known.
-func (t *Tracker) minWriter() int64 {
+// minWriter is the minimum writer position, false when none is known.
+func (t *Tracker) minWriter() (int64, bool) {
 	first := true
 	var m int64
 	for _, p := range t.writers {
@@ -260,8 +279,5 @@ func (t *Tracker) minWriter() int64 {
 			m, first = p, false
 		}
 	}
-	if first {
-		return t.upto
-	}
-	return m
+	return m, !first
 }

@@ -204,151 +204,425 @@ func TestTrackerCapAndRemove(t *testing.T) {
 	}
 }
 
-// TestTrackerModel drives a local writer and a remote writer sharing one
-// sequence with random allocation, completion and announcements, and checks
-// the tracker against the ground truth of which IDs are finished.
+// A writer learned after the cap was read registered after it, so it may
+// hold any ID above the cap however far the known writers got: the floor
+// taken from them is only good up to the cap. Writer 3 registered at 7 and
+// may hold 8; lifting the cap to 10 must not carry persisted-upto over it.
+func TestTrackerWriterLearnedLate(t *testing.T) {
+	tr := NewTracker(0, map[WriterID]int64{1: 7, 2: 7})
+	tr.SetCap(7)
+	tr.Observe(1, 10)
+	tr.Observe(2, 10)
+	if got := tr.PersistedUpto(); got != 7 {
+		t.Fatalf("persisted-upto under cap 7 = %d, want 7", got)
+	}
+	tr.Observe(3, 7)
+	tr.SetCap(10)
+	if got := tr.PersistedUpto(); got != 7 {
+		t.Fatalf("persisted-upto = %d with writer 3 at 7, want 7 (it may hold 8)", got)
+	}
+	tr.ObservePersisted(8) // a done ID is skipped over whoever holds it
+	if got := tr.PersistedUpto(); got != 8 {
+		t.Fatalf("persisted-upto after row 8 seen = %d, want 8", got)
+	}
+	tr.Observe(3, 10)
+	if got := tr.PersistedUpto(); got != 10 {
+		t.Fatalf("persisted-upto with every writer at 10 = %d, want 10", got)
+	}
+}
+
+// The positions a tracker starts from are one registry read, taken after
+// the sequence: a writer missing from it allocates above all of them, so
+// their minimum holds even above the cap set next, while later
+// announcements count only up to each cap.
+func TestTrackerStartsFromRegistryRead(t *testing.T) {
+	tr := NewTracker(0, map[WriterID]int64{1: 105, 2: 105})
+	tr.SetCap(100)
+	if got := tr.PersistedUpto(); got != 105 {
+		t.Fatalf("persisted-upto from the registry read = %d, want 105", got)
+	}
+	tr.Observe(1, 120)
+	tr.Observe(2, 120)
+	tr.Observe(3, 102) // registered at 102, committed after the read
+	tr.SetCap(120)
+	if got := tr.PersistedUpto(); got != 105 {
+		t.Fatalf("persisted-upto = %d, want 105 (writer 3 may hold 106)", got)
+	}
+}
+
+// With every writer sealed, nothing at or below the cap can still be
+// written: persisted-upto reaches the cap with no writer left to count.
+func TestTrackerAllWritersSealed(t *testing.T) {
+	tr := NewTracker(0, map[WriterID]int64{2: 4})
+	tr.SetCap(4)
+	// A refresh: writer 2 was sealed at 9, then the cap lifts to 9.
+	tr.Observe(2, 9)
+	tr.RemoveWriter(2)
+	tr.SetCap(9)
+	if got := tr.PersistedUpto(); got != 9 {
+		t.Fatalf("persisted-upto with no writer left = %d, want the cap 9", got)
+	}
+}
+
+// TestTrackerModel drives a tracker (of writer 1 or of a reader) against
+// remote writers sharing one sequence, and checks it after every step
+// against the ground truth of which IDs are finished. Remote writers
+// register at any time, at the sequence value then, and commit their
+// registration later; the tracker learns them from a HELLO or POSITION or
+// at its next refresh (sequence read, registry read, cap lifted), while the
+// others keep allocating, finishing, announcing and getting sealed.
 func TestTrackerModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		const self, other = WriterID(1), WriterID(2)
-		tr := NewTracker(self, map[WriterID]int64{other: 0})
-		var seq int64
-		owner := map[int64]WriterID{}
-		finished := map[int64]bool{}
-		var pending []Ticket // begun, awaiting their IDs
-		var pendingIDs [][]int64
-		var mine []int64 // allocated locally, unfinished
-		var theirs []int64
-		var otherAnnounced int64
-
-		// otherPos is writer 2's true position: all its IDs at or below
-		// it finished, and idle advance up to the sequence head.
-		otherPos := func() int64 {
-			p := seq
-			for _, id := range theirs {
-				p = min(p, id-1)
+		m := newTrackerModel(rapid.SampledFrom([]WriterID{0, 1}).Draw(t, "self"))
+		actions := m.actions()
+		// Not t.Repeat: it ends a run once skipped actions outnumber
+		// twice the steps taken, and with actions that do not apply yet
+		// most runs stopped within a few steps, before any writer was
+		// learned late. Only actions that apply are drawn, as often as
+		// their weight says, for a fixed number of steps (a failing run
+		// still stops at the failing step).
+		for range modelSteps {
+			var can []string
+			for _, a := range actions {
+				if a.ok == nil || a.ok() {
+					for range a.weight {
+						can = append(can, a.name)
+					}
+				}
 			}
-			return p
+			name := rapid.SampledFrom(can).Draw(t, "action")
+			actions[slices.IndexFunc(actions, func(a modelAction) bool { return a.name == name })].run(t)
+			m.check(t)
 		}
-		var lastSelf, lastUpto int64
-		t.Repeat(map[string]func(*rapid.T){
-			"begin": func(t *rapid.T) {
-				tk := tr.BeginAlloc()
-				n := rapid.IntRange(1, 3).Draw(t, "n")
-				ids := make([]int64, n)
-				for i := range ids {
-					seq++
-					ids[i] = seq
-					owner[seq] = self
-				}
-				pending = append(pending, tk)
-				pendingIDs = append(pendingIDs, ids)
-			},
-			"record": func(t *rapid.T) {
-				if len(pending) == 0 {
-					t.Skip()
-				}
-				i := rapid.IntRange(0, len(pending)-1).Draw(t, "i")
-				// What the sequence really returned always passes the
-				// check AllocQuery makes.
-				if err := tr.CheckAllocated(pending[i], pendingIDs[i]); err != nil {
-					t.Fatalf("genuine IDs %v refused: %v", pendingIDs[i], err)
-				}
-				tr.Allocated(pending[i], pendingIDs[i]...)
-				mine = append(mine, pendingIDs[i]...)
-				pending = append(pending[:i], pending[i+1:]...)
-				pendingIDs = append(pendingIDs[:i], pendingIDs[i+1:]...)
-			},
-			// An AllocQuery statement returned, besides what it drew, an
-			// ID whose recording would be unsafe: at or below the local
-			// position (already announced past) or in flight for another
-			// allocation (whose Finish would let the position pass it).
-			// It must be refused; the ticket is aborted and the
-			// transaction rolled back, so the IDs it drew are finished
-			// without ever being recorded.
-			"refuse": func(t *rapid.T) {
-				if len(pending) == 0 {
-					t.Skip()
-				}
-				i := rapid.IntRange(0, len(pending)-1).Draw(t, "i")
-				unsafe := slices.Clone(mine)
-				for id := int64(0); id <= tr.SelfPosition(); id++ {
-					unsafe = append(unsafe, id)
-				}
-				bogus := rapid.SampledFrom(unsafe).Draw(t, "bogus")
-				got := append(slices.Clone(pendingIDs[i]), bogus)
-				slices.Sort(got)
-				if err := tr.CheckAllocated(pending[i], got); !errors.Is(err, ErrNotFromSequence) {
-					t.Fatalf("unsafe id %d with %v (position %d, in flight %v): %v, want ErrNotFromSequence",
-						bogus, pendingIDs[i], tr.SelfPosition(), mine, err)
-				}
-				tr.AbortAlloc(pending[i])
-				for _, id := range pendingIDs[i] {
-					finished[id] = true
-				}
-				pending = append(pending[:i], pending[i+1:]...)
-				pendingIDs = append(pendingIDs[:i], pendingIDs[i+1:]...)
-			},
-			"finish": func(t *rapid.T) {
-				if len(mine) == 0 {
-					t.Skip()
-				}
-				i := rapid.IntRange(0, len(mine)-1).Draw(t, "i")
-				if _, err := tr.Finish(mine[i]); err != nil {
-					t.Fatal(err)
-				}
-				finished[mine[i]] = true
-				mine = append(mine[:i], mine[i+1:]...)
-			},
-			"other-alloc": func(t *rapid.T) {
-				seq++
-				owner[seq] = other
-				theirs = append(theirs, seq)
-			},
-			"other-finish": func(t *rapid.T) {
-				if len(theirs) == 0 {
-					t.Skip()
-				}
-				i := rapid.IntRange(0, len(theirs)-1).Draw(t, "i")
-				finished[theirs[i]] = true
-				theirs = append(theirs[:i], theirs[i+1:]...)
-			},
-			"other-announce": func(t *rapid.T) {
-				otherAnnounced = max(otherAnnounced, otherPos())
-				tr.Observe(other, otherAnnounced)
-			},
-			"": func(t *rapid.T) {
-				selfPos, upto := tr.SelfPosition(), tr.PersistedUpto()
-				if selfPos < lastSelf || upto < lastUpto {
-					t.Fatalf("went backwards: self %d->%d, upto %d->%d", lastSelf, selfPos, lastUpto, upto)
-				}
-				lastSelf, lastUpto = selfPos, upto
-				for id := int64(1); id <= seq; id++ {
-					if owner[id] == self && id <= selfPos && !finished[id] {
-						t.Fatalf("own position %d passed unfinished id %d", selfPos, id)
-					}
-					if id <= upto && !finished[id] {
-						t.Fatalf("persisted-upto %d passed unfinished id %d (writer %d)", upto, id, owner[id])
-					}
-				}
-			},
-		})
-		// Liveness: once everything is recorded, finished and announced,
-		// persisted-upto reaches the sequence head.
-		for i := range pending {
-			tr.Allocated(pending[i], pendingIDs[i]...)
-			mine = append(mine, pendingIDs[i]...)
+		m.quiesce(t)
+	})
+}
+
+// remoteWriter is the ground truth of one registration of a writer other
+// than the tracker's own.
+type remoteWriter struct {
+	id        WriterID
+	committed bool    // registration committed: in the registry, may allocate
+	sealed    bool    // sealed by a survivor: all its IDs finished, no more
+	inflight  []int64 // allocated, not finished
+	announced int64   // last position sent in a HELLO or POSITION
+	stored    int64   // its stream_positions row
+}
+
+// position is the highest position w may claim: its IDs at or below it are
+// finished, and its next ID comes from the sequence, above the head.
+func (w *remoteWriter) position(seq int64) int64 {
+	p := seq
+	for _, id := range w.inflight {
+		p = min(p, id-1)
+	}
+	return p
+}
+
+const (
+	modelNames = 4  // writer names besides the tracker's own
+	modelSteps = 60 // actions in one run
+)
+
+type trackerModel struct {
+	tr       *Tracker
+	self     WriterID // 0: the tracker is a reader's
+	seq      int64    // the sequence head
+	owner    map[int64]WriterID
+	finished map[int64]bool
+	done     []int64 // finished IDs in order, to draw from
+
+	pending    []Ticket // local allocations begun, awaiting their IDs
+	pendingIDs [][]int64
+	mine       []int64 // allocated locally, unfinished
+
+	// Every registration, in order. A sealed name may be claimed again
+	// under the same writer ID; writer IDs are 2..names+1.
+	remotes []*remoteWriter
+	names   int
+
+	refreshing bool  // the sequence was read, the registry not yet
+	refreshCap int64 // the sequence value that refresh read
+	cap        int64 // the last cap set
+
+	lastSelf, lastUpto int64
+}
+
+func newTrackerModel(self WriterID) *trackerModel {
+	m := &trackerModel{
+		self:     self,
+		owner:    map[int64]WriterID{},
+		finished: map[int64]bool{},
+		remotes:  []*remoteWriter{{id: 2, committed: true}},
+		names:    1,
+	}
+	m.tr = NewTracker(self, map[WriterID]int64{2: 0})
+	m.tr.SetCap(0)
+	return m
+}
+
+// modelAction is one step of the model. The weights favour what a writer
+// learned late needs to matter: writers registering and allocating,
+// refreshes lifting the cap, and the local writer often idle.
+type modelAction struct {
+	name   string
+	weight int
+	ok     func() bool // nil: always applies
+	run    func(*rapid.T)
+}
+
+func (m *trackerModel) markFinished(id int64) {
+	m.finished[id] = true
+	m.done = append(m.done, id)
+}
+
+// writers are the registrations for which ok holds.
+func (m *trackerModel) writers(ok func(*remoteWriter) bool) []*remoteWriter {
+	var ws []*remoteWriter
+	for _, w := range m.remotes {
+		if ok(w) {
+			ws = append(ws, w)
 		}
-		for _, id := range mine {
-			if _, err := tr.Finish(id); err != nil {
+	}
+	return ws
+}
+
+func (m *trackerModel) pick(t *rapid.T, ok func(*remoteWriter) bool) *remoteWriter {
+	ws := m.writers(ok)
+	return ws[rapid.IntRange(0, len(ws)-1).Draw(t, "writer")]
+}
+
+func (w *remoteWriter) live() bool        { return w.committed && !w.sealed }
+func (w *remoteWriter) isCommitted() bool { return w.committed }
+func (w *remoteWriter) busy() bool        { return len(w.inflight) > 0 }
+
+// latest is each name's last registration, committed or not.
+func (m *trackerModel) latest() []*remoteWriter {
+	last := make([]*remoteWriter, m.names)
+	for _, w := range m.remotes {
+		last[w.id-2] = w
+	}
+	return last
+}
+
+// freeNames are the names a writer may register as: a new one, or one
+// whose last registration was sealed.
+func (m *trackerModel) freeNames() []WriterID {
+	var free []WriterID
+	for _, w := range m.latest() {
+		if w.sealed {
+			free = append(free, w.id)
+		}
+	}
+	if m.names < modelNames {
+		free = append(free, WriterID(m.names+2))
+	}
+	return free
+}
+
+// readRegistry ends a refresh: every name's last committed registration at
+// its stored position, the sealed ones dropped (in any order, as Refresh
+// ranges over a map), then the cap lifted to the sequence value read first.
+func (m *trackerModel) readRegistry(t *rapid.T) {
+	last := make([]*remoteWriter, m.names)
+	for _, w := range m.remotes {
+		if w.committed {
+			last[w.id-2] = w
+		}
+	}
+	last = slices.DeleteFunc(last, func(w *remoteWriter) bool { return w == nil })
+	for _, w := range rapid.Permutation(last).Draw(t, "registry") {
+		m.tr.Observe(w.id, w.stored)
+		if w.sealed {
+			m.tr.RemoveWriter(w.id)
+		}
+	}
+	m.tr.SetCap(m.refreshCap)
+	m.cap, m.refreshing = m.refreshCap, false
+}
+
+// announce delivers a HELLO or POSITION from w: anything from its last
+// announced position up to its true one, which it may store too. From a
+// sealed writer it is one sent before the seal that arrives after it.
+func (m *trackerModel) announce(t *rapid.T, w *remoteWriter) {
+	if !w.sealed {
+		p := w.position(m.seq)
+		if rapid.Bool().Draw(t, "behind") {
+			p = rapid.Int64Range(w.announced, p).Draw(t, "pos")
+		}
+		w.announced = p
+		if rapid.Bool().Draw(t, "store") {
+			w.stored = max(w.stored, p)
+		}
+	}
+	m.tr.Observe(w.id, w.announced)
+}
+
+func (m *trackerModel) actions() []modelAction {
+	isWriter := func() bool { return m.self > 0 }
+	return []modelAction{
+		{"begin", 1, isWriter, func(t *rapid.T) {
+			tk := m.tr.BeginAlloc()
+			ids := make([]int64, rapid.IntRange(1, 3).Draw(t, "n"))
+			for i := range ids {
+				m.seq++
+				ids[i] = m.seq
+				m.owner[m.seq] = m.self
+			}
+			m.pending = append(m.pending, tk)
+			m.pendingIDs = append(m.pendingIDs, ids)
+		}},
+		{"record", 3, func() bool { return len(m.pending) > 0 }, func(t *rapid.T) {
+			i := rapid.IntRange(0, len(m.pending)-1).Draw(t, "i")
+			// What the sequence really returned always passes the check
+			// AllocQuery makes.
+			if err := m.tr.CheckAllocated(m.pending[i], m.pendingIDs[i]); err != nil {
+				t.Fatalf("genuine IDs %v refused: %v", m.pendingIDs[i], err)
+			}
+			m.tr.Allocated(m.pending[i], m.pendingIDs[i]...)
+			m.mine = append(m.mine, m.pendingIDs[i]...)
+			m.pending = slices.Delete(m.pending, i, i+1)
+			m.pendingIDs = slices.Delete(m.pendingIDs, i, i+1)
+		}},
+		// An AllocQuery statement returned, besides what it drew, an ID
+		// whose recording would be unsafe: at or below the local position
+		// (already announced past) or in flight for another allocation
+		// (whose Finish would let the position pass it). It must be
+		// refused; the ticket is aborted and the transaction rolled back,
+		// so the IDs it drew are finished without ever being recorded.
+		{"refuse", 1, func() bool { return len(m.pending) > 0 }, func(t *rapid.T) {
+			i := rapid.IntRange(0, len(m.pending)-1).Draw(t, "i")
+			unsafe := slices.Clone(m.mine)
+			for id := int64(0); id <= m.tr.SelfPosition(); id++ {
+				unsafe = append(unsafe, id)
+			}
+			bogus := rapid.SampledFrom(unsafe).Draw(t, "bogus")
+			got := append(slices.Clone(m.pendingIDs[i]), bogus)
+			slices.Sort(got)
+			if err := m.tr.CheckAllocated(m.pending[i], got); !errors.Is(err, ErrNotFromSequence) {
+				t.Fatalf("unsafe id %d with %v (position %d, in flight %v): %v, want ErrNotFromSequence",
+					bogus, m.pendingIDs[i], m.tr.SelfPosition(), m.mine, err)
+			}
+			m.tr.AbortAlloc(m.pending[i])
+			for _, id := range m.pendingIDs[i] {
+				m.markFinished(id)
+			}
+			m.pending = slices.Delete(m.pending, i, i+1)
+			m.pendingIDs = slices.Delete(m.pendingIDs, i, i+1)
+		}},
+		{"finish", 3, func() bool { return len(m.mine) > 0 }, func(t *rapid.T) {
+			i := rapid.IntRange(0, len(m.mine)-1).Draw(t, "i")
+			if _, err := m.tr.Finish(m.mine[i]); err != nil {
 				t.Fatal(err)
 			}
+			m.markFinished(m.mine[i])
+			m.mine = slices.Delete(m.mine, i, i+1)
+		}},
+		// A writer reads the sequence value as its starting position and
+		// commits its registration, at once or later; only then may it
+		// allocate, so its IDs lie above every cap read before the commit.
+		// Until a claim of a sealed name commits, the registry shows the
+		// name sealed.
+		{"register", 2, func() bool { return len(m.freeNames()) > 0 }, func(t *rapid.T) {
+			id := rapid.SampledFrom(m.freeNames()).Draw(t, "name")
+			if int(id-2) == m.names {
+				m.names++
+			}
+			m.remotes = append(m.remotes, &remoteWriter{
+				id: id, committed: rapid.Bool().Draw(t, "committed"), announced: m.seq, stored: m.seq,
+			})
+		}},
+		{"commit-registration", 1, func() bool { return len(m.writers(func(w *remoteWriter) bool { return !w.committed })) > 0 }, func(t *rapid.T) {
+			m.pick(t, func(w *remoteWriter) bool { return !w.committed }).committed = true
+		}},
+		{"remote-alloc", 3, func() bool { return len(m.writers((*remoteWriter).live)) > 0 }, func(t *rapid.T) {
+			w := m.pick(t, (*remoteWriter).live)
+			m.seq++
+			m.owner[m.seq] = w.id
+			w.inflight = append(w.inflight, m.seq)
+		}},
+		{"remote-finish", 1, func() bool { return len(m.writers((*remoteWriter).busy)) > 0 }, func(t *rapid.T) {
+			w := m.pick(t, (*remoteWriter).busy)
+			i := rapid.IntRange(0, len(w.inflight)-1).Draw(t, "i")
+			m.markFinished(w.inflight[i])
+			w.inflight = slices.Delete(w.inflight, i, i+1)
+		}},
+		{"announce", 1, nil, func(t *rapid.T) { m.announce(t, m.pick(t, (*remoteWriter).isCommitted)) }},
+		// The announce interval ticks: every writer sends a POSITION, and
+		// some of them are lost.
+		{"tick", 1, nil, func(t *rapid.T) {
+			for _, w := range m.writers((*remoteWriter).isCommitted) {
+				if rapid.Bool().Draw(t, "delivered") {
+					m.announce(t, w)
+				}
+			}
+		}},
+		// Sealing waits for the writer's transactions to end, fences out
+		// later ones and stores the sequence head as its final position.
+		{"seal", 1, func() bool { return len(m.writers((*remoteWriter).live)) > 0 }, func(t *rapid.T) {
+			w := m.pick(t, (*remoteWriter).live)
+			for _, id := range w.inflight {
+				m.markFinished(id)
+			}
+			w.inflight, w.sealed = nil, true
+			w.stored = max(w.stored, m.seq)
+		}},
+		// A refresh reads the sequence value, then (a step later, with
+		// anything in between) the registry.
+		{"refresh", 3, nil, func(t *rapid.T) {
+			if !m.refreshing {
+				m.refreshing, m.refreshCap = true, m.seq
+				return
+			}
+			m.readRegistry(t)
+		}},
+		// A row seen in a table or on the bus is persisted, whoever wrote it.
+		{"row-seen", 1, func() bool { return len(m.done) > 0 }, func(t *rapid.T) {
+			m.tr.ObservePersisted(rapid.SampledFrom(m.done).Draw(t, "id"))
+		}},
+	}
+}
+
+func (m *trackerModel) check(t *rapid.T) {
+	selfPos, upto := m.tr.SelfPosition(), m.tr.PersistedUpto()
+	if selfPos < m.lastSelf || upto < m.lastUpto {
+		t.Fatalf("went backwards: self %d->%d, upto %d->%d", m.lastSelf, selfPos, m.lastUpto, upto)
+	}
+	m.lastSelf, m.lastUpto = selfPos, upto
+	if upto > m.cap {
+		t.Fatalf("persisted-upto %d passed the cap %d", upto, m.cap)
+	}
+	for id := int64(1); id <= m.seq; id++ {
+		if m.self > 0 && m.owner[id] == m.self && id <= selfPos && !m.finished[id] {
+			t.Fatalf("own position %d passed unfinished id %d", selfPos, id)
 		}
-		theirs = nil
-		tr.Observe(other, seq)
-		if got := tr.PersistedUpto(); got != seq {
-			t.Fatalf("quiescent persisted-upto = %d, want sequence head %d", got, seq)
+		if id <= upto && !m.finished[id] {
+			t.Fatalf("persisted-upto %d passed unfinished id %d (writer %d)", upto, id, m.owner[id])
 		}
-	})
+	}
+}
+
+// quiesce checks liveness: once every allocation is recorded and finished,
+// every registration committed and stored at the head, and a refresh has
+// read it all, persisted-upto reaches the sequence head.
+func (m *trackerModel) quiesce(t *rapid.T) {
+	for i := range m.pending {
+		m.tr.Allocated(m.pending[i], m.pendingIDs[i]...)
+		m.mine = append(m.mine, m.pendingIDs[i]...)
+	}
+	for _, id := range m.mine {
+		if _, err := m.tr.Finish(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range m.remotes {
+		w.committed, w.inflight, w.stored = true, nil, m.seq
+	}
+	m.refreshCap = m.seq
+	m.readRegistry(t)
+	if got := m.tr.PersistedUpto(); got != m.seq {
+		t.Fatalf("quiescent persisted-upto = %d, want sequence head %d", got, m.seq)
+	}
 }
 
 func BenchmarkTrackerAllocFinish(b *testing.B) {
