@@ -28,10 +28,13 @@ build:
 demo: build
 	./bin/weft-demo -bin bin
 
+# staticcheck is pinned in go.mod (the tool directive): no network beyond
+# the module proxy, the same version everywhere.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
 
 # The benchmark harness: weft against raw Redis/PostgreSQL in one run,
 # median of 3; writes bench/results.json and regenerates BENCHMARKS.md.

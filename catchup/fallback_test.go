@@ -243,7 +243,6 @@ func TestSourceCooldown(t *testing.T) {
 	})
 	const st, cooldown = 300 * time.Millisecond, time.Second
 	c := newTestClient(t, ClientConfig{SourceTimeout: st, SourceCooldown: cooldown, Fallback: map[string]Source{"events": fb}})
-	failedAt := time.Now() // the cooldown starts after this
 	if _, _, err := fetchTimed(t, c, hs.URL, false, 0, maxID); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +280,7 @@ func TestSourceCooldown(t *testing.T) {
 	// Again, without the ephemeral page: the source is asked once the
 	// cooldown has passed.
 	hang.Store(true)
-	failedAt = time.Now()
+	failedAt := time.Now() // the cooldown starts after this
 	if _, _, err := fetchTimed(t, c, hs.URL, false, 0, maxID); err != nil || ch.n.Load() != 3 {
 		t.Fatalf("third page: %v, %d requests", err, ch.n.Load())
 	}

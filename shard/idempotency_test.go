@@ -101,7 +101,7 @@ func TestDedupKeyIsScoped(t *testing.T) {
 	if dedupKeyOf("ab", "c") == dedupKeyOf("a", "bc") {
 		t.Error("(ab, c) and (a, bc) share a dedup key")
 	}
-	if dedupKeyOf("a", "b") != dedupKeyOf("a", "b") {
+	if a, b := dedupKeyOf("a", "b"), dedupKeyOf("a", "b"); a != b {
 		t.Error("a dedup key is not deterministic")
 	}
 }

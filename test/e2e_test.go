@@ -78,7 +78,6 @@ func TestEndToEnd(t *testing.T) {
 
 	ctx := context.Background()
 	const messages, rooms = 2000, 50
-	type sent struct{ room, txn string }
 	var mu sync.Mutex
 	acked := map[string]event{} // txn -> the event the write returned
 	var wg sync.WaitGroup

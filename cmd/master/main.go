@@ -21,13 +21,12 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/weft-dev/weft/app"
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/rooms/server"
 )
 
 // flags are the configuration flags; a defined type, so kong parses them
 // without calling Config.Validate before we choose to.
-type flags instance.Config
+type flags server.Config
 
 type cli struct {
 	Version kong.VersionFlag `help:"Print the version and exit."`
@@ -52,14 +51,14 @@ func main() {
 
 func run(args []string, o out) int {
 	var c cli
-	parser, err := app.NewParser(&c, "master", "The weft master instance and operator commands. `master` alone runs the master; its flags are in `master run --help`.", kong.Vars{"default_name": "master"})
+	parser, err := server.NewParser(&c, "master", "The weft master instance and operator commands. `master` alone runs the master; its flags are in `master run --help`.", kong.Vars{"default_name": "master"})
 	if err != nil {
 		panic(err) // the grammar above is wrong
 	}
 	parser.Stdout, parser.Stderr = o.stdout, o.stderr
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		return app.UsageError(o.stderr, "master", err)
+		return server.UsageError(o.stderr, "master", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -70,7 +69,7 @@ func run(args []string, o out) int {
 		err = c.Check.run(ctx, o)
 	case "status":
 		if err = c.Status.validate(); err != nil {
-			return app.UsageError(o.stderr, "master status", err)
+			return server.UsageError(o.stderr, "master status", err)
 		}
 		err = c.Status.run(ctx, o)
 	default:
@@ -78,19 +77,19 @@ func run(args []string, o out) int {
 	}
 	if err != nil {
 		fmt.Fprintln(o.stderr, "master:", err)
-		return app.ExitFailure
+		return server.ExitFailure
 	}
-	return app.ExitOK
+	return server.ExitOK
 }
 
 func (r runCmd) run(ctx context.Context, o out) int {
-	cfg := instance.Config(r.Config)
+	cfg := server.Config(r.Config)
 	if err := cfg.Validate(); err != nil {
-		return app.UsageError(o.stderr, "master", err)
+		return server.UsageError(o.stderr, "master", err)
 	}
 	if r.CheckConfig {
 		fmt.Fprintln(o.stdout, "configuration ok")
-		return app.ExitOK
+		return server.ExitOK
 	}
-	return app.Main(ctx, cfg, app.RoleMaster)
+	return server.Main(ctx, cfg, server.RoleMaster)
 }

@@ -7,9 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft/app"
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/rooms"
+	"github.com/weft-dev/weft/rooms/server"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -17,7 +16,7 @@ import (
 var allStreams = []streams.Config{rooms.Events()}
 
 // databaseURL is the one flag migrate and check share with run (same
-// variable, same default as instance.Config).
+// variable, same default as server.Config).
 type databaseURL struct {
 	DatabaseURL string `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
 }
@@ -27,7 +26,7 @@ func (d databaseURL) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}
-	if err := app.PingDB(ctx, pool); err != nil {
+	if err := server.PingDB(ctx, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -46,9 +45,9 @@ func (c migrateCmd) run(ctx context.Context, o out) error {
 		return err
 	}
 	defer pool.Close()
-	cfg := instance.Config{LogFormat: c.LogFormat, LogLevel: c.LogLevel}
+	cfg := server.Config{LogFormat: c.LogFormat, LogLevel: c.LogLevel}
 	if err := rooms.Migrate(ctx, pool, cfg.LoggerTo(o.stderr)); err != nil {
-		return app.ExplainDBError(pool, err)
+		return server.ExplainDBError(pool, err)
 	}
 	fmt.Fprintln(o.stdout, "schema up to date")
 	return nil

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/weft-dev/weft/app"
+	"github.com/weft-dev/weft/rooms/server"
 )
 
 // statusCmd prints what a running instance's /status says, and what every
@@ -112,8 +112,8 @@ func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
 	return printCluster(w, c.URL, st, askPeers(ctx, st))
 }
 
-func fetchStatus(ctx context.Context, base string) ([]byte, app.Status, error) {
-	var st app.Status
+func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error) {
+	var st server.Status
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/status", nil)
@@ -140,12 +140,12 @@ func fetchStatus(ctx context.Context, base string) ([]byte, app.Status, error) {
 
 // peerStatus is what one live instance says about itself.
 type peerStatus struct {
-	st  app.Status
+	st  server.Status
 	err error
 }
 
 // askPeers asks every live peer of st for its own /status, at once.
-func askPeers(ctx context.Context, st app.Status) map[string]peerStatus {
+func askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
 	out := map[string]peerStatus{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -169,11 +169,11 @@ func askPeers(ctx context.Context, st app.Status) map[string]peerStatus {
 
 // printCluster writes the tables: every instance as it reports itself,
 // the views of the asked instance, and the writer registry.
-func printCluster(out io.Writer, asked string, st app.Status, peers map[string]peerStatus) error {
+func printCluster(out io.Writer, asked string, st server.Status, peers map[string]peerStatus) error {
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "asked %s: %s (%s), persisted-upto %d, token %s\n\n", asked, st.Instance, st.Role, st.PersistedUpto, st.Token)
 	fmt.Fprintln(w, "INSTANCE\tNAME\tROLE\tREADY\tDEGRADED\tMAX LAG\tQUEUE\tPERSISTED-UPTO\tVERSION\tURL")
-	row := func(s app.Status) {
+	row := func(s server.Status) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Instance, s.Name, s.Role, yesNo(s.Ready), yesNo(s.Degraded),
 			maxLag(s), queueDepth(s), s.PersistedUpto, s.Version, s.URL)
 	}
@@ -210,7 +210,7 @@ func printCluster(out io.Writer, asked string, st app.Status, peers map[string]p
 	return w.Flush()
 }
 
-func maxLag(s app.Status) int64 {
+func maxLag(s server.Status) int64 {
 	var m int64
 	for _, v := range s.Streams {
 		m = max(m, v.Lag)
@@ -218,7 +218,7 @@ func maxLag(s app.Status) int64 {
 	return m
 }
 
-func queueDepth(s app.Status) int {
+func queueDepth(s server.Status) int {
 	n := 0
 	for _, d := range s.QueueDepth {
 		n += d

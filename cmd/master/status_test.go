@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/weft-dev/weft/app"
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/rooms/server"
 )
 
 func TestDefaultStatusURL(t *testing.T) {
@@ -27,8 +27,8 @@ func TestDefaultStatusURL(t *testing.T) {
 // The table has a row per instance: the asked one and each peer as it
 // reports itself, or why it could not be asked.
 func TestPrintCluster(t *testing.T) {
-	st := app.Status{Instance: "master-aaaaaaaa", Name: "master", Role: "master", Ready: true, Version: "v1", URL: "http://m",
-		Streams:    []app.StreamView{{Stream: "events", Writer: "persister1", Instance: "persister1-bbbbbbbb", Position: 7, Announced: 9, Lag: 2, Catching: true}},
+	st := server.Status{Instance: "master-aaaaaaaa", Name: "master", Role: "master", Ready: true, Version: "v1", URL: "http://m",
+		Streams:    []server.StreamView{{Stream: "events", Writer: "persister1", Instance: "persister1-bbbbbbbb", Position: 7, Announced: 9, Lag: 2, Catching: true}},
 		QueueDepth: map[string]int{"typing": 1},
 		Peers: map[string]fabric.Peer{
 			"persister1-bbbbbbbb": {Name: "persister1", Role: "worker", URL: "http://p1"},
@@ -36,8 +36,8 @@ func TestPrintCluster(t *testing.T) {
 			"odd-dddddddd":        {Name: "odd", Role: "worker"},
 		}}
 	peers := map[string]peerStatus{
-		"persister1-bbbbbbbb": {st: app.Status{Instance: "persister1-bbbbbbbb", Name: "persister1", Role: "worker", Degraded: true,
-			Streams: []app.StreamView{{Lag: 4}}, QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1"}},
+		"persister1-bbbbbbbb": {st: server.Status{Instance: "persister1-bbbbbbbb", Name: "persister1", Role: "worker", Degraded: true,
+			Streams: []server.StreamView{{Lag: 4}}, QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1"}},
 		"sync1-cccccccc": {err: errors.New("Get: dial: connection refused")},
 	}
 	var b bytes.Buffer
@@ -72,7 +72,7 @@ func TestRunUsageErrors(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		code := run(args, out{&stdout, &stderr})
 		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-		if code != app.ExitUsage || len(lines) != 1 || !strings.Contains(lines[0], "(try 'master") || stdout.Len() != 0 {
+		if code != server.ExitUsage || len(lines) != 1 || !strings.Contains(lines[0], "(try 'master") || stdout.Len() != 0 {
 			t.Errorf("master %q: status %d, stderr %q, stdout %q", args, code, stderr.String(), stdout.String())
 		}
 	}

@@ -16,13 +16,12 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/weft-dev/weft/app"
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/rooms/server"
 )
 
 // flags are the configuration flags; a defined type, so kong parses them
 // without calling Config.Validate before we choose to.
-type flags instance.Config
+type flags server.Config
 
 type cli struct {
 	Config      flags            `embed:""`
@@ -36,23 +35,23 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	var c cli
-	parser, err := app.NewParser(&c, "worker", "A weft worker instance.", kong.Vars{"default_name": "worker"})
+	parser, err := server.NewParser(&c, "worker", "A weft worker instance.", kong.Vars{"default_name": "worker"})
 	if err != nil {
 		panic(err) // the grammar above is wrong
 	}
 	parser.Stdout, parser.Stderr = stdout, stderr
 	if _, err := parser.Parse(args); err != nil {
-		return app.UsageError(stderr, "worker", err)
+		return server.UsageError(stderr, "worker", err)
 	}
-	cfg := instance.Config(c.Config)
+	cfg := server.Config(c.Config)
 	if err := cfg.Validate(); err != nil {
-		return app.UsageError(stderr, "worker", err)
+		return server.UsageError(stderr, "worker", err)
 	}
 	if c.CheckConfig {
 		fmt.Fprintln(stdout, "configuration ok")
-		return app.ExitOK
+		return server.ExitOK
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return app.Main(ctx, cfg, app.RoleWorker)
+	return server.Main(ctx, cfg, server.RoleWorker)
 }

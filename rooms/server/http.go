@@ -1,4 +1,4 @@
-package app
+package server
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 
 // newShardServer is the owner end for one kind of sharded work; nil when
 // this instance owns none of it.
-func newShardServer(self string, holds func() bool, m *instance.ShardMap, q *shard.Queue, cfg instance.Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
+func newShardServer(self string, holds func() bool, m *instance.ShardMap, q *shard.Queue, cfg Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
 	if q == nil {
 		return nil, nil
 	}

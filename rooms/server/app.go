@@ -1,9 +1,11 @@
-// Package app assembles one weft instance from the library: the database
+// Package server runs one instance of the rooms service, the binaries'
+// workload: its configuration (flags and environment) and the assembly of
+// the library around it: the database
 // pool and migrations, the events stream's generator and writer lease, the
 // fabric node, catch-up, sharded work, the rooms workload, and the HTTP
 // server with metrics, health and status. cmd/master and cmd/worker only
 // parse configuration and call Run.
-package app
+package server
 
 import (
 	"context"
@@ -65,7 +67,7 @@ const waitingLogEvery = 10 * time.Second
 // once the HTTP server listens, which it does from the start: a process
 // waiting for its writer name answers /healthz and says on /readyz and
 // /status what it waits for.
-func Run(ctx context.Context, cfg instance.Config, role string, ready func(addr string)) error {
+func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -111,7 +113,7 @@ func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // runner is one instance's run: what it built, to stop it in order.
 type runner struct {
-	cfg     instance.Config
+	cfg     Config
 	role    string
 	inst    string
 	log     *slog.Logger
@@ -407,7 +409,7 @@ func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
 // inside a transaction for half its lease: a writer paused mid-transaction
 // (SIGSTOP, a VM freeze) otherwise holds the lock its seal waits for, and
 // persisted-upto stays stuck behind it for as long as the pause lasts.
-func openPool(ctx context.Context, cfg instance.Config) (*pgxpool.Pool, error) {
+func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("app: --database-url: %w", err)

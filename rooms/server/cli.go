@@ -1,4 +1,4 @@
-package app
+package server
 
 import (
 	"context"
@@ -8,8 +8,6 @@ import (
 	"maps"
 
 	"github.com/alecthomas/kong"
-
-	"github.com/weft-dev/weft/instance"
 )
 
 // Exit statuses of the binaries, one convention for both.
@@ -48,7 +46,7 @@ func UsageError(w io.Writer, name string, err error) int {
 // Main runs an instance as the binaries do and returns the exit status. A
 // failure is logged at ERROR, in the configured format, as the last line.
 // cfg must have passed Validate (a bad setting is a usage error).
-func Main(ctx context.Context, cfg instance.Config, role string) int {
+func Main(ctx context.Context, cfg Config, role string) int {
 	err := Run(ctx, cfg, role, nil)
 	switch {
 	case err == nil:

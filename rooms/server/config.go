@@ -1,4 +1,4 @@
-package instance
+package server
 
 import (
 	"fmt"
@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/weft-dev/weft/instance"
 )
 
 // Config is what every weft process is configured with: each field is a
@@ -72,7 +74,7 @@ func (c *Config) Validate() error {
 			return bad("advertise-url", "WEFT_ADVERTISE_URL", "%q: want http(s)://host:port", c.AdvertiseURL)
 		}
 	}
-	if err := ValidName(c.Name); err != nil {
+	if err := instance.ValidName(c.Name); err != nil {
 		return bad("name", "WEFT_NAME", "%v", err)
 	}
 	if c.Secret == "" && !c.Insecure {
@@ -81,10 +83,10 @@ func (c *Config) Validate() error {
 	if len(c.EventWriters) == 0 {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")
 	}
-	if _, err := NewShardMap(c.EventWriters); err != nil {
+	if _, err := instance.NewShardMap(c.EventWriters); err != nil {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "%v", err)
 	}
-	if err := ValidName(c.TypingWriter); err != nil {
+	if err := instance.ValidName(c.TypingWriter); err != nil {
 		return bad("typing-writer", "WEFT_TYPING_WRITER", "%v", err)
 	}
 	if c.AnnounceInterval < 50*time.Millisecond {

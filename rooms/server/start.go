@@ -1,15 +1,13 @@
-package app
+package server
 
 import (
 	"log/slog"
-
-	"github.com/weft-dev/weft/instance"
 )
 
 // logStart is the first line of every instance: which build, in which
 // role, and the warnings about its configuration an operator must see
 // before anything else (the libraries warn about a short secret).
-func logStart(log *slog.Logger, cfg instance.Config, role string) {
+func logStart(log *slog.Logger, cfg Config, role string) {
 	b := Build()
 	log.Info("starting", "role", role, "name", cfg.Name, "version", b.Version, "revision", b.Revision, "go", b.GoVersion,
 		"http", cfg.HTTPAddr, "cluster", cfg.Cluster)

@@ -1,4 +1,4 @@
-package app
+package server
 
 import (
 	"context"
@@ -11,14 +11,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/streams"
 )
 
 // statusPage serves /readyz and /status.
 type statusPage struct {
-	cfg    instance.Config
+	cfg    Config
 	inst   string
 	role   string
 	node   *fabric.Node
@@ -141,7 +140,7 @@ func (w WaitingStatus) String() string {
 // waitingPage is what the HTTP server answers until the instance holds its
 // writer name and runs: alive, not ready, and saying why.
 type waitingPage struct {
-	cfg  instance.Config
+	cfg  Config
 	inst string
 	role string
 
