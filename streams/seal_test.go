@@ -236,6 +236,26 @@ func startLeaseChild(t *testing.T, url, instance string, ttl time.Duration) *lea
 	return c
 }
 
+// awaitRows waits until the process committed n rows. It fails at once,
+// with the process's output, if the process ends first. The tests start
+// their sealing loop only after this: on a loaded machine a heartbeat
+// may come late while the process starts, and a seal then would be the
+// lease working, not the event under test.
+func (c *leaseChild) awaitRows(t *testing.T, db streams.DB, n int) {
+	t.Helper()
+	testenv.WaitFor(t, 60*time.Second, func() error {
+		select {
+		case <-c.done:
+			t.Fatalf("writer process ended (%v) before writing %d rows; output:\n%s", c.err, n, c.out)
+		default:
+		}
+		if got, _ := ledgerRows(t, db, "persister1"); got < n {
+			return fmt.Errorf("the writer process wrote %d of %d rows", got, n)
+		}
+		return nil
+	})
+}
+
 func (c *leaseChild) wait(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	select {
@@ -276,12 +296,9 @@ func TestKilledWriterIsSealed(t *testing.T) {
 	ctx := context.Background()
 	const ttl = time.Second
 	reader := open(t, pool, ledgerCfg, "")
-	sealed := sealLoop(t, pool)
 	c := startLeaseChild(t, url, "child-killed", ttl)
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		n, _ := ledgerRows(t, pool, "persister1")
-		return n >= 200
-	}, "the writer process wrote fewer than 200 rows")
+	c.awaitRows(t, pool, 200)
+	sealed := sealLoop(t, pool)
 
 	// While it lives, its stored position is where it registered: readers
 	// cannot pass it, however much it has committed.
@@ -342,12 +359,9 @@ func TestKilledWriterIsSealed(t *testing.T) {
 func TestStoppedWriterProcessIsFenced(t *testing.T) {
 	pool, url := leaseSetup(t)
 	const ttl = time.Second
-	sealed := sealLoop(t, pool)
 	c := startLeaseChild(t, url, "child-stopped", ttl)
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		n, _ := ledgerRows(t, pool, "persister1")
-		return n >= 100
-	}, "the writer process wrote fewer than 100 rows")
+	c.awaitRows(t, pool, 100)
+	sealed := sealLoop(t, pool)
 	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
