@@ -10,8 +10,14 @@ BENCHTIME ?= 1s
 
 # The chaos suite's short scenarios run in here; the binary-running tests
 # need more than go test's default 10 minutes per package on 2 cores.
+# ./test (whole clusters of the real binaries, with time bounds on
+# failover and visibility) runs alone, after the other packages: on 2
+# cores, sharing them with the race-built unit tests measured the
+# machine, not weft.
+E2E       ?= ./test
 test:
-	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -vx 'github.com/weft-dev/weft/test')
+	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(E2E)
 	$(GO) test -count=1 -run '^TestAllocs$$' ./fabric/wire/ # skipped under -race
 	$(GO) test -count=1 -run '^TestServerHeapBounded$$' ./shard/ # skipped under -race
 
