@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
@@ -431,5 +433,43 @@ func TestNodeWaitForToken(t *testing.T) {
 	bad := streams.NewToken(0, map[streams.WriterID]int64{999: 1})
 	if err := reader.node.WaitForToken(ctx, "events", bad); err == nil || !strings.Contains(err.Error(), "unknown") {
 		t.Fatalf("a token naming writer 999: %v, want an error", err)
+	}
+}
+
+// Holes (IDs a writer allocated and wrote no row at: a retried request it
+// found already written, a rolled-back write) cost readers nothing: the
+// heartbeat that comes before a hole is announced says "nothing up to
+// here", not "fetch up to here". Heartbeats every 20 ms against a 1 s
+// announce interval put one before nearly every hole.
+func TestNodeHolesCostNoCatchup(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	often := func(c *Config) { c.HeartbeatInterval, c.AnnounceInterval = 20*time.Millisecond, time.Second }
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{tune: often})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: often})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+	before := metricSum(reader.node.m.gaps)
+
+	ctx := context.Background()
+	for i := range 20 {
+		if _, err := w.write(ctx, pool, i); err != nil {
+			t.Fatal(err)
+		}
+		// A hole: the ID is allocated and finished without a row.
+		if _, err := w.w.Write(ctx, 1, func(context.Context, pgx.Tx, []int64) ([]json.RawMessage, error) {
+			return []json.RawMessage{nil}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		head := w.gen.Position()
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			return reader.node.View(core.Key{Stream: "events", Writer: "persister1"}) >= head
+		}, "reader not past the hole at %d", head)
+	}
+	if gaps := metricSum(reader.node.m.gaps) - before; gaps != 0 {
+		t.Fatalf("%v catch-ups for 20 holes, want none", gaps)
+	}
+	if n := len(reader.rec.Positions(core.Key{Stream: "events", Writer: "persister1"})); n != 20 {
+		t.Fatalf("reader applied %d rows, want 20", n)
 	}
 }

@@ -113,11 +113,14 @@ func (c *Core) announce(o *ownStream) {
 	o.sent, o.dirty = o.pos, false
 }
 
-// answerReplicate sends "POSITION s me pos pos" for every stream written:
-// any reader behind pos fetches what it is missing.
+// answerReplicate sends "POSITION s me sent pos" for every stream
+// written: a reader behind sent (the last position published) missed a
+// line and fetches up to it; the IDs above sent and up to pos carry no row
+// (every row at or below pos has gone out), so a reader at sent passes
+// over them. Saying "pos pos" would make every reader fetch that hole.
 func (c *Core) answerReplicate() {
 	for _, o := range c.ownList {
-		c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: o.pos, Pos: o.pos}})
+		c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: o.sent, Pos: o.pos}})
 		o.sent, o.dirty = o.pos, false
 	}
 }
