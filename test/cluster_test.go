@@ -115,8 +115,14 @@ func (c *cluster) stopAll() {
 	}
 	wg.Wait()
 	if c.t.Failed() {
+		// WEFT_TEST_LOGS=dir keeps every instance's whole log there.
+		keep := os.Getenv("WEFT_TEST_LOGS")
 		for name := range c.procs {
 			data, _ := os.ReadFile(filepath.Join(c.dir, name+".log"))
+			if keep != "" {
+				_ = os.MkdirAll(keep, 0o755)
+				_ = os.WriteFile(filepath.Join(keep, c.t.Name()+"-"+name+".log"), data, 0o644)
+			}
 			lines := strings.Split(string(data), "\n")
 			c.t.Logf("--- %s log (last 40 lines):\n%s", name, strings.Join(lines[max(0, len(lines)-40):], "\n"))
 		}
