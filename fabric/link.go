@@ -191,6 +191,7 @@ type link struct {
 	sub   *redis.Client // pub/sub connections only
 	pub   *redis.Client // one connection, so PUBLISHes stay in order
 	queue chan string
+	kick  chan struct{} // asks serve for a PING now (pingNow)
 
 	running atomic.Bool
 
@@ -249,7 +250,18 @@ func newLink(cfg linkConfig) (*link, error) {
 		sub:   redis.NewClient(&subOpt),
 		pub:   redis.NewClient(&pubOpt),
 		queue: make(chan string, cfg.PublishQueue),
+		kick:  make(chan struct{}, 1),
 	}, nil
+}
+
+// pingNow asks for a PING ahead of the interval: after a stall, its PONG
+// proves the backlog was read, and readiness need not wait a whole
+// PingInterval for the next one.
+func (l *link) pingNow() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
 }
 
 // close closes the Redis clients; call it after run returned.
@@ -481,6 +493,12 @@ func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.Wa
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+
+		case <-l.kick:
+			select {
+			case c.pings <- struct{}{}:
+			default:
+			}
 
 		case <-ticker.C:
 			select {

@@ -177,20 +177,21 @@ func (c *Config) Validate() error {
 
 // Node is one instance's end of the fabric.
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	core    *core.Core
-	link    *link
-	notify  *notifier
-	m       *metrics
-	codec   *wire.Codec
-	env     *envelope
-	channel string
-	gens    map[string]*streams.Generator
-	in      chan input
-	tasks   sync.WaitGroup
-	ready   atomic.Bool
-	est     atomic.Bool
+	cfg      Config
+	log      *slog.Logger
+	core     *core.Core
+	link     *link
+	notify   *notifier
+	m        *metrics
+	codec    *wire.Codec
+	env      *envelope
+	channel  string
+	gens     map[string]*streams.Generator
+	in       chan input
+	tasks    sync.WaitGroup
+	ready    atomic.Bool
+	readyWhy atomic.Pointer[string] // the core's NotReady when ready is false
+	est      atomic.Bool
 	// Freshness, as offsets from born (monotonic): when the PING was sent
 	// whose PONG the loop handled last, and when the process last came
 	// back from a stall (SIGSTOP, a VM freeze). Ready needs a PONG sent
@@ -861,6 +862,10 @@ func (n *Node) checkFresh() {
 func (n *Node) updateReady() {
 	n.otherHolders.Store(int64(n.core.OtherHolders()))
 	r := n.core.Ready()
+	if !r {
+		why := n.core.NotReady()
+		n.readyWhy.Store(&why)
+	}
 	if n.ready.Swap(r) != r {
 		n.m.ready.Set(b2f(r))
 	}

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -12,28 +13,44 @@ import (
 // established and caught up, with a fresh PING; or, in degraded mode (the
 // connection, once established, is lost or being established again),
 // caught up with the writer positions PostgreSQL held a moment ago.
-func (n *Node) Ready() bool {
+func (n *Node) Ready() bool { return n.NotReady() == "" }
+
+// NotReady says why the node is not ready, in words for an operator (the
+// /readyz body, Status.NotReady), or "" if it is ready.
+func (n *Node) NotReady() string {
 	// A request served right after a stall may run before the watchdog
 	// has noticed it: a late tick is a stall in progress.
 	now := time.Since(n.born)
-	if now-time.Duration(n.tickAt.Load()) > stallGap {
-		return false
+	if late := now - time.Duration(n.tickAt.Load()); late > stallGap {
+		return fmt.Sprintf("the process has not run for %v (stalled)", late.Round(time.Millisecond))
 	}
 	if n.deaf(now) {
-		return false
+		return "every line of the other instances is refused: is the secret the same everywhere?"
 	}
 	stalled := n.stalledAt.Load()
-	if n.ready.Load() {
-		fresh := n.freshAt.Load()
-		if fresh > stalled && now-time.Duration(fresh) < n.freshMax {
-			return true
+	fresh := n.freshAt.Load()
+	why := ""
+	switch {
+	case !n.ready.Load():
+		why = "not established"
+		if p := n.readyWhy.Load(); p != nil {
+			why = *p
 		}
+	case fresh <= stalled:
+		why = "the process stalled; waiting for the link to answer a PING sent since"
+	case now-time.Duration(fresh) >= n.freshMax:
+		why = fmt.Sprintf("the link answered no PING for %v", (now - time.Duration(fresh)).Round(time.Millisecond))
+	default:
+		return ""
 	}
 	if !n.degraded() || n.cfg.DegradedFreshness < 0 {
-		return false
+		return why
 	}
 	db := n.dbFresh.Load()
-	return db > stalled && now-time.Duration(db) < n.cfg.DegradedFreshness
+	if db > stalled && now-time.Duration(db) < n.cfg.DegradedFreshness {
+		return ""
+	}
+	return fmt.Sprintf("degraded (%s), and not caught up with the positions PostgreSQL held within %v", why, n.cfg.DegradedFreshness)
 }
 
 // degraded reports that the connection was established once and is not
@@ -61,12 +78,19 @@ func (n *Node) watchStalls(ctx context.Context) {
 			now := time.Now()
 			n.tickAt.Store(int64(now.Sub(n.born)))
 			if gap := now.Sub(last); gap > stallGap {
-				n.stalledAt.Store(int64(now.Sub(n.born)))
+				n.stalled(now)
 				n.log.Warn("fabric: the process stalled; not ready until the link answers a fresh PING", "stall", gap.Round(time.Millisecond))
 			}
 			last = now
 		}
 	}
+}
+
+// stalled records a stall that ended at now and asks for a PING at once:
+// readiness returns with its PONG, not a PingInterval later.
+func (n *Node) stalled(now time.Time) {
+	n.stalledAt.Store(int64(now.Sub(n.born)))
+	n.link.pingNow()
 }
 
 // deaf reports that this node refuses every other instance's lines while

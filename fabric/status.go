@@ -17,11 +17,13 @@ type Status struct {
 	Degraded bool `json:"degraded"`
 	// Deaf: lines of other instances arrive and none can be opened (a
 	// secret differs, or one side runs without): not ready.
-	Deaf   bool             `json:"deaf"`
-	Views  []core.ViewInfo  `json:"views"`
-	Peers  map[string]Peer  `json:"peers"`
-	Link   linkStats        `json:"link"`
-	Writes map[string]int64 `json:"writes"`
+	Deaf bool `json:"deaf"`
+	// NotReady says why Ready is false ("" when ready).
+	NotReady string           `json:"not_ready,omitempty"`
+	Views    []core.ViewInfo  `json:"views"`
+	Peers    map[string]Peer  `json:"peers"`
+	Link     linkStats        `json:"link"`
+	Writes   map[string]int64 `json:"writes"`
 }
 
 // Peer is a live instance: heard from within the peer timeout.
@@ -43,12 +45,15 @@ func (n *Node) Status() Status {
 	// snapshot from before a stall, or from before the backlog after it,
 	// must not pair stale views with a live "ready".
 	st := *n.status.Load()
-	st.Ready = st.Ready && n.Ready()
+	if why := n.NotReady(); why != "" {
+		st.Ready, st.NotReady = false, why
+	}
 	return st
 }
 
 func (n *Node) publishStatus() {
-	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: n.Ready(), Degraded: n.degraded(),
+	why := n.NotReady()
+	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: why == "", NotReady: why, Degraded: n.degraded(),
 		Deaf:  n.deaf(time.Since(n.born)),
 		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
 	n.m.degraded.Set(b2f(s.Degraded))

@@ -180,8 +180,9 @@ type statusDoc struct {
 	Peers         map[string]struct {
 		Name string `json:"name"`
 	} `json:"peers"`
-	Established bool `json:"established"`
-	Degraded    bool `json:"degraded"`
+	Established bool   `json:"established"`
+	Degraded    bool   `json:"degraded"`
+	NotReady    string `json:"not_ready"`
 	Streams     []struct {
 		Stream   string `json:"stream"`
 		Writer   string `json:"writer"`
@@ -217,14 +218,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 		v.lastPuto = max(v.lastPuto, st.PersistedUpto)
 		if !st.Ready {
 			v.notReady = append(v.notReady, began)
-			catching := 0
-			for _, s := range st.Streams {
-				if s.Catching {
-					catching++
-				}
-			}
-			v.notReadyWhy = append(v.notReadyWhy, fmt.Sprintf("%s at %s: established=%v degraded=%v catching=%d",
-				st.Instance, began.Format("15:04:05.000"), st.Established, st.Degraded, catching))
+			v.notReadyWhy = append(v.notReadyWhy, fmt.Sprintf("%s at %s: %s", st.Instance, began.Format("15:04:05.000"), st.NotReady))
 		}
 		if st.Ready {
 			v.readySamples++

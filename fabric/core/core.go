@@ -188,6 +188,7 @@ type view struct {
 	storedSince time.Time
 
 	catching bool   // catching up to `to`
+	why      string // what started the catch-up: a gap cause, "gone", "overflow"
 	to       int64  // fetch target
 	fetchID  uint64 // the fetch in flight, 0 when waiting to retry
 	attempt  int
@@ -395,6 +396,21 @@ func (c *Core) Ready() bool {
 		}
 	}
 	return true
+}
+
+// NotReady says why the core is not ready, or "" if it is: not
+// established, or the first writer (by key) catching up. Ready is the
+// cheap test made on every input; this is for when it said no.
+func (c *Core) NotReady() string {
+	if !c.established {
+		return "not established"
+	}
+	for _, k := range c.sortedKeys() {
+		if v := c.views[k]; v.catching {
+			return fmt.Sprintf("catching up %s/%s from %d to %d (%s)", k.Stream, k.Writer, v.pos, v.to, v.why)
+		}
+	}
+	return ""
 }
 
 // View is the delivered position of k and whether it is catching up.

@@ -66,7 +66,7 @@ func (c *Core) receiveData(cmd wire.Command, stream, writer string, pos int64, i
 		return
 	}
 	v.announced = max(v.announced, pos)
-	c.handle(v, cmd)
+	c.handle(v, cmd, "")
 }
 
 // sealed treats a sealed writer's final position like "POSITION s w pos
@@ -96,7 +96,7 @@ func (c *Core) sealed(cmd *wire.Sealed) {
 		v.instance, v.awaited, v.suspect = "", false, false
 	}
 	v.announced = max(v.announced, cmd.Pos)
-	c.handle(v, &wire.Position{Stream: cmd.Stream, Writer: cmd.Writer, Prev: cmd.Pos, Pos: cmd.Pos})
+	c.handle(v, &wire.Position{Stream: cmd.Stream, Writer: cmd.Writer, Prev: cmd.Pos, Pos: cmd.Pos}, "sealed")
 }
 
 // Stored is a durable writer's position as the database has it (stored by
@@ -138,7 +138,7 @@ func (c *Core) applyStored(v *view, pos int64) {
 	v.stored, v.storedSince = 0, time.Time{}
 	if pos > v.announced {
 		v.announced = pos
-		c.handle(v, &wire.Position{Stream: v.key.Stream, Writer: v.instance, Prev: pos, Pos: pos})
+		c.handle(v, &wire.Position{Stream: v.key.Stream, Writer: v.instance, Prev: pos, Pos: pos}, "stored")
 	}
 }
 
@@ -167,8 +167,10 @@ func (c *Core) AnnounceSealed(stream, writer string, pos int64) []Action {
 	return c.flush()
 }
 
-// handle applies the reader rule to one data command of v's writer.
-func (c *Core) handle(v *view, cmd wire.Command) {
+// handle applies the reader rule to one data command of v's writer. A
+// gap it opens is counted under cause, or, for "", under the command's
+// kind ("position", "rdata").
+func (c *Core) handle(v *view, cmd wire.Command, cause string) {
 	var prev, pos int64
 	var rd *wire.RData
 	switch cmd := cmd.(type) {
@@ -190,13 +192,16 @@ func (c *Core) handle(v *view, cmd wire.Command) {
 		return
 	}
 	if prev > v.pos {
-		cause := "position"
-		if rd != nil {
+		switch {
+		case cause != "":
+		case rd != nil:
 			cause = "rdata"
+		default:
+			cause = "position"
 		}
 		c.note(NoteGap, v.key.Stream, cause)
 		c.buffer(v, cmd, pos)
-		c.startFetch(v, prev)
+		c.startFetch(v, prev, cause)
 		return
 	}
 	if rd != nil {
@@ -245,7 +250,12 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-func (c *Core) startFetch(v *view, to int64) {
+// startFetch starts catching v up to to, for the reason why (a gap's
+// cause; "gone", "overflow"), which NotReady shows.
+func (c *Core) startFetch(v *view, to int64, why string) {
+	if !v.catching {
+		v.why = why
+	}
 	v.catching = true
 	v.to = max(to, v.pos)
 	if v.fetchID == 0 && !c.now.Before(v.retryAt) {
@@ -294,7 +304,7 @@ func (c *Core) FetchDone(r FetchResult) []Action {
 		}
 		if announced > 0 {
 			v.announced = announced
-			c.startFetch(v, announced)
+			c.startFetch(v, announced, "gone")
 		}
 	case r.Upto > v.pos:
 		v.pos = min(r.Upto, v.to)
@@ -329,14 +339,14 @@ func (c *Core) drain(v *view) {
 	buf, overflow := v.buf, v.overflow
 	v.buf, v.overflow = nil, false
 	for _, cmd := range buf {
-		c.handle(v, cmd)
+		c.handle(v, cmd, "")
 	}
 	switch {
 	case v.catching:
 		v.overflow = v.overflow || overflow
 	case v.announced > v.pos:
 		c.note(NoteGap, v.key.Stream, "overflow")
-		c.startFetch(v, v.announced)
+		c.startFetch(v, v.announced, "overflow")
 	}
 }
 

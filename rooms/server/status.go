@@ -27,11 +27,7 @@ type statusPage struct {
 }
 
 func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
-	if !s.node.Ready() {
-		why := "not established or catching up"
-		if s.node.Status().Deaf {
-			why = "every line of the other instances is refused: is --secret the same everywhere?"
-		}
+	if why := s.node.NotReady(); why != "" {
 		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 		return
 	}
@@ -58,7 +54,9 @@ type Status struct {
 	Degraded bool `json:"degraded"`
 	// Deaf: every line of the other instances is refused unopened (its
 	// --secret differs from theirs): not ready.
-	Deaf          bool                   `json:"deaf"`
+	Deaf bool `json:"deaf"`
+	// NotReady says why Ready is false, for an operator.
+	NotReady      string                 `json:"not_ready,omitempty"`
 	PersistedUpto int64                  `json:"persisted_upto"`
 	Token         string                 `json:"token"`
 	Streams       []StreamView           `json:"streams"`
@@ -93,7 +91,7 @@ type WriterStatus struct {
 func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
 	ns := s.node.Status()
 	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
-		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
+		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: ns.NotReady, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
 		Peers: ns.Peers, QueueDepth: map[string]int{}}
 	for _, v := range ns.Views {
 		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
