@@ -18,6 +18,7 @@ import (
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Client defaults.
@@ -170,14 +171,8 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	cfg.PerSourceLimit = cmp(cfg.PerSourceLimit, DefaultPerSourceLimit)
 	cfg.Limit = cmp(cfg.Limit, DefaultLimit)
 	cfg.MaxResponseBytes = cmp(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	c := &Client{cfg: cfg, log: log, m: newClientMetrics(reg), hc: cfg.HTTPClient, sems: map[string]*sourceSem{},
 		cool: newExpiring(maxExpiring), warned: newExpiring(maxExpiring)}
 	if c.hc == nil {

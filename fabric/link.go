@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/backoff"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Defaults of linkConfig, used for its zero fields.
@@ -134,9 +135,7 @@ func (c linkConfig) withDefaults() linkConfig {
 	if c.QueueBytes == 0 {
 		c.QueueBytes = defaultQueueBytes
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = telemetry.Logger(c.Logger)
 	if c.OnAttempt == nil {
 		c.OnAttempt = func() {}
 	}

@@ -5,18 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/internal/telemetry"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -146,14 +145,8 @@ func New(cfg Config) (*Node, error) {
 	if cfg.DegradedFreshness == 0 {
 		cfg.DegradedFreshness = max(3*cfg.AnnounceInterval, time.Second)
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: metrics: %w", err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Forwarder defaults.
@@ -147,14 +148,8 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	}
 	cfg.Retries = positive(cfg.Retries, DefaultForwardRetries)
 	cfg.Timeout = positive(cfg.Timeout, DefaultForwardTimeout)
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	f := &Forwarder{cfg: cfg, log: log, m: newForwarderMetrics(reg), hc: cfg.HTTPClient}
 	if f.hc == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
