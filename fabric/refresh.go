@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/loop"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -16,16 +17,10 @@ import (
 // housekeeping refreshes each durable stream's writer registry and stores
 // this instance's writer positions, at the announce pace.
 func (n *Node) housekeeping(ctx context.Context) {
-	t := time.NewTicker(n.cfg.AnnounceInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = loop.Every(ctx, n.cfg.AnnounceInterval, func(ctx context.Context) error {
 		n.refreshAll(ctx)
-	}
+		return nil
+	})
 }
 
 // refreshAll reads the writer registry (holders and their epochs), re-reads
