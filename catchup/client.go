@@ -31,14 +31,6 @@ const (
 	DefaultMaxResponseBytes = 256 << 20
 )
 
-// cmp returns v, or def when v is not positive.
-func cmp[T time.Duration | float64 | int | int64](v, def T) T {
-	if v <= 0 {
-		return def
-	}
-	return v
-}
-
 // ClientConfig configures a Client. Zero values mean the documented
 // defaults.
 type ClientConfig struct {
@@ -162,15 +154,15 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.SourceTimeout = cmp(cfg.SourceTimeout, DefaultSourceTimeout)
-	cfg.RequestTimeout = cmp(cfg.RequestTimeout, DefaultRequestTimeout)
+	cfg.SourceTimeout = positiveOr(cfg.SourceTimeout, DefaultSourceTimeout)
+	cfg.RequestTimeout = positiveOr(cfg.RequestTimeout, DefaultRequestTimeout)
 	if cfg.SourceCooldown == 0 {
 		cfg.SourceCooldown = DefaultSourceCooldown
 	}
-	cfg.Retries = cmp(cfg.Retries, DefaultRetries)
-	cfg.PerSourceLimit = cmp(cfg.PerSourceLimit, DefaultPerSourceLimit)
-	cfg.Limit = cmp(cfg.Limit, DefaultLimit)
-	cfg.MaxResponseBytes = cmp(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
+	cfg.Retries = positiveOr(cfg.Retries, DefaultRetries)
+	cfg.PerSourceLimit = positiveOr(cfg.PerSourceLimit, DefaultPerSourceLimit)
+	cfg.Limit = positiveOr(cfg.Limit, DefaultLimit)
+	cfg.MaxResponseBytes = positiveOr(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
 	log := telemetry.Logger(cfg.Logger)
 	reg := telemetry.Registerer(cfg.Registerer)
 	c := &Client{cfg: cfg, log: log, m: newClientMetrics(reg), hc: cfg.HTTPClient, sems: map[string]*sourceSem{},
