@@ -18,6 +18,7 @@ import (
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
 )
 
@@ -168,13 +169,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	c := &Client{cfg: cfg, log: log, m: newClientMetrics(reg), hc: cfg.HTTPClient, sems: map[string]*sourceSem{},
 		cool: newExpiring(maxExpiring), warned: newExpiring(maxExpiring)}
 	if c.hc == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConnsPerHost = cfg.PerSourceLimit
-		// A source never redirects: refuse to, rather than carry the
-		// secret somewhere else.
-		c.hc = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		}}
+		// A source never redirects: the client refuses to, rather than
+		// carry the secret somewhere else.
+		c.hc = httpx.NewClient(cfg.PerSourceLimit)
 		c.own = true
 	}
 	return c, nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
 )
 
@@ -152,13 +153,9 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	reg := telemetry.Registerer(cfg.Registerer)
 	f := &Forwarder{cfg: cfg, log: log, m: newForwarderMetrics(reg), hc: cfg.HTTPClient}
 	if f.hc == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
 		// Every write goes to one of a few owners: keep enough idle
 		// connections that a burst does not open and close new ones.
-		t.MaxIdleConnsPerHost = 64
-		f.hc = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse // never carry the secret elsewhere
-		}}
+		f.hc = httpx.NewClient(64)
 		f.own = true
 	}
 	return f, nil
