@@ -119,15 +119,20 @@ func (c *Client) do(ctx, actx context.Context, timeout time.Duration, r request)
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Secret)
 	}
 	req.Header.Set("Accept", "application/json")
-	resp, err := c.hc.Do(req)
-	if err != nil {
+	// failed classifies an error of the exchange: the caller gave up, the
+	// source did not get past doing within timeout, or it failed with cause.
+	failed := func(doing, cause string, err error) (fabric.Page, string, error) {
 		switch {
 		case ctx.Err() != nil:
 			return fabric.Page{}, outcomeCanceled, fmt.Errorf("catchup: %s: %w", r, err)
 		case actx.Err() != nil:
-			return fabric.Page{}, outcomeRetry, &sourceError{causeTimeout, fmt.Errorf("catchup: %s: no answer within %v: %w", r, timeout, err)}
+			return fabric.Page{}, outcomeRetry, &sourceError{causeTimeout, fmt.Errorf("catchup: %s: %s within %v: %w", r, doing, timeout, err)}
 		}
-		return fabric.Page{}, outcomeRetry, &sourceError{causeUnreachable, fmt.Errorf("catchup: %s: %w", r, err)}
+		return fabric.Page{}, outcomeRetry, &sourceError{cause, fmt.Errorf("catchup: %s: %w", r, err)}
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return failed("no answer", causeUnreachable, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -155,13 +160,7 @@ func (c *Client) do(ctx, actx context.Context, timeout time.Duration, r request)
 	}
 	p, err := c.decode(resp, r)
 	if err != nil {
-		switch {
-		case ctx.Err() != nil:
-			return fabric.Page{}, outcomeCanceled, fmt.Errorf("catchup: %s: %w", r, err)
-		case actx.Err() != nil:
-			return fabric.Page{}, outcomeRetry, &sourceError{causeTimeout, fmt.Errorf("catchup: %s: page not read within %v: %w", r, timeout, err)}
-		}
-		return fabric.Page{}, outcomeRetry, &sourceError{causeBadPage, fmt.Errorf("catchup: %s: %w", r, err)}
+		return failed("page not read", causeBadPage, err)
 	}
 	return p, outcomeOK, nil
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Client defaults.
@@ -29,14 +31,6 @@ const (
 	DefaultPerSourceLimit   = 4
 	DefaultMaxResponseBytes = 256 << 20
 )
-
-// cmp returns v, or def when v is not positive.
-func cmp[T time.Duration | float64 | int | int64](v, def T) T {
-	if v <= 0 {
-		return def
-	}
-	return v
-}
 
 // ClientConfig configures a Client. Zero values mean the documented
 // defaults.
@@ -161,33 +155,23 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.SourceTimeout = cmp(cfg.SourceTimeout, DefaultSourceTimeout)
-	cfg.RequestTimeout = cmp(cfg.RequestTimeout, DefaultRequestTimeout)
+	cfg.SourceTimeout = positiveOr(cfg.SourceTimeout, DefaultSourceTimeout)
+	cfg.RequestTimeout = positiveOr(cfg.RequestTimeout, DefaultRequestTimeout)
 	if cfg.SourceCooldown == 0 {
 		cfg.SourceCooldown = DefaultSourceCooldown
 	}
-	cfg.Retries = cmp(cfg.Retries, DefaultRetries)
-	cfg.PerSourceLimit = cmp(cfg.PerSourceLimit, DefaultPerSourceLimit)
-	cfg.Limit = cmp(cfg.Limit, DefaultLimit)
-	cfg.MaxResponseBytes = cmp(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	cfg.Retries = positiveOr(cfg.Retries, DefaultRetries)
+	cfg.PerSourceLimit = positiveOr(cfg.PerSourceLimit, DefaultPerSourceLimit)
+	cfg.Limit = positiveOr(cfg.Limit, DefaultLimit)
+	cfg.MaxResponseBytes = positiveOr(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	c := &Client{cfg: cfg, log: log, m: newClientMetrics(reg), hc: cfg.HTTPClient, sems: map[string]*sourceSem{},
 		cool: newExpiring(maxExpiring), warned: newExpiring(maxExpiring)}
 	if c.hc == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConnsPerHost = cfg.PerSourceLimit
-		// A source never redirects: refuse to, rather than carry the
-		// secret somewhere else.
-		c.hc = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		}}
+		// A source never redirects: the client refuses to, rather than
+		// carry the secret somewhere else.
+		c.hc = httpx.NewClient(cfg.PerSourceLimit)
 		c.own = true
 	}
 	return c, nil

@@ -75,6 +75,20 @@ func (d *pageDecoder) peek() byte {
 	return d.b[d.i]
 }
 
+// next consumes what follows an element of an array or object: a ',' (more
+// to come) or its closer (done).
+func (d *pageDecoder) next(closer byte) (done bool, err error) {
+	switch d.peek() {
+	case ',':
+		d.i++
+		return false, nil
+	case closer:
+		d.i++
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: want ',' or %q", errSyntax, closer)
+}
+
 // object calls field for each key of an object; field consumes the value.
 func (d *pageDecoder) object(field func(key []byte) error) error {
 	if err := d.expect('{'); err != nil {
@@ -103,14 +117,8 @@ func (d *pageDecoder) object(field func(key []byte) error) error {
 		if err := field(key); err != nil {
 			return err
 		}
-		switch d.peek() {
-		case ',':
-			d.i++
-		case '}':
-			d.i++
-			return nil
-		default:
-			return fmt.Errorf("%w: want ',' or '}'", errSyntax)
+		if done, err := d.next('}'); done || err != nil {
+			return err
 		}
 	}
 }
@@ -286,14 +294,8 @@ func (d *pageDecoder) rows(p *wirePage) error {
 			return fmt.Errorf("row %d lacks pos or rows", len(p.Rows))
 		}
 		p.Rows = append(p.Rows, r)
-		switch d.peek() {
-		case ',':
-			d.i++
-		case ']':
-			d.i++
-			return nil
-		default:
-			return fmt.Errorf("%w: want ',' or ']'", errSyntax)
+		if done, err := d.next(']'); done || err != nil {
+			return err
 		}
 	}
 }

@@ -63,7 +63,9 @@ func NewHTTPServerWith(addr string, h http.Handler, l HTTPLimits) *http.Server {
 	}
 }
 
-func positiveOr[T time.Duration | int](v, def T) T {
+// positiveOr returns v, or def when v is not positive: the default of a
+// config field whose zero (or negative) value means "the default".
+func positiveOr[T time.Duration | int | int64](v, def T) T {
 	if v > 0 {
 		return v
 	}

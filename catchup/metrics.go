@@ -1,9 +1,9 @@
 package catchup
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 const (
@@ -72,23 +72,9 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 			Name: "client_request_duration_seconds", Help: "Duration of one HTTP catch-up attempt, by stream.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"stream"}),
 	}
-	m.requests = register(reg, m.requests)
-	m.fallbacks = register(reg, m.fallbacks)
-	m.rows = register(reg, m.rows)
-	m.duration = register(reg, m.duration)
+	m.requests = telemetry.Register(reg, m.requests)
+	m.fallbacks = telemetry.Register(reg, m.fallbacks)
+	m.rows = telemetry.Register(reg, m.rows)
+	m.duration = telemetry.Register(reg, m.duration)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name: several clients may share one registerer. Any other failure
-// leaves c working but unexported.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	return c
 }

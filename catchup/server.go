@@ -16,6 +16,7 @@ import (
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Source serves the rows of one stream.
@@ -139,14 +140,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.DefaultLimit = DefaultLimit
 	}
 	cfg.DefaultLimit = min(cfg.DefaultLimit, cfg.MaxLimit)
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	m, err := newServerMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("catchup: server metrics: %w", err)

@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/backoff"
+	"github.com/weft-dev/weft/internal/loop"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Defaults of linkConfig, used for its zero fields.
@@ -134,9 +136,7 @@ func (c linkConfig) withDefaults() linkConfig {
 	if c.QueueBytes == 0 {
 		c.QueueBytes = defaultQueueBytes
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = telemetry.Logger(c.Logger)
 	if c.OnAttempt == nil {
 		c.OnAttempt = func() {}
 	}
@@ -613,23 +613,16 @@ func (l *link) connectRunID(ctx context.Context) (string, error) {
 // say) while the subscriber connection stayed open, and lost what was in
 // flight. Read errors are left to the PINGs to judge.
 func (l *link) watchRunID(ctx context.Context, runID string, restarted chan<- string) {
-	ticker := time.NewTicker(l.cfg.RunIDCheck)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	_ = loop.Every(ctx, l.cfg.RunIDCheck, func(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, l.cfg.PingTimeout)
 		now, err := l.readRunID(rctx)
 		cancel()
 		if err != nil {
 			l.log.Debug("fabric: link: run_id check failed", "err", err)
-			continue
+			return nil
 		}
 		if now == runID {
-			continue
+			return nil
 		}
 		l.mu.Lock()
 		l.lastRunID = now
@@ -639,8 +632,8 @@ func (l *link) watchRunID(ctx context.Context, runID string, restarted chan<- st
 		case restarted <- now:
 		case <-ctx.Done():
 		}
-		return
-	}
+		return errLinkRedisRestarted // reported through restarted: stop watching
+	})
 }
 
 // readRunID reads run_id from INFO server through the publisher client.

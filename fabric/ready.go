@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/weft-dev/weft/internal/loop"
 )
 
 // Readiness: established and caught up, fresh (the link answered a PING
@@ -66,24 +68,18 @@ const stallGap = 500 * time.Millisecond
 // VM, a long stop-the-world): a frozen process cannot tell it is behind
 // from what it has read, so Ready waits for a PING sent after the stall.
 func (n *Node) watchStalls(ctx context.Context) {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
 	last := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			// The tick's own time is when it fired, not when this ran.
-			now := time.Now()
-			n.tickAt.Store(int64(now.Sub(n.born)))
-			if gap := now.Sub(last); gap > stallGap {
-				n.stalled(now)
-				n.log.Warn("fabric: the process stalled; not ready until the link answers a fresh PING", "stall", gap.Round(time.Millisecond))
-			}
-			last = now
+	_ = loop.Every(ctx, 100*time.Millisecond, func(context.Context) error {
+		// The tick's own time is when it fired, not when this ran.
+		now := time.Now()
+		n.tickAt.Store(int64(now.Sub(n.born)))
+		if gap := now.Sub(last); gap > stallGap {
+			n.stalled(now)
+			n.log.Warn("fabric: the process stalled; not ready until the link answers a fresh PING", "stall", gap.Round(time.Millisecond))
 		}
-	}
+		last = now
+		return nil
+	})
 }
 
 // stalled records a stall that ended at now and asks for a PING at once:

@@ -115,3 +115,14 @@ func (n *Node) publishStatus() {
 	}
 	n.status.Store(s)
 }
+
+// PeerByName is the instance that last announced itself under a name
+// (the current holder of a writer name), refreshed every 250 ms.
+func (n *Node) PeerByName(name string) (Peer, bool) {
+	m := n.latest.Load()
+	if m == nil {
+		return Peer{}, false
+	}
+	p, ok := (*m)[name]
+	return p, ok
+}

@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -238,7 +239,7 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmpInt64(byRow[a], byRow[b]) })
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(byRow[a], byRow[b]) })
 	ids := make([]int64, len(rows))
 	sorted := make([]json.RawMessage, len(rows))
 	for k, i := range order {
@@ -246,14 +247,4 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 	}
 	node.handOver(w.Stream(), ids, sorted)
 	return byRow, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

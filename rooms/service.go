@@ -20,6 +20,7 @@ import (
 
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/telemetry"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/streams"
 )
@@ -90,10 +91,7 @@ func NewService(cfg Config) *Service {
 	if cfg.VisibleTimeout <= 0 {
 		cfg.VisibleTimeout = 5 * time.Second
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := telemetry.Logger(cfg.Logger)
 	if cfg.MaxLongPolls <= 0 {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/loop"
 	"github.com/weft-dev/weft/shard"
 )
 
@@ -112,16 +113,10 @@ func (w *TypingWriter) publishLocked(ctx context.Context, room string) (int64, e
 
 // Expire drops users whose timeout passed, every interval, until ctx ends.
 func (w *TypingWriter) Expire(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = loop.Every(ctx, every, func(ctx context.Context) error {
 		w.expire(ctx)
-	}
+		return nil
+	})
 }
 
 // expire drops the users whose timeout passed and publishes their rooms.

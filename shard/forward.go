@@ -21,6 +21,8 @@ import (
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Forwarder defaults.
@@ -147,23 +149,13 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	}
 	cfg.Retries = positive(cfg.Retries, DefaultForwardRetries)
 	cfg.Timeout = positive(cfg.Timeout, DefaultForwardTimeout)
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	f := &Forwarder{cfg: cfg, log: log, m: newForwarderMetrics(reg), hc: cfg.HTTPClient}
 	if f.hc == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
 		// Every write goes to one of a few owners: keep enough idle
 		// connections that a burst does not open and close new ones.
-		t.MaxIdleConnsPerHost = 64
-		f.hc = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse // never carry the secret elsewhere
-		}}
+		f.hc = httpx.NewClient(64)
 		f.own = true
 	}
 	return f, nil

@@ -1,10 +1,11 @@
 package shard
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 const (
@@ -54,11 +55,11 @@ func newQueueMetrics(reg prometheus.Registerer) *queueMetrics {
 	}
 	// Queues sharing a registerer share their series; the depth gauge is
 	// only ever moved up and down, so it then sums their depths.
-	m.depth = register(reg, m.depth)
-	m.tasks = register(reg, m.tasks)
-	m.batch = register(reg, m.batch)
-	m.latency = register(reg, m.latency)
-	m.execTime = register(reg, m.execTime)
+	m.depth = telemetry.Register(reg, m.depth)
+	m.tasks = telemetry.Register(reg, m.tasks)
+	m.batch = telemetry.Register(reg, m.batch)
+	m.latency = telemetry.Register(reg, m.latency)
+	m.execTime = telemetry.Register(reg, m.execTime)
 	return m
 }
 
@@ -75,8 +76,8 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 			Name: "server_duplicates_total", Help: "Requests answered without running their task again, by how (cached: it had finished; coalesced: it was running)."},
 			[]string{"how"}),
 	}
-	m.requests = register(reg, m.requests)
-	m.dedup = register(reg, m.dedup)
+	m.requests = telemetry.Register(reg, m.requests)
+	m.dedup = telemetry.Register(reg, m.dedup)
 	return m
 }
 
@@ -105,23 +106,9 @@ func newForwarderMetrics(reg prometheus.Registerer) *forwarderMetrics {
 			Name: "forward_duration_seconds", Help: "Time of Forwarder.Do, retries included, by path (local or remote).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10)}, []string{"path"}),
 	}
-	m.requests = register(reg, m.requests)
-	m.duration = register(reg, m.duration)
+	m.requests = telemetry.Register(reg, m.requests)
+	m.duration = telemetry.Register(reg, m.duration)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name, so that several queues, servers or forwarders may share one
-// registerer. Any other failure leaves c working but unexported.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing
-		}
-	}
-	return c
 }
 
 // kindLabels maps task kinds to bounded label values.

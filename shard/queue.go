@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // Queue defaults.
@@ -149,14 +151,8 @@ func NewQueue(cfg QueueConfig) (*Queue, error) {
 	cfg.Workers = positive(cfg.Workers, DefaultWorkers)
 	cfg.MaxBatch = positive(cfg.MaxBatch, DefaultMaxBatch)
 	cfg.MaxPending = positive(cfg.MaxPending, DefaultMaxPending)
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	q := &Queue{cfg: cfg, log: log, m: newQueueMetrics(reg), keys: map[string]*keyQueue{}, drained: make(chan struct{})}
 	q.cond = sync.NewCond(&q.mu)
 	return q, nil

@@ -22,6 +22,7 @@ import (
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/telemetry"
 )
 
 // ServerConfig configures a Server. Zero values mean the documented
@@ -102,14 +103,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	reg := cfg.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
+	log := telemetry.Logger(cfg.Logger)
+	reg := telemetry.Registerer(cfg.Registerer)
 	if cfg.Secret != "" && len(cfg.Secret) < shortSecret {
 		log.Warn("shard forwarding secret is short: use at least 16 random bytes", "length", len(cfg.Secret))
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/internal/loop"
 )
 
 // Lease defaults: the zero LeaseConfig means these.
@@ -264,21 +266,15 @@ func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = l.ttl / 3
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
+	return loop.Every(ctx, interval, func(ctx context.Context) error {
 		hctx, cancel := context.WithTimeout(ctx, l.ttl)
 		err := l.Heartbeat(hctx)
 		cancel()
 		if errors.Is(err, ErrSealed) {
 			return err
 		}
-	}
+		return nil // retried at the next tick
+	})
 }
 
 // Fence share-locks this holding's writer row inside tx, and fails with an

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -447,21 +448,11 @@ func (c *Core) sortedKeys() []Key {
 	}
 	slices.SortFunc(keys, func(a, b Key) int {
 		if a.Stream != b.Stream {
-			return cmpString(a.Stream, b.Stream)
+			return cmp.Compare(a.Stream, b.Stream)
 		}
-		return cmpString(a.Writer, b.Writer)
+		return cmp.Compare(a.Writer, b.Writer)
 	})
 	return keys
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // checkEstablished: after the REPLICATE window, once every writer heard

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -225,7 +226,7 @@ func (c *Core) buffer(v *view, cmd wire.Command, pos int64) {
 		ap, ar := rank(a)
 		switch {
 		case ap != pos:
-			return cmpInt(ap, pos)
+			return cmp.Compare(ap, pos)
 		default:
 			return ar - r
 		}
@@ -238,16 +239,6 @@ func (c *Core) buffer(v *view, cmd wire.Command, pos int64) {
 		return
 	}
 	v.buf = slices.Insert(v.buf, i, cmd)
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // startFetch starts catching v up to to, for the reason why (a gap's

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"encoding/json"
 	"slices"
 
@@ -23,7 +24,7 @@ func (c *Core) LocalRows(stream string, pos int64, rows json.RawMessage) []Actio
 		c.note(NoteDropped, stream, "late_rows")
 		return c.flush()
 	}
-	i, found := slices.BinarySearchFunc(o.pending, pos, func(p pendingRows, pos int64) int { return cmpInt(p.pos, pos) })
+	i, found := slices.BinarySearchFunc(o.pending, pos, func(p pendingRows, pos int64) int { return cmp.Compare(p.pos, pos) })
 	if found {
 		// Two calls for one stream ID: its rows travel together.
 		merged, err := appendRows(o.pending[i].rows, rows)

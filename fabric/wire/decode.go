@@ -62,6 +62,19 @@ func positions(verb string, prevTok, posTok []byte, strict bool) (prev, pos int6
 	return prev, pos, nil
 }
 
+// dataFields checks the fields "stream writer prev pos" that RDATA and
+// POSITION start with, and parses the positions (strict for RDATA: see
+// rangeProblem). It interns nothing, so a caller can check the rest of its
+// line first.
+func dataFields(verb string, f [4][]byte, strict bool) (prev, pos int64, err error) {
+	for i, field := range [2]string{"stream", "writer"} {
+		if p := nameProblem(f[i]); p != "" {
+			return 0, 0, malformed(ReasonBadName, verb, field, fmt.Sprintf("%.32q: %s", f[i], p))
+		}
+	}
+	return positions(verb, f[2], f[3], strict)
+}
+
 func (c *Codec) decodeRData(args []byte, signed bool) (Command, error) {
 	const verb = VerbRData
 	var f [4][]byte
@@ -70,13 +83,7 @@ func (c *Codec) decodeRData(args []byte, signed bool) (Command, error) {
 		return nil, err
 	}
 	// Validate everything before interning, so garbage never enters the table.
-	if p := nameProblem(f[0]); p != "" {
-		return nil, malformed(ReasonBadName, verb, "stream", fmt.Sprintf("%.32q: %s", f[0], p))
-	}
-	if p := nameProblem(f[1]); p != "" {
-		return nil, malformed(ReasonBadName, verb, "writer", fmt.Sprintf("%.32q: %s", f[1], p))
-	}
-	prev, pos, err := positions(verb, f[2], f[3], true)
+	prev, pos, err := dataFields(verb, f, true)
 	if err != nil {
 		return nil, err
 	}
@@ -102,13 +109,7 @@ func (c *Codec) decodePosition(args []byte) (Command, error) {
 	if _, err := fixedFields(verb, args, []string{"stream", "writer", "prev", "pos"}, f[:], ""); err != nil {
 		return nil, err
 	}
-	if p := nameProblem(f[0]); p != "" {
-		return nil, malformed(ReasonBadName, verb, "stream", fmt.Sprintf("%.32q: %s", f[0], p))
-	}
-	if p := nameProblem(f[1]); p != "" {
-		return nil, malformed(ReasonBadName, verb, "writer", fmt.Sprintf("%.32q: %s", f[1], p))
-	}
-	prev, pos, err := positions(verb, f[2], f[3], false)
+	prev, pos, err := dataFields(verb, f, false)
 	if err != nil {
 		return nil, err
 	}

@@ -1,5 +1,6 @@
 // Package httpx holds what the /_weft/ endpoints (catch-up and forwarding)
-// share: the bearer secret check and the JSON error answer.
+// share: the bearer secret check, the JSON error answer, and the client
+// that calls them.
 package httpx
 
 import (
@@ -73,4 +74,16 @@ func WriteJSON(w http.ResponseWriter, code int, body []byte, allow string) {
 func WriteError(w http.ResponseWriter, code int, reason, field string) {
 	b, _ := json.Marshal(ErrorBody{Error: reason, Field: field}) // strings: cannot fail
 	WriteJSON(w, code, append(b, '\n'), "GET, HEAD")
+}
+
+// NewClient returns a client for the /_weft/ endpoints of other instances,
+// on its own transport keeping idlePerHost idle connections per host. It
+// never follows a redirect, and answers with the redirect itself: the
+// request carries the bearer secret, which must not go anywhere else.
+func NewClient(idlePerHost int) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = idlePerHost
+	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
 }

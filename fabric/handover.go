@@ -1,0 +1,98 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/weft-dev/weft/streams"
+)
+
+// Own writers: their rows and positions reach the loop in order, and on a
+// graceful stop their leases are sealed and the seals announced.
+
+// sealWriters seals every Writer's holding, each within SealTimeout, and
+// queues the announcements for the loop (still running).
+func (n *Node) sealWriters() {
+	for _, w := range n.writers {
+		if w.lease == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.SealTimeout)
+		err := w.lease.Release(ctx, []streams.Config{w.gen.Stream()})
+		cancel()
+		if err != nil {
+			n.log.Warn("fabric: sealing own writer failed; its successor waits for the lease to expire", "writer", w.name, "err", err)
+			continue
+		}
+		s := w.lease.Released()
+		n.log.Info("fabric: sealed own writer", "writer", w.name, "final", s.Final)
+		n.announce(context.Background(), s)
+	}
+}
+
+// announce queues a seal's final positions for the loop to publish.
+func (n *Node) announce(_ context.Context, s *streams.Sealed) {
+	for stream, pos := range s.Final {
+		n.local(inSealed{stream, s.Instance, pos})
+	}
+}
+
+// ErrBadRows: rows are not a non-empty JSON array.
+var ErrBadRows = errors.New("fabric: rows must be a non-empty JSON array")
+
+// validRows reports whether rows is a non-empty JSON array.
+func validRows(rows json.RawMessage) bool {
+	t := bytes.TrimSpace(rows)
+	return len(t) >= 2 && t[0] == '[' && json.Valid(t) && len(bytes.TrimSpace(t[1:len(t)-1])) > 0
+}
+
+// handOver gives the loop a Writer's committed rows, in position order,
+// before their IDs finish (nil rows: an ID without a row). It never fails:
+// the rows are committed, and once the node has stopped readers fetch them
+// from the database.
+func (n *Node) handOver(stream string, ids []int64, rows []json.RawMessage) {
+	for i, id := range ids {
+		if rows[i] != nil {
+			n.local(inRows{stream, id, rows[i]})
+		}
+	}
+}
+
+// handOverEphemeral gives the loop an Ephemeral's changes and its new
+// position, in order.
+func (n *Node) handOverEphemeral(stream string, rows []Row, pos int64) {
+	for _, r := range rows {
+		n.local(inRows{stream, r.Pos, r.Rows})
+	}
+	n.local(inPosition{stream, pos})
+}
+
+// local queues an input from this instance's own writers: not bound to a
+// caller's context (what it reports has happened), only to the loop.
+func (n *Node) local(in input) {
+	select {
+	case n.in <- in:
+	case <-n.done:
+	}
+}
+
+// AnnounceSealed tells the cluster that this instance sealed the writer
+// instance on stream at its final position (see streams.Seal): readers
+// fetch what it committed and stop waiting for it.
+func (n *Node) AnnounceSealed(ctx context.Context, stream, writerInstance string, final int64) {
+	n.send(ctx, inSealed{stream, writerInstance, final})
+}
+
+// forwardPositions feeds a writer generator's position moves into the loop.
+func (n *Node) forwardPositions(ctx context.Context, g *streams.Generator) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.Advanced():
+			n.send(ctx, inPosition{g.Stream().Name, g.Position()})
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package fabric
+
+import (
+	"context"
+	"time"
+
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/loop"
+	"github.com/weft-dev/weft/streams"
+)
+
+// Housekeeping: at the announce pace the node reads the writer registry
+// and positions from PostgreSQL (the repair for a writer cut off from
+// Redis) and stores its own. Once the views reach what a read saw, the
+// node is fresh as of that read: what degraded readiness rests on.
+
+// housekeeping refreshes each durable stream's writer registry and stores
+// this instance's writer positions, at the announce pace.
+func (n *Node) housekeeping(ctx context.Context) {
+	_ = loop.Every(ctx, n.cfg.AnnounceInterval, func(ctx context.Context) error {
+		n.refreshAll(ctx)
+		return nil
+	})
+}
+
+// refreshAll reads the writer registry (holders and their epochs), re-reads
+// each durable stream's registry and positions, hands
+// the core every other writer's position as the database knows it (the
+// repair for a writer whose link is down), and stores this instance's.
+// Once the views reach what a refresh read, the node is fresh from
+// PostgreSQL as of that read (degraded mode).
+func (n *Node) refreshAll(ctx context.Context) {
+	var db streams.DB
+	for _, g := range n.gens {
+		db = g.DB()
+	}
+	if db != nil {
+		// Who holds each writer name, at which epoch: an older holder's
+		// lines (or their replays) are refused before the new one speaks.
+		n.track(ctx, "holders", func(ctx context.Context) error {
+			rows, err := streams.Writers(ctx, db)
+			if err != nil {
+				return err
+			}
+			hs := make([]core.Holding, 0, len(rows))
+			for _, r := range rows {
+				hs = append(hs, core.Holding{Name: r.Name, Instance: r.Instance, Epoch: uint64(r.Epoch)})
+			}
+			n.send(ctx, inHolders{hs})
+			return nil
+		})
+	}
+	for _, g := range n.gens {
+		n.track(ctx, "refresh", func(ctx context.Context) error {
+			at := time.Since(n.born) // before the read: conservative
+			if err := g.Refresh(ctx); err != nil {
+				return err
+			}
+			stream := g.Stream().Name
+			if _, follows := n.starts[stream]; follows {
+				want := map[core.Key]int64{}
+				for _, name := range g.Writers() {
+					if name == g.Self() {
+						continue
+					}
+					if id, ok := g.KnownWriterID(name); ok {
+						if pos, ok := g.WriterPosition(id); ok {
+							k := core.Key{Stream: stream, Writer: name}
+							want[k] = pos
+							n.send(ctx, inStored{k, pos})
+						}
+					}
+				}
+				n.send(ctx, inRefreshed{stream, freshTarget{at: at, want: want}})
+			}
+			if g.Self() != "" {
+				return g.SavePosition(ctx)
+			}
+			return nil
+		})
+	}
+}
+
+// freshTarget is what a registry refresh read at `at`: the views must
+// reach want for the node to count as fresh from PostgreSQL as of then.
+type freshTarget struct {
+	at   time.Duration
+	want map[core.Key]int64
+}
+
+// checkFresh marks each stream fresh from PostgreSQL as of its pending
+// refresh once every view has reached what that refresh read.
+func (n *Node) checkFresh() {
+	for stream, t := range n.pendingFresh {
+		caught := true
+		for k, want := range t.want {
+			if pos, _ := n.core.View(k); pos < want {
+				caught = false
+				break
+			}
+		}
+		if !caught {
+			continue
+		}
+		n.streamFresh[stream] = t.at
+		delete(n.pendingFresh, stream)
+		oldest := t.at
+		for _, at := range n.streamFresh {
+			oldest = min(oldest, at)
+		}
+		if len(n.streamFresh) == n.followed {
+			n.dbFresh.Store(int64(oldest))
+		}
+	}
+}

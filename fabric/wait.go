@@ -1,0 +1,84 @@
+package fabric
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/streams"
+)
+
+// Waiting: read your writes, up to a position or a client's token.
+
+// View is the local view of a writer of a stream.
+func (n *Node) View(k core.Key) int64 { return max(n.notify.view(k), n.starts[k.Stream]) }
+
+// WaitFor blocks until the local view of k covers pos, or ctx ends.
+func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
+	if pos <= n.starts[k.Stream] {
+		return nil
+	}
+	return n.notify.waitFor(ctx, k, pos)
+}
+
+// WaitForToken blocks until the local view covers a client's token of a
+// durable stream, or ctx ends: every writer the token names has reached
+// its entry, and every active writer of the stream (the registry's, sealed
+// ones excluded: they will write nothing more) has reached the token's
+// minimum. A writer the token names that this instance has not read of
+// yet is looked up in the registry; one it does not hold is an error (a
+// token of another cluster, or forged).
+func (n *Node) WaitForToken(ctx context.Context, stream string, t streams.Token) error {
+	g := n.gens[stream]
+	if g == nil {
+		return fmt.Errorf("fabric: stream %s has no generator to resolve writers", stream)
+	}
+	want := map[string]int64{}
+	for _, e := range t.Entries() {
+		name, ok := g.WriterName(e.Writer)
+		if !ok {
+			// A writer registered since the last read of the registry.
+			if err := g.Refresh(ctx); err != nil {
+				return err
+			}
+			if name, ok = g.WriterName(e.Writer); !ok {
+				return fmt.Errorf("fabric: token %s names writer %d, unknown to stream %s", t, e.Writer, stream)
+			}
+		}
+		want[name] = max(want[name], e.Pos)
+	}
+	for {
+		// The active writers are read again at every round: one sealed
+		// meanwhile no longer holds the token back, one registered
+		// meanwhile does.
+		k, pos, ok := n.tokenBlocker(stream, g, want, t.Min())
+		if !ok {
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, n.cfg.AnnounceInterval)
+		err := n.WaitFor(wctx, k, pos)
+		cancel()
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// tokenBlocker is the first writer whose view is below what a token needs
+// of it: its entry, or the token's minimum for every active writer.
+func (n *Node) tokenBlocker(stream string, g *streams.Generator, entries map[string]int64, tmin int64) (core.Key, int64, bool) {
+	need := maps.Clone(entries)
+	for _, name := range g.Writers() {
+		need[name] = max(need[name], tmin)
+	}
+	names := slices.Sorted(maps.Keys(need))
+	for _, name := range names {
+		k := core.Key{Stream: stream, Writer: name}
+		if n.View(k) < need[name] {
+			return k, need[name], true
+		}
+	}
+	return core.Key{}, 0, false
+}
