@@ -313,19 +313,12 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 	sctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-tick.C:
-			}
+		testenv.Every(sctx, 20*time.Millisecond, func() {
 			samples.Add(1)
 			if !reader.node.Ready() {
 				notReady.Add(1)
 			}
-		}
+		})
 	})
 	key := eventsKey("persister1")
 	for i := range 30 {

@@ -243,21 +243,14 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	replayed := 0
 	var replays atomic.Int64
 	wg.Go(func() {
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+		testenv.Every(ctx, 50*time.Millisecond, func() {
 			for _, line := range []string{hello, bye} {
 				if rdb.Publish(ctx, "weft:e2e", line).Err() == nil {
 					replayed++
 					replays.Add(1)
 				}
 			}
-		}
+		})
 	})
 	room := roomOf(t, "persister1")
 	failed := 0
