@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/streams"
 )
@@ -311,14 +312,15 @@ func TestAllocQueryConcurrent(t *testing.T) {
 		}
 		return nil
 	}
-	var writes []func() error
+	var g errgroup.Group
 	for i := range goroutines {
 		pa, pb := newPoolFor(t, url), newPoolFor(t, url)
-		writes = append(writes,
-			func() error { return write(a, b, pa, uint64(2*i+1)) },
-			func() error { return write(b, a, pb, uint64(2*i+2)) })
+		g.Go(func() error { return write(a, b, pa, uint64(2*i+1)) })
+		g.Go(func() error { return write(b, a, pb, uint64(2*i+2)) })
 	}
-	runAll(t, writes...)
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
 	head := quiesce(t, url, cancel, monitor, a, b, reader)
 	if got := reader.PersistedUpto(); got != head {
 		t.Fatalf("quiescent persisted-upto %d, want the sequence head %d", got, head)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/schema"
@@ -257,7 +258,12 @@ func TestTwoWritersOneProcess(t *testing.T) {
 		}
 		return nil
 	}
-	runAll(t, func() error { return write(a, b, 1) }, func() error { return write(b, a, 2) })
+	var g errgroup.Group
+	g.Go(func() error { return write(a, b, 1) })
+	g.Go(func() error { return write(b, a, 2) })
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
 	head := quiesce(t, url, cancel, monitor, a, b, reader)
 	if head != 2*perWriter {
 		t.Fatalf("sequence head %d, want %d", head, 2*perWriter)
@@ -271,24 +277,6 @@ func TestTwoWritersOneProcess(t *testing.T) {
 }
 
 var errRollback = errors.New("test: roll back")
-
-// runAll runs each f in its own goroutine and, once all have returned,
-// fails the test with the first error.
-func runAll(t *testing.T, fs ...func() error) {
-	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(fs))
-	for _, f := range fs {
-		wg.Go(func() { errs <- f() })
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // quiesce ends a run of writers a and b watched by a monitor from
 // startMonitor: it stops the monitor by cancelling its context, announces
