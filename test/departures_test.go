@@ -201,11 +201,7 @@ func TestHungWriterFallsBackToPostgres(t *testing.T) {
 // working (0 failed writes).
 func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, s1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, s1)
+	c, master, p1, p2, s1 := smallClusterOn(t, rds)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()

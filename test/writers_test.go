@@ -24,7 +24,12 @@ type writeAck struct {
 // private Redis and a fresh database, and waits until all are ready.
 func smallCluster(t *testing.T) (c *cluster, master, p1, p2, sync1 *proc) {
 	t.Helper()
-	rds := testenv.StartRedis(t)
+	return smallClusterOn(t, testenv.StartRedis(t))
+}
+
+// smallClusterOn is smallCluster on rds, for tests that use it directly.
+func smallClusterOn(t *testing.T, rds *testenv.Redis) (c *cluster, master, p1, p2, sync1 *proc) {
+	t.Helper()
 	c = newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master = c.start("master", "master")
 	c.waitReady(master)
