@@ -9,10 +9,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
@@ -142,15 +143,14 @@ func TestClientSingleflight(t *testing.T) {
 		return true
 	})
 	c := newTestClient(t, ClientConfig{SourceTimeout: time.Minute, RequestTimeout: 3 * time.Minute}) // the test opens the gate
-	var wg sync.WaitGroup
-	errs := make(chan error, callers)
+	var g errgroup.Group
 	for range callers {
-		wg.Go(func() {
+		g.Go(func() error {
 			p, err := c.FetchPage(context.Background(), fetch(hs.URL, "events", "w1", 0, 3))
 			if err == nil && !slices.Equal(positions(p.Rows), []int64{1, 2, 3}) {
 				err = fmt.Errorf("page %v", positions(p.Rows))
 			}
-			errs <- err
+			return err
 		})
 	}
 	// Every caller is inside the flight (the leader in its request, the
@@ -159,12 +159,8 @@ func TestClientSingleflight(t *testing.T) {
 		return goroutinesIn("singleflight.(*Group).Do(") == callers
 	}, "all %d callers in the flight", callers)
 	close(gate)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
 	}
 	if n := ch.n.Load(); n != 1 {
 		t.Fatalf("server saw %d requests for %d identical concurrent fetches", n, callers)
@@ -231,13 +227,12 @@ func TestClientPerSourceLimit(t *testing.T) {
 	// Another source is not held up by the first one's limit.
 	other, otherCh := startServer(t, map[string]Source{"events": src}, nil)
 	c := newTestClient(t, ClientConfig{PerSourceLimit: limit, SourceTimeout: time.Minute, RequestTimeout: 3 * time.Minute})
-	var wg sync.WaitGroup
-	errs := make(chan error, callers)
+	var g errgroup.Group
 	for i := range callers {
-		wg.Go(func() {
+		g.Go(func() error {
 			// Distinct ranges: no coalescing.
 			_, err := c.FetchPage(context.Background(), fetch(hs.URL, "events", "w1", 0, int64(3+i)))
-			errs <- err
+			return err
 		})
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {
@@ -250,12 +245,8 @@ func TestClientPerSourceLimit(t *testing.T) {
 		t.Fatalf("%d concurrent requests, want %d", got, limit)
 	}
 	close(gate)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
 	}
 	if p := peak.Load(); p != limit {
 		t.Fatalf("peak concurrency %d, want %d", p, limit)

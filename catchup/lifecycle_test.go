@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric"
@@ -156,21 +157,18 @@ func (m *lcMember) write(ctx context.Context, _ *pgxpool.Pool, i int) error {
 
 func writeN(t *testing.T, pool *pgxpool.Pool, n int, from int, writers ...*lcMember) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(writers))
+	var g errgroup.Group
 	for _, w := range writers {
-		wg.Go(func() {
+		g.Go(func() error {
 			for i := from; i < from+n; i++ {
 				if err := w.write(context.Background(), pool, i); err != nil {
-					errs <- err
-					return
+					return err
 				}
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -68,25 +68,18 @@ func BenchmarkPublishApply(b *testing.B) {
 	b.Run("raw", func(b *testing.B) {
 		opts := benchOptions(b, rds.URL())
 		lines := benchLines(b, 0, rows, json.RawMessage(benchRowJSON))
-		var got atomic.Int64
-		var want atomic.Int64
-		reached := make(chan struct{}, 1)
-		newRawSub(b, opts, benchRawChannel, func(string) {
-			if got.Add(1) == want.Load() {
-				signal(reached)
-			}
-		})
+		raw := newRawCount(b, opts, nil)
 		pub := newRawPub(b, opts)
 		ctx := context.Background()
 		runtime.GC()
 		b.ResetTimer()
 		start, cpu := time.Now(), rusage(b)
 		for i := 0; i < b.N; i++ {
-			want.Store(int64(i+1) * rows)
+			raw.want.Store(int64(i+1) * rows)
 			if err := pub.publish(ctx, benchRawChannel, lines); err != nil {
 				b.Fatal(err)
 			}
-			awaitCount(b, &got, want.Load(), reached, nil)
+			awaitCount(b, &raw.got, raw.want.Load(), raw.reached, nil)
 		}
 		elapsed, cpu := time.Since(start), rusage(b)-cpu
 		b.StopTimer()
@@ -148,15 +141,7 @@ func BenchmarkLatency(b *testing.B) {
 	b.Run("raw", func(b *testing.B) {
 		opts := benchOptions(b, rds.URL())
 		lat := newLatencies(warmup + b.N*rows)
-		var got atomic.Int64
-		var want atomic.Int64
-		reached := make(chan struct{}, 1)
-		newRawSub(b, opts, benchRawChannel, func(payload string) {
-			lat.add(since(), payload)
-			if got.Add(1) == want.Load() {
-				signal(reached)
-			}
-		})
+		raw := newRawCount(b, opts, func(payload string) { lat.add(since(), payload) })
 		pub := newRawPub(b, opts)
 		ctx := context.Background()
 		var pos int64
@@ -173,20 +158,20 @@ func BenchmarkLatency(b *testing.B) {
 			}
 			return pub.publish(ctx, benchRawChannel, lines)
 		}
-		want.Store(warmup)
+		raw.want.Store(warmup)
 		if err := paced(warmup, perTick, tick, send); err != nil {
 			b.Fatal(err)
 		}
-		awaitCount(b, &got, warmup, reached, nil)
+		awaitCount(b, &raw.got, warmup, raw.reached, nil)
 		lat.reset()
 		b.ResetTimer()
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
-			want.Store(warmup + int64(i+1)*rows)
+			raw.want.Store(warmup + int64(i+1)*rows)
 			if err := paced(rows, perTick, tick, send); err != nil {
 				b.Fatal(err)
 			}
-			awaitCount(b, &got, want.Load(), reached, nil)
+			awaitCount(b, &raw.got, raw.want.Load(), raw.reached, nil)
 		}
 		elapsed := time.Since(start)
 		b.StopTimer()
@@ -247,26 +232,19 @@ func BenchmarkReaderCPU(b *testing.B) {
 	b.Run("raw", func(b *testing.B) {
 		opts := benchOptions(b, rds.URL())
 		lines := benchLines(b, 0, rows, json.RawMessage(benchRowJSON))
-		var got atomic.Int64
-		var want atomic.Int64
-		reached := make(chan struct{}, 1)
-		newRawSub(b, opts, benchRawChannel, func(string) {
-			if got.Add(1) == want.Load() {
-				signal(reached)
-			}
-		})
+		raw := newRawCount(b, opts, nil)
 		pub := newRawPub(b, opts)
 		ctx := context.Background()
 		var pubCPU, subCPU time.Duration
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			pubCPU += cpuOf(b, func() error { return pub.publish(ctx, benchVoidChannel, lines) })
-			want.Store(int64(i+1) * rows)
+			raw.want.Store(int64(i+1) * rows)
 			subCPU += cpuOf(b, func() error {
 				if err := pub.publish(ctx, benchRawChannel, lines); err != nil {
 					return err
 				}
-				awaitCount(b, &got, want.Load(), reached, nil)
+				awaitCount(b, &raw.got, raw.want.Load(), raw.reached, nil)
 				return nil
 			})
 		}
@@ -587,6 +565,30 @@ func newRawSub(b *testing.B, opts *redis.Options, channel string, onMsg func(pay
 		wg.Wait()
 		c.Close()
 	})
+}
+
+// rawCount counts the lines a raw subscriber receives and signals reached
+// when got reaches want, for awaitCount.
+type rawCount struct {
+	got     atomic.Int64
+	want    atomic.Int64
+	reached chan struct{}
+}
+
+// newRawCount subscribes with newRawSub to benchRawChannel and counts every
+// line after handing it to onMsg, if not nil.
+func newRawCount(b *testing.B, opts *redis.Options, onMsg func(payload string)) *rawCount {
+	b.Helper()
+	c := &rawCount{reached: make(chan struct{}, 1)}
+	newRawSub(b, opts, benchRawChannel, func(payload string) {
+		if onMsg != nil {
+			onMsg(payload)
+		}
+		if c.got.Add(1) == c.want.Load() {
+			signal(c.reached)
+		}
+	})
+	return c
 }
 
 // signal wakes a waiter without blocking.

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric/core"
@@ -33,21 +34,18 @@ func TestNodeTwoWritersOneReader(t *testing.T) {
 
 	ctx := context.Background()
 	const total = 5000
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
+	var g errgroup.Group
 	for _, w := range []*member{w1, w2} {
-		wg.Go(func() {
+		g.Go(func() error {
 			for i := range total / 2 {
 				if _, err := w.write(ctx, pool, i); err != nil {
-					errs <- err
-					return
+					return err
 				}
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	converged(t, pool, reader, "persister1", "persister2")
@@ -313,19 +311,12 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 	sctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-tick.C:
-			}
+		testenv.Every(sctx, 20*time.Millisecond, func() {
 			samples.Add(1)
 			if !reader.node.Ready() {
 				notReady.Add(1)
 			}
-		}
+		})
 	})
 	key := eventsKey("persister1")
 	for i := range 30 {

@@ -64,6 +64,22 @@ func mustEnqueue(t testing.TB, q *Queue, key string, task Task) *pending {
 	return p
 }
 
+// enqueueUntilClosed enqueues task under key until q refuses it with
+// ErrClosed, and returns the tasks it accepted meanwhile; after 10 s the
+// test fails with the message.
+func enqueueUntilClosed(t *testing.T, q *Queue, key string, task Task, msg string) []*pending {
+	t.Helper()
+	var accepted []*pending
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		p, err := q.enqueue(key, task)
+		if p != nil {
+			accepted = append(accepted, p)
+		}
+		return errors.Is(err, ErrClosed)
+	}, "%s", msg)
+	return accepted
+}
+
 func seqTask(kind string, batchable bool, seq int) Task {
 	return Task{Kind: kind, Batchable: batchable, Payload: json.RawMessage(strconv.Itoa(seq))}
 }
@@ -304,15 +320,10 @@ func TestQueueDrain(t *testing.T) {
 	}
 	drained := make(chan error, 1)
 	go func() { drained <- q.Drain(context.Background()) }()
-	accepted := 30 // and those that got in before Drain closed the queue
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		p, err := q.enqueue("k0", seqTask("persist", true, 99))
-		if p != nil {
-			accepted++
-			ps = append(ps, p)
-		}
-		return errors.Is(err, ErrClosed)
-	}, "Submit still accepted while draining")
+	// Those that got in before Drain closed the queue count too.
+	late := enqueueUntilClosed(t, q, "k0", seqTask("persist", true, 99), "Submit still accepted while draining")
+	ps = append(ps, late...)
+	accepted := 30 + len(late)
 	if _, err := q.Submit(context.Background(), "new", seqTask("persist", true, 100)); !errors.Is(err, ErrClosed) {
 		t.Errorf("Submit while draining: %v, want ErrClosed", err)
 	}
@@ -363,14 +374,7 @@ func TestQueueStop(t *testing.T) {
 	cancel()
 	// Run's AfterFunc runs soon after cancel, not at once: poll. A task
 	// accepted meanwhile is dropped below like the second one.
-	var late []*pending
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		p, err := q.enqueue("k", seqTask("persist", true, 2))
-		if p != nil {
-			late = append(late, p)
-		}
-		return errors.Is(err, ErrClosed)
-	}, "Submit accepted after Run's context ended")
+	late := enqueueUntilClosed(t, q, "k", seqTask("persist", true, 2), "Submit accepted after Run's context ended")
 	if _, err := q.Submit(context.Background(), "k", seqTask("persist", true, 3)); !errors.Is(err, ErrClosed) {
 		t.Errorf("Submit after Run's context ended: %v, want ErrClosed", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/streams"
 )
@@ -311,41 +312,23 @@ func TestAllocQueryConcurrent(t *testing.T) {
 		}
 		return nil
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*goroutines)
+	var g errgroup.Group
 	for i := range goroutines {
 		pa, pb := newPoolFor(t, url), newPoolFor(t, url)
-		wg.Go(func() { errs <- write(a, b, pa, uint64(2*i+1)) })
-		wg.Go(func() { errs <- write(b, a, pb, uint64(2*i+2)) })
+		g.Go(func() error { return write(a, b, pa, uint64(2*i+1)) })
+		g.Go(func() error { return write(b, a, pb, uint64(2*i+2)) })
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	cancel()
-	if err := monitor(); err != nil {
+	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	announce(a, b, reader)
-	announce(b, a, reader)
-	if err := reader.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	check := newPoolFor(t, url)
-	var head int64
-	if err := check.QueryRow(context.Background(), `SELECT last_value FROM events_seq`).Scan(&head); err != nil {
-		t.Fatal(err)
-	}
+	head := quiesce(t, url, cancel, monitor, a, b, reader)
 	if got := reader.PersistedUpto(); got != head {
 		t.Fatalf("quiescent persisted-upto %d, want the sequence head %d", got, head)
 	}
 	if err := truth.check(head); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := check.Query(context.Background(), `SELECT stream_id FROM events`)
+	rows, err := newPoolFor(t, url).Query(context.Background(), `SELECT stream_id FROM events`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/schema"
@@ -36,12 +37,18 @@ CREATE TABLE outbox (stream_id bigint NOT NULL, writer text NOT NULL);`
 // setup gives a fresh migrated database with the events stream's tables.
 func setup(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
+	return setupWith(t, eventsDDL)
+}
+
+// setupWith gives a fresh migrated database with the tables ddl creates.
+func setupWith(t testing.TB, ddl string) (*pgxpool.Pool, string) {
+	t.Helper()
 	pool, url := testenv.NewPool(t)
 	ctx := context.Background()
 	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, eventsDDL); err != nil {
+	if _, err := pool.Exec(ctx, ddl); err != nil {
 		t.Fatal(err)
 	}
 	return pool, url
@@ -210,17 +217,9 @@ func TestTwoWritersOneProcess(t *testing.T) {
 	_, url := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	newPool := func() *pgxpool.Pool {
-		p, err := pgxpool.New(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		return p
-	}
-	a := open(t, newPool(), eventsCfg, "persister1")
-	b := open(t, newPool(), eventsCfg, "persister2")
-	reader := open(t, newPool(), eventsCfg, "")
+	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
+	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
+	reader := open(t, newPoolFor(t, url), eventsCfg, "")
 	truth := &groundTruth{done: map[int64]bool{}}
 
 	// The monitor plays a reader that checks persisted-upto against the
@@ -259,31 +258,13 @@ func TestTwoWritersOneProcess(t *testing.T) {
 		}
 		return nil
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	wg.Go(func() { errs <- write(a, b, 1) })
-	wg.Go(func() { errs <- write(b, a, 2) })
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	cancel()
-	if err := monitor(); err != nil {
+	var g errgroup.Group
+	g.Go(func() error { return write(a, b, 1) })
+	g.Go(func() error { return write(b, a, 2) })
+	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	announce(a, b, reader)
-	announce(b, a, reader)
-	if err := reader.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	var head int64
-	p := newPoolFor(t, url)
-	if err := p.QueryRow(context.Background(), `SELECT last_value FROM events_seq`).Scan(&head); err != nil {
-		t.Fatal(err)
-	}
+	head := quiesce(t, url, cancel, monitor, a, b, reader)
 	if head != 2*perWriter {
 		t.Fatalf("sequence head %d, want %d", head, 2*perWriter)
 	}
@@ -296,6 +277,28 @@ func TestTwoWritersOneProcess(t *testing.T) {
 }
 
 var errRollback = errors.New("test: roll back")
+
+// quiesce ends a run of writers a and b watched by a monitor from
+// startMonitor: it stops the monitor by cancelling its context, announces
+// both writers' final positions, refreshes the reader and returns the
+// sequence head, which the reader's persisted-upto must then equal.
+func quiesce(t *testing.T, url string, stopMonitor context.CancelFunc, monitor func() error, a, b, reader *streams.Generator) int64 {
+	t.Helper()
+	stopMonitor()
+	if err := monitor(); err != nil {
+		t.Fatal(err)
+	}
+	announce(a, b, reader)
+	announce(b, a, reader)
+	if err := reader.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var head int64
+	if err := newPoolFor(t, url).QueryRow(context.Background(), `SELECT last_value FROM events_seq`).Scan(&head); err != nil {
+		t.Fatal(err)
+	}
+	return head
+}
 
 // announce plays the fabric: self's position reaches its peer and a reader.
 func announce(self, peer, reader *streams.Generator) {

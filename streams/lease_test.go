@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/schema"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -30,15 +29,7 @@ CREATE TABLE ledger (stream_id bigint PRIMARY KEY, writer text NOT NULL);`
 // leaseSetup gives a fresh migrated database with the ledger stream.
 func leaseSetup(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
-	pool, url := testenv.NewPool(t)
-	ctx := context.Background()
-	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, ledgerDDL); err != nil {
-		t.Fatal(err)
-	}
-	return pool, url
+	return setupWith(t, ledgerDDL)
 }
 
 func claim(t testing.TB, db streams.DB, name, instance string, cfg streams.LeaseConfig) *streams.Lease {
@@ -212,12 +203,7 @@ func TestLeaseWaitForRelease(t *testing.T) {
 	if err := a.Release(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiting claim did not return after release")
-	}
+	r := recvWithin(t, got, 10*time.Second, "waiting claim did not return after release")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -363,12 +349,7 @@ func TestFenceHoldsOffSeal(t *testing.T) {
 		t.Fatal(err)
 	}
 	alloc.Finish()
-	var r result
-	select {
-	case r = <-sealed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("seal still blocked after the fenced transaction committed")
-	}
+	r := recvWithin(t, sealed, 10*time.Second, "seal still blocked after the fenced transaction committed")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -482,13 +463,8 @@ func TestLeaseURLAndOnWait(t *testing.T) {
 			}})
 		done <- err
 	}()
-	select {
-	case h := <-waits:
-		if h != "inst-a" {
-			t.Fatalf("OnWait named %q, want inst-a", h)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("OnWait never called while waiting")
+	if h := recvWithin(t, waits, 10*time.Second, "OnWait never called while waiting"); h != "inst-a" {
+		t.Fatalf("OnWait named %q, want inst-a", h)
 	}
 	if err := a.Release(ctx, nil); err != nil {
 		t.Fatal(err)

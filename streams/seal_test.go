@@ -277,14 +277,17 @@ func sealLoop(t *testing.T, db streams.DB) <-chan *streams.Sealed {
 	return sealed
 }
 
-func awaitSeal(t *testing.T, sealed <-chan *streams.Sealed, timeout time.Duration) *streams.Sealed {
+// recvWithin receives from ch; when nothing comes within timeout the test
+// fails with the message.
+func recvWithin[T any](t *testing.T, ch <-chan T, timeout time.Duration, format string, args ...any) T {
 	t.Helper()
 	select {
-	case s := <-sealed:
-		return s
+	case v := <-ch:
+		return v
 	case <-time.After(timeout):
-		t.Fatalf("no writer sealed within %v", timeout)
-		return nil
+		t.Fatalf(format, args...)
+		var zero T
+		return zero
 	}
 }
 
@@ -314,7 +317,7 @@ func TestKilledWriterIsSealed(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wait(t, 10*time.Second)
-	s := awaitSeal(t, sealed, ttl+15*time.Second)
+	s := recvWithin(t, sealed, ttl+15*time.Second, "no writer sealed within %v", ttl+15*time.Second)
 	if s.Name != "persister1" || s.Instance != "child-killed" {
 		t.Fatalf("sealed %+v, want persister1 held by child-killed", s)
 	}
@@ -366,7 +369,7 @@ func TestStoppedWriterProcessIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.cmd.Process.Signal(syscall.SIGCONT) })
-	s := awaitSeal(t, sealed, ttl+15*time.Second)
+	s := recvWithin(t, sealed, ttl+15*time.Second, "no writer sealed within %v", ttl+15*time.Second)
 	if s.Instance != "child-stopped" {
 		t.Fatalf("sealed %+v, want child-stopped", s)
 	}

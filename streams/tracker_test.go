@@ -174,34 +174,22 @@ func TestTrackerSkipsKnownPersisted(t *testing.T) {
 	}
 	// Writer 2 is at 5, but 6 and 7 are ours and done: everything up to 7
 	// is persisted. 8 is unknown (maybe writer 2's, in flight).
-	if got := tr.PersistedUpto(); got != 7 {
-		t.Fatalf("persisted-upto = %d, want 7", got)
-	}
+	wantUpto(t, tr, 7, "")
 	tr.ObservePersisted(8)
-	if got := tr.PersistedUpto(); got != 8 {
-		t.Fatalf("persisted-upto after row 8 seen = %d, want 8", got)
-	}
+	wantUpto(t, tr, 8, "after row 8 seen")
 	tr.Observe(2, 20)
-	if got := tr.PersistedUpto(); got != 8 {
-		t.Fatalf("persisted-upto = %d, want 8 (own 9 unfinished)", got)
-	}
+	wantUpto(t, tr, 8, "own 9 unfinished")
 }
 
 func TestTrackerCapAndRemove(t *testing.T) {
 	tr := NewTracker(0, map[WriterID]int64{1: 10, 2: 20})
 	tr.SetCap(15)
 	tr.RemoveWriter(1)
-	if got := tr.PersistedUpto(); got != 15 {
-		t.Fatalf("persisted-upto with cap 15 = %d, want 15", got)
-	}
+	wantUpto(t, tr, 15, "cap 15")
 	tr.SetCap(30)
-	if got := tr.PersistedUpto(); got != 20 {
-		t.Fatalf("persisted-upto = %d, want 20", got)
-	}
+	wantUpto(t, tr, 20, "")
 	tr.SetCap(5) // a stale cap never moves persisted-upto backwards
-	if got := tr.PersistedUpto(); got != 20 {
-		t.Fatalf("persisted-upto went backwards to %d", got)
-	}
+	wantUpto(t, tr, 20, "a stale cap never moves it backwards")
 }
 
 // A writer learned after the cap was read registered after it, so it may
@@ -213,22 +201,14 @@ func TestTrackerWriterLearnedLate(t *testing.T) {
 	tr.SetCap(7)
 	tr.Observe(1, 10)
 	tr.Observe(2, 10)
-	if got := tr.PersistedUpto(); got != 7 {
-		t.Fatalf("persisted-upto under cap 7 = %d, want 7", got)
-	}
+	wantUpto(t, tr, 7, "under cap 7")
 	tr.Observe(3, 7)
 	tr.SetCap(10)
-	if got := tr.PersistedUpto(); got != 7 {
-		t.Fatalf("persisted-upto = %d with writer 3 at 7, want 7 (it may hold 8)", got)
-	}
+	wantUpto(t, tr, 7, "writer 3 at 7 may hold 8")
 	tr.ObservePersisted(8) // a done ID is skipped over whoever holds it
-	if got := tr.PersistedUpto(); got != 8 {
-		t.Fatalf("persisted-upto after row 8 seen = %d, want 8", got)
-	}
+	wantUpto(t, tr, 8, "after row 8 seen")
 	tr.Observe(3, 10)
-	if got := tr.PersistedUpto(); got != 10 {
-		t.Fatalf("persisted-upto with every writer at 10 = %d, want 10", got)
-	}
+	wantUpto(t, tr, 10, "every writer at 10")
 }
 
 // The positions a tracker starts from are one registry read, taken after
@@ -238,16 +218,12 @@ func TestTrackerWriterLearnedLate(t *testing.T) {
 func TestTrackerStartsFromRegistryRead(t *testing.T) {
 	tr := NewTracker(0, map[WriterID]int64{1: 105, 2: 105})
 	tr.SetCap(100)
-	if got := tr.PersistedUpto(); got != 105 {
-		t.Fatalf("persisted-upto from the registry read = %d, want 105", got)
-	}
+	wantUpto(t, tr, 105, "from the registry read")
 	tr.Observe(1, 120)
 	tr.Observe(2, 120)
 	tr.Observe(3, 102) // registered at 102, committed after the read
 	tr.SetCap(120)
-	if got := tr.PersistedUpto(); got != 105 {
-		t.Fatalf("persisted-upto = %d, want 105 (writer 3 may hold 106)", got)
-	}
+	wantUpto(t, tr, 105, "writer 3 may hold 106")
 }
 
 // With every writer sealed, nothing at or below the cap can still be
@@ -259,9 +235,7 @@ func TestTrackerAllWritersSealed(t *testing.T) {
 	tr.Observe(2, 9)
 	tr.RemoveWriter(2)
 	tr.SetCap(9)
-	if got := tr.PersistedUpto(); got != 9 {
-		t.Fatalf("persisted-upto with no writer left = %d, want the cap 9", got)
-	}
+	wantUpto(t, tr, 9, "no writer left: the cap")
 }
 
 // TestTrackerModel drives a tracker (of writer 1 or of a reader) against
@@ -650,5 +624,17 @@ func BenchmarkTrackerObserve(b *testing.B) {
 	for b.Loop() {
 		p++
 		tr.Observe(WriterID(p%4+1), p)
+	}
+}
+
+// wantUpto fails the test unless tr's persisted-upto is want; why says
+// what that rests on, for the failure message.
+func wantUpto(t *testing.T, tr *Tracker, want int64, why string) {
+	t.Helper()
+	if got := tr.PersistedUpto(); got != want {
+		if why != "" {
+			why = " (" + why + ")"
+		}
+		t.Fatalf("persisted-upto = %d, want %d%s", got, want, why)
 	}
 }

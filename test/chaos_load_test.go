@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // ack is one acknowledged write.
@@ -112,20 +114,15 @@ func (w *workload) openLoop(ctx context.Context, t *testing.T, rate, workers int
 	}
 	go func() {
 		defer func() { close(jobs); wg.Wait() }()
-		tick := time.NewTicker(time.Second / time.Duration(rate))
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+		i := 0
+		testenv.Every(ctx, time.Second/time.Duration(rate), func() {
 			select {
 			case jobs <- i:
 			default:
 				skipped.Add(1)
 			}
-		}
+			i++
+		})
 	}()
 	return skipped
 }

@@ -195,18 +195,11 @@ type statusDoc struct {
 // decrease, and a ready instance must hold every write acknowledged more
 // than readySlack before the sample began.
 func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc) {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	testenv.Every(ctx, 100*time.Millisecond, func() {
 		began := time.Now()
 		var st statusDoc
 		if err := get(ctx, 2*time.Second, next().url+"/status", &st); err != nil || st.Waiting != nil || st.Token == "" {
-			continue // down, or not serving yet (waiting for its writer name)
+			return // down, or not serving yet (waiting for its writer name)
 		}
 		o.mu.Lock()
 		v := o.views[name]
@@ -235,7 +228,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 			}
 		}
 		o.mu.Unlock()
-	}
+	})
 }
 
 // get is one GET of a JSON document, bounded by timeout.

@@ -185,14 +185,7 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 // supervise restarts any instance that exited on its own (a writer that
 // found its lease sealed exits by design), like a process supervisor.
 func (ch *chaos) supervise(ctx context.Context) {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	testenv.Every(ctx, 100*time.Millisecond, func() {
 		ch.mu.Lock()
 		for _, p := range ch.procs {
 			if p.cmd == nil || ch.held[p.name] {
@@ -211,7 +204,7 @@ func (ch *chaos) supervise(ctx context.Context) {
 			}
 		}
 		ch.mu.Unlock()
-	}
+	})
 }
 
 // loadFor lets the load acknowledge n more writes (between faults, or

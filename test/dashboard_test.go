@@ -38,11 +38,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	}
 
 	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, sync1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, sync1)
+	_, master, p1, p2, sync1 := smallClusterOn(t, rds)
 	ctx := context.Background()
 	for i := range 6 {
 		if _, err := call(ctx, "POST", sync1.url+fmt.Sprintf("/v1/rooms/dash%d/messages", i),

@@ -201,11 +201,7 @@ func TestHungWriterFallsBackToPostgres(t *testing.T) {
 // working (0 failed writes).
 func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, s1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, s1)
+	c, master, p1, p2, s1 := smallClusterOn(t, rds)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
@@ -243,21 +239,14 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	replayed := 0
 	var replays atomic.Int64
 	wg.Go(func() {
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+		testenv.Every(ctx, 50*time.Millisecond, func() {
 			for _, line := range []string{hello, bye} {
 				if rdb.Publish(ctx, "weft:e2e", line).Err() == nil {
 					replayed++
 					replays.Add(1)
 				}
 			}
-		}
+		})
 	})
 	room := roomOf(t, "persister1")
 	failed := 0

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -80,10 +82,9 @@ func TestEndToEnd(t *testing.T) {
 	const messages, rooms = 2000, 50
 	var mu sync.Mutex
 	acked := map[string]event{} // txn -> the event the write returned
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
+	var writers errgroup.Group
 	for g := range 8 {
-		wg.Go(func() {
+		writers.Go(func() error {
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
 			for i := g; i < messages; i += 8 {
 				room := fmt.Sprintf("!room%d:test", rng.IntN(rooms))
@@ -97,13 +98,13 @@ func TestEndToEnd(t *testing.T) {
 				}
 				body := map[string]string{"sender": fmt.Sprintf("@u%d:test", g), "body": fmt.Sprintf("message %d", i), "txn_id": txn}
 				if _, err := call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &resp); err != nil {
-					errs <- err
-					return
+					return err
 				}
 				mu.Lock()
 				acked[txn] = event{EventID: resp.EventID, Room: room, StreamPos: resp.StreamPos, Writer: resp.Writer}
 				mu.Unlock()
 			}
+			return nil
 		})
 	}
 	// State events on a few rooms, through different instances.
@@ -114,9 +115,7 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := writers.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	if len(acked) != messages {

@@ -72,12 +72,7 @@ func txnMessageURL(p *proc, room string) string {
 // any txn_id the API accepts is forwarded, and with the owner down a write
 // is a 503 to retry that names no internal address.
 func TestTxnIdempotency(t *testing.T) {
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, worker := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, worker)
+	c, master, p1, p2, worker := smallCluster(t)
 	all := []*proc{master, p1, p2, worker}
 	const roomA, roomB, sender = "!a:txn", "!b:txn", "@u:txn"
 	msg := map[string]string{"sender": sender, "txn_id": "t1", "body": "hello"}

@@ -24,7 +24,12 @@ type writeAck struct {
 // private Redis and a fresh database, and waits until all are ready.
 func smallCluster(t *testing.T) (c *cluster, master, p1, p2, sync1 *proc) {
 	t.Helper()
-	rds := testenv.StartRedis(t)
+	return smallClusterOn(t, testenv.StartRedis(t))
+}
+
+// smallClusterOn is smallCluster on rds, for tests that use it directly.
+func smallClusterOn(t *testing.T, rds *testenv.Redis) (c *cluster, master, p1, p2, sync1 *proc) {
+	t.Helper()
 	c = newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master = c.start("master", "master")
 	c.waitReady(master)
@@ -106,6 +111,13 @@ func runLoad(ctx context.Context, procs []*proc, workers int) *load {
 	return l
 }
 
+// ackedCount is how many writes have been acknowledged so far.
+func (l *load) ackedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
 // checkAll asserts every instance has every acknowledged write exactly once.
 func checkAll(t *testing.T, l *load, procs ...*proc) {
 	t.Helper()
@@ -149,7 +161,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	procs := []*proc{master, p1, p2, sync1}
 	ctx, stop := context.WithCancel(context.Background())
 	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > 200 }, "no load")
+	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
 	c.stop(p1, syscall.SIGKILL)
 	killed := time.Now()
 	// The master seals it: persisted-upto on sync1 moves on within the
@@ -188,10 +200,8 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	// It restarts as a new instance of the same name.
 	c.launch(p1)
 	c.waitReady(p1)
-	l.mu.Lock()
-	restarted := len(l.acked)
-	l.mu.Unlock()
-	testenv.Eventually(t, 20*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > restarted+200 },
+	restarted := l.ackedCount()
+	testenv.Eventually(t, 20*time.Second, func() bool { return l.ackedCount() > restarted+200 },
 		"load stalled after the restart")
 	stop()
 	checkAll(t, l, procs...)
@@ -204,11 +214,11 @@ func TestWriterRollingRestart(t *testing.T) {
 	procs := []*proc{master, p1, p2, sync1}
 	ctx, stop := context.WithCancel(context.Background())
 	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > 200 }, "no load")
+	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
 	c.stop(p1, syscall.SIGTERM)
 	c.launch(p1)
 	c.waitReady(p1)
-	testenv.Eventually(t, 10*time.Second, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) > 600 }, "load stalled after the restart")
+	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 600 }, "load stalled after the restart")
 	stop()
 	checkAll(t, l, procs...)
 }

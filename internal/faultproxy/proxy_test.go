@@ -89,6 +89,26 @@ func checkHealthy(t *testing.T, ctx context.Context, c *redis.Client, key string
 	}
 }
 
+// checkPipelined sends n INCRs of counter, a key not set yet, through c in
+// one pipeline and checks that each reply matches its own command.
+func checkPipelined(t *testing.T, ctx context.Context, c *redis.Client, n int) {
+	t.Helper()
+	cmds, err := c.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for range n {
+			pipe.Incr(ctx, "counter")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, cmd := range cmds {
+		if n := cmd.(*redis.IntCmd).Val(); n != int64(i+1) {
+			t.Fatalf("pipelined INCR %d = %d", i, n)
+		}
+	}
+}
+
 func TestPassThrough(t *testing.T) {
 	protocols(t, func(t *testing.T, proto int) {
 		ctx := context.Background()
@@ -110,20 +130,7 @@ func TestPassThrough(t *testing.T) {
 		if got, err := c.HGetAll(ctx, "h").Result(); err != nil || len(got) != 2 || got["a"] != "1" || got["b"] != "2" {
 			t.Fatalf("HGETALL = %v, %v", got, err)
 		}
-		cmds, err := c.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for range 200 {
-				pipe.Incr(ctx, "counter")
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, cmd := range cmds {
-			if n := cmd.(*redis.IntCmd).Val(); n != int64(i+1) {
-				t.Fatalf("pipelined INCR %d = %d", i, n)
-			}
-		}
+		checkPipelined(t, ctx, c, 200)
 		if err := c.Get(ctx, "missing").Err(); !errors.Is(err, redis.Nil) {
 			t.Fatalf("GET missing: %v, want redis.Nil", err)
 		}
@@ -232,20 +239,7 @@ func TestDelay(t *testing.T) {
 		if rtt := time.Since(start); rtt < d {
 			t.Fatalf("PING took %v through a %v delay", rtt, d)
 		}
-		cmds, err := c.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			for range 100 {
-				pipe.Incr(ctx, "counter")
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, cmd := range cmds {
-			if n := cmd.(*redis.IntCmd).Val(); n != int64(i+1) {
-				t.Fatalf("pipelined INCR %d = %d", i, n)
-			}
-		}
+		checkPipelined(t, ctx, c, 100)
 
 		// Deliveries published straight to Redis arrive in order, each at
 		// least d after it was published.

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -38,6 +39,22 @@ func WaitFor(t testing.TB, timeout time.Duration, f func() error) {
 	t.Helper()
 	if err := poll(timeout, f); err != nil {
 		t.Fatalf("testenv: still failing after %v: %v", timeout, err)
+	}
+}
+
+// Every calls f every interval, the first time one interval from now, until
+// ctx is done, for background samplers and supervisors that a test stops by
+// cancelling ctx. A tick that finds ctx done may still call f once.
+func Every(ctx context.Context, interval time.Duration, f func()) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		f()
 	}
 }
 

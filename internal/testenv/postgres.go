@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -33,10 +31,7 @@ type Postgres struct {
 	data string
 	log  string
 	as   *runAs // nil unless the tests run as root
-
-	mu   sync.Mutex
-	port int
-	proc *process // the postmaster; nil before the first start
+	srv  server // the postmaster
 }
 
 // StartPostgres creates a cluster with initdb, starts it on a free port and
@@ -65,6 +60,7 @@ func StartPostgres(t testing.TB) *Postgres {
 		log:  filepath.Join(dir, "postgres.log"),
 		as:   as,
 	}
+	p.srv = server{name: "postgres", log: p.log, stopSig: os.Interrupt, launch: p.launch}
 	t.Cleanup(func() {
 		p.Stop()
 		os.RemoveAll(dir)
@@ -81,16 +77,7 @@ func StartPostgres(t testing.TB) *Postgres {
 	if err != nil {
 		t.Fatalf("testenv: %v%s", err, logTail(p.log))
 	}
-	for attempt := 1; ; attempt++ {
-		p.port = FreePort(t)
-		err := p.launch()
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, errPortInUse) || attempt == portAttempts {
-			t.Fatalf("testenv: start postgres on port %d: %v%s", p.port, err, logTail(p.log))
-		}
-	}
+	p.srv.start(t)
 	t.Logf("testenv: postgres at %s, log %s", p.URL("postgres"), p.log)
 	return p
 }
@@ -121,13 +108,10 @@ func postgresBin() (string, error) {
 // URL is postgres://postgres@127.0.0.1:port/db?sslmode=disable; the port
 // stays the same across restarts.
 func (p *Postgres) URL(db string) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.url(db)
+	return postgresURL(p.srv.addr(), db)
 }
 
-func (p *Postgres) url(db string) string {
-	host := net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))
+func postgresURL(host, db string) string {
 	return "postgres://postgres@" + host + "/" + db + "?sslmode=disable"
 }
 
@@ -155,14 +139,7 @@ func (p *Postgres) NewDatabase(t testing.TB) string {
 // The data dir stays, so Start recovers it.
 func (p *Postgres) Kill(t testing.TB) {
 	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.proc == nil || p.proc.exited() {
-		t.Fatalf("testenv: kill postgres on port %d: not running", p.port)
-	}
-	if err := p.proc.signalAndWait(os.Kill, stopTimeout); err != nil {
-		t.Fatalf("testenv: kill postgres on port %d: %v", p.port, err)
-	}
+	p.srv.kill(t)
 }
 
 // Start starts the cluster again on the same port and data dir after Kill
@@ -170,33 +147,22 @@ func (p *Postgres) Kill(t testing.TB) {
 // until crash recovery has finished.
 func (p *Postgres) Start(t testing.TB) {
 	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.proc != nil && !p.proc.exited() {
-		t.Fatalf("testenv: start postgres on port %d: already running", p.port)
-	}
-	if err := p.launch(); err != nil {
-		t.Fatalf("testenv: restart postgres on port %d: %v%s", p.port, err, logTail(p.log))
-	}
+	p.srv.restart(t)
 }
 
 // Stop shuts the cluster down with a fast shutdown (SIGINT: disconnect
 // clients, checkpoint), or SIGKILL if that hangs, and waits for it. Stopping
 // a cluster that is not running does nothing.
 func (p *Postgres) Stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.proc != nil {
-		p.proc.stop(os.Interrupt)
-	}
+	p.srv.stop()
 }
 
-// launch starts the postmaster on p.port and waits until it accepts
-// connections. The caller holds p.mu or owns p exclusively.
-func (p *Postgres) launch() error {
+// launch starts the postmaster on port and waits until it accepts
+// connections; it is p.srv's launch.
+func (p *Postgres) launch(port int) (*process, error) {
 	args := []string{
 		"-D", p.data,
-		"-p", strconv.Itoa(p.port),
+		"-p", strconv.Itoa(port),
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories=" + p.dir,
 		"-c", "fsync=off",
@@ -207,35 +173,33 @@ func (p *Postgres) launch() error {
 		offset := logSize(p.log)
 		proc, err := startProcess(p.dir, p.log, p.as, filepath.Join(p.bin, "postgres"), args...)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		p.proc = proc
-		err = p.waitReady(proc, deadline)
+		err = waitPostgres(proc, postgresURL(net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "postgres"), deadline)
 		if err == nil {
-			return nil
+			return proc, nil
 		}
 		if !proc.exited() {
 			proc.stop(os.Kill)
-			return err
+			return nil, err
 		}
 		out := logSince(p.log, offset)
 		switch {
 		case strings.Contains(out, "Address already in use"):
-			return errPortInUse
+			return nil, errPortInUse
 		case strings.Contains(out, "is still in use") && time.Now().Before(deadline):
 			// The killed postmaster's backends have not all noticed its
 			// death yet and still hold its shared memory.
 			time.Sleep(pgRelaunchDelay)
 		default:
-			return fmt.Errorf("postgres exited: %v", proc.err)
+			return nil, fmt.Errorf("postgres exited: %v", proc.err)
 		}
 	}
 }
 
-// waitReady polls until the cluster accepts a connection, the postmaster
-// exits, or deadline passes.
-func (p *Postgres) waitReady(proc *process, deadline time.Time) error {
-	u := p.url("postgres")
+// waitPostgres polls until the cluster at u accepts a connection, the
+// postmaster exits, or deadline passes.
+func waitPostgres(proc *process, u string, deadline time.Time) error {
 	return poll(time.Until(deadline), func() error {
 		if proc.exited() {
 			return &permanent{fmt.Errorf("postgres exited: %v", proc.err)}

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,9 +21,6 @@ const (
 	// redisStartTimeout bounds a private redis-server's start; it has no
 	// data to load, so it is ready almost at once.
 	redisStartTimeout = 15 * time.Second
-	// portAttempts is how often a first start picks a new port when another
-	// process took the one FreePort offered.
-	portAttempts = 3
 )
 
 // Redis is a private redis-server on 127.0.0.1, for tests that kill and
@@ -34,10 +30,7 @@ type Redis struct {
 	dir  string
 	log  string
 	args []string
-
-	mu   sync.Mutex
-	port int
-	proc *process // nil before the first start
+	srv  server
 }
 
 // StartRedis starts redis-server from PATH on a free port in its own temp
@@ -55,29 +48,19 @@ func StartRedis(t testing.TB, args ...string) *Redis {
 		t.Fatalf("testenv: redis temp dir: %v", err)
 	}
 	r := &Redis{bin: bin, dir: dir, log: filepath.Join(dir, "redis.log"), args: args}
+	r.srv = server{name: "redis-server", log: r.log, stopSig: syscall.SIGTERM, launch: r.launch}
 	t.Cleanup(func() {
 		r.Stop()
 		os.RemoveAll(dir)
 	})
-	for attempt := 1; ; attempt++ {
-		r.port = FreePort(t)
-		err := r.launch()
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, errPortInUse) || attempt == portAttempts {
-			t.Fatalf("testenv: start redis-server on port %d: %v%s", r.port, err, logTail(r.log))
-		}
-	}
+	r.srv.start(t)
 	t.Logf("testenv: redis-server at %s, log %s", r.Addr(), r.log)
 	return r
 }
 
 // Addr is "127.0.0.1:port"; it stays the same across restarts.
 func (r *Redis) Addr() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))
+	return r.srv.addr()
 }
 
 // URL is "redis://127.0.0.1:port/0".
@@ -88,47 +71,27 @@ func (r *Redis) URL() string {
 // Kill SIGKILLs the server, as in a crash, and waits for it to exit.
 func (r *Redis) Kill(t testing.TB) {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc == nil || r.proc.exited() {
-		t.Fatalf("testenv: kill redis-server at port %d: not running", r.port)
-	}
-	if err := r.proc.signalAndWait(os.Kill, stopTimeout); err != nil {
-		t.Fatalf("testenv: kill redis-server at port %d: %v", r.port, err)
-	}
+	r.srv.kill(t)
 }
 
 // Start starts the server again on the same port after Kill or Stop, empty,
 // and waits until it answers PING.
 func (r *Redis) Start(t testing.TB) {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc != nil && !r.proc.exited() {
-		t.Fatalf("testenv: start redis-server at port %d: already running", r.port)
-	}
-	if err := r.launch(); err != nil {
-		t.Fatalf("testenv: restart redis-server on port %d: %v%s", r.port, err, logTail(r.log))
-	}
+	r.srv.restart(t)
 }
 
 // Stop shuts the server down (SIGTERM, SIGKILL if it hangs) and waits for it.
 // Stopping a server that is not running does nothing.
 func (r *Redis) Stop() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.proc != nil {
-		r.proc.stop(syscall.SIGTERM)
-	}
+	r.srv.stop()
 }
 
-var errPortInUse = errors.New("port already in use")
-
-// launch starts redis-server on r.port and waits until it answers PING. The
-// caller holds r.mu or owns r exclusively.
-func (r *Redis) launch() error {
+// launch starts redis-server on port and waits until it answers PING; it is
+// r.srv's launch.
+func (r *Redis) launch(port int) (*process, error) {
 	args := []string{
-		"--port", strconv.Itoa(r.port),
+		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--dir", r.dir,
 		"--save", "",
@@ -140,10 +103,9 @@ func (r *Redis) launch() error {
 	offset := logSize(r.log)
 	p, err := startProcess(r.dir, r.log, nil, r.bin, args...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	r.proc = p
-	opt := &redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port))}
+	opt := &redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
 	err = poll(redisStartTimeout, func() error {
 		if p.exited() {
 			return &permanent{errors.New("redis-server exited")}
@@ -151,14 +113,14 @@ func (r *Redis) launch() error {
 		return pingRedis(context.Background(), opt)
 	})
 	if err == nil {
-		return nil
+		return p, nil
 	}
 	if !p.exited() {
 		p.stop(os.Kill)
-		return fmt.Errorf("no PING answer after %v: %w", redisStartTimeout, err)
+		return nil, fmt.Errorf("no PING answer after %v: %w", redisStartTimeout, err)
 	}
 	if strings.Contains(logSince(r.log, offset), "Address already in use") {
-		return errPortInUse
+		return nil, errPortInUse
 	}
-	return fmt.Errorf("redis-server exited: %v", p.err)
+	return nil, fmt.Errorf("redis-server exited: %v", p.err)
 }
