@@ -7,17 +7,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/weft-dev/weft/cmd/internal/binproc"
 )
 
 // binaries are the real binaries, cmd/master and cmd/worker, run by a
 // measurement on a database of their own.
 type binaries struct {
-	procs []*benchProc
+	procs []*binproc.Instance
 	db    *database
 	logs  string
 }
@@ -51,19 +51,19 @@ func startBinaries(ctx context.Context, e *benchEnv, name string, instances []bi
 	env = append(append(os.Environ(), "WEFT_DATABASE_URL="+b.db.URL, "WEFT_REDIS_URL="+e.redisURL, "WEFT_SECRET="+benchSecret,
 		"WEFT_CLUSTER="+e.cluster(name), "WEFT_LOG_LEVEL=warn"), env...)
 	for i, in := range instances {
-		p, err := startProc(e.binDir, b.logs, in.bin, in.name, env)
+		p, err := binproc.Start(e.binDir, b.logs, in.bin, in.name, env)
 		if err != nil {
 			return nil, err
 		}
 		b.procs = append(b.procs, p)
 		if i == 0 { // the master migrates first
-			if err := waitReady(ctx, p.url, p.done, p.log); err != nil {
+			if err := waitReady(ctx, p); err != nil {
 				return nil, err
 			}
 		}
 	}
 	for _, p := range b.procs[1:] {
-		if err := waitReady(ctx, p.url, p.done, p.log); err != nil {
+		if err := waitReady(ctx, p); err != nil {
 			return nil, err
 		}
 	}
@@ -72,7 +72,7 @@ func startBinaries(ctx context.Context, e *benchEnv, name string, instances []bi
 
 // close stops the instances, deletes their logs and drops the database.
 func (b *binaries) close() {
-	stopProcs(b.procs)
+	binproc.Stop(b.procs, 20*time.Second)
 	if b.logs != "" {
 		os.RemoveAll(b.logs)
 	}
@@ -81,64 +81,18 @@ func (b *binaries) close() {
 	}
 }
 
-// benchProc is one real binary started by a measurement.
-type benchProc struct {
-	name, url, log string
-	cmd            *exec.Cmd
-	done           chan struct{}
-}
-
-func startProc(binDir, logs, bin, name string, env []string) (*benchProc, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p := &benchProc{name: name, url: "http://" + addr, log: filepath.Join(logs, name+".log"), done: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(binDir, bin), "--name", name, "--http-addr", addr)
-	p.cmd.Env = env
-	f, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
-	return p, nil
-}
-
-// stopProcs sends SIGTERM to every process and waits, killing those that
-// do not stop in 20 s.
-func stopProcs(procs []*benchProc) {
-	for _, p := range procs {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, p := range procs {
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	}
-}
-
 // waitReady polls /readyz until it answers 200, the process exits, or 60 s
 // pass.
-func waitReady(ctx context.Context, base string, exited <-chan struct{}, log string) error {
+func waitReady(ctx context.Context, p *binproc.Instance) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case <-exited:
-			tail, _ := os.ReadFile(log)
-			return fmt.Errorf("%s exited: %s", base, lastLines(tail, 5))
+		case <-p.Done:
+			tail, _ := os.ReadFile(p.Log)
+			return fmt.Errorf("%s exited: %s", p.URL, lastLines(tail, 5))
 		default:
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/readyz", nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -151,7 +105,7 @@ func waitReady(ctx context.Context, base string, exited <-chan struct{}, log str
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%s not ready after 60s", base)
+	return fmt.Errorf("%s not ready after 60s", p.URL)
 }
 
 func lastLines(b []byte, n int) string {

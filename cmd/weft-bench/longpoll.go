@@ -34,7 +34,7 @@ func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		return nil, err
 	}
 	defer b.close()
-	owner := b.procs[1].url
+	owner := b.procs[1].URL
 	n := 1000
 	if e.quick {
 		n = 300

@@ -47,7 +47,7 @@ func measureRSS(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	owner := map[string]string{b.procs[1].name: b.procs[1].url, b.procs[2].name: b.procs[2].url}
+	owner := map[string]string{b.procs[1].Name: b.procs[1].URL, b.procs[2].Name: b.procs[2].URL}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: rssInFlight, MaxConnsPerHost: rssInFlight}, Timeout: 30 * time.Second}
 	defer hc.CloseIdleConnections()
 	d := 10 * time.Second
@@ -107,15 +107,15 @@ func measureRSS(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		Name: fmt.Sprintf("messages acknowledged per second (offered %d/s, read-your-writes)", rssRate), Weft: rate,
 		Note: fmt.Sprintf("%d failed", failed.Load())}}
 	for _, p := range b.procs {
-		rss, hwm, err := procMemory(p.cmd.Process.Pid)
+		rss, hwm, err := procMemory(p.Cmd.Process.Pid)
 		if err != nil {
 			return nil, err
 		}
-		e.log.Info("rss", "instance", p.name, "rss_mib", rss, "hwm_mib", hwm)
+		e.log.Info("rss", "instance", p.Name, "rss_mib", rss, "hwm_mib", hwm)
 		out = append(out,
-			Sample{ID: "rss.hwm." + p.name, Group: group, Unit: "MiB", Name: p.name + ": peak RSS (VmHWM)", Weft: hwm,
+			Sample{ID: "rss.hwm." + p.Name, Group: group, Unit: "MiB", Name: p.Name + ": peak RSS (VmHWM)", Weft: hwm,
 				Goal: &Goal{GoalAtMost, 64}},
-			Sample{ID: "rss.now." + p.name, Group: group, Unit: "MiB", Name: p.name + ": RSS at the end of the load (VmRSS)", Weft: rss})
+			Sample{ID: "rss.now." + p.Name, Group: group, Unit: "MiB", Name: p.Name + ": RSS at the end of the load (VmRSS)", Weft: rss})
 	}
 	if failed.Load() > int64(n/100) {
 		return out, fmt.Errorf("%d of %d requests failed, first: %v", failed.Load(), n, firstErr.Load())
