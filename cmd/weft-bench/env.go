@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sys/unix"
 
+	"github.com/weft-dev/weft/cmd/internal/binproc"
 	"github.com/weft-dev/weft/schema"
 	"github.com/weft-dev/weft/streams"
 )
@@ -140,16 +140,6 @@ func redact(s string) string {
 	return u.Redacted()
 }
 
-// freePort is a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // privateRedis is a redis-server of our own on a free port, for the one
 // measurement that kills Redis: the shared 6379 is never touched.
 type privateRedis struct {
@@ -164,7 +154,7 @@ func startPrivateRedis(ctx context.Context) (*privateRedis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis dir: %w", err)
 	}
-	port, err := freePort()
+	port, err := binproc.FreePort()
 	if err != nil {
 		return nil, err
 	}

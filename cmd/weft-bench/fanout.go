@@ -171,13 +171,8 @@ func fanoutWeft(ctx context.Context, e *benchEnv, n int) (fanoutResult, error) {
 	if err != nil {
 		return fanoutResult{}, err
 	}
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- node.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
+	stop := runNode(ctx, node)
+	defer stop()
 	readers, err := startReaders(ctx, n, readerArgs{Mode: "weft", Redis: e.redisURL, Cluster: cluster, Stream: "ephemeral",
 		Secret: benchSecret, Record: true})
 	if err != nil {

@@ -79,13 +79,8 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- node.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
+	stop := runNode(ctx, node)
+	defer stop()
 	deadline := time.Now().Add(20 * time.Second)
 	for !node.Status().Ready || len(node.Status().Views) < len(ws) {
 		if time.Now().After(deadline) {

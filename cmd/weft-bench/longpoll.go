@@ -8,14 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -32,36 +28,13 @@ const (
 )
 
 func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
-	if err := buildBinaries(ctx, e.binDir); err != nil {
-		return nil, err
-	}
-	db, err := createDatabase(ctx, e.adminURL, 2, e.syncCommit, false)
+	b, err := startBinaries(ctx, e, "longpoll", []binInstance{{"master", "master"}, {"worker", "persister1"}},
+		"WEFT_EVENT_WRITERS=persister1")
 	if err != nil {
 		return nil, err
 	}
-	db.Pool.Close() // the binaries migrate and connect on their own
-	db.Pool = nil
-	defer db.Close()
-	logs, err := os.MkdirTemp("", "weft-bench-longpoll-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(logs)
-	env := append(os.Environ(), "WEFT_DATABASE_URL="+db.URL, "WEFT_REDIS_URL="+e.redisURL, "WEFT_SECRET="+benchSecret,
-		"WEFT_CLUSTER="+e.cluster("longpoll"), "WEFT_LOG_LEVEL=warn", "WEFT_EVENT_WRITERS=persister1")
-	var procs []*benchProc
-	defer func() { stopProcs(procs) }()
-	for _, in := range []struct{ bin, name string }{{"master", "master"}, {"worker", "persister1"}} {
-		p, err := startProc(e.binDir, logs, in.bin, in.name, env)
-		if err != nil {
-			return nil, err
-		}
-		procs = append(procs, p)
-		if err := waitReady(ctx, p.url, p.done, p.log); err != nil { // the master migrates first
-			return nil, err
-		}
-	}
-	owner := procs[1].url
+	defer b.close()
+	owner := b.procs[1].URL
 	n := 1000
 	if e.quick {
 		n = 300
@@ -224,50 +197,4 @@ func goroutines(ctx context.Context, hc *http.Client, base string) (int, error) 
 		}
 	}
 	return 0, fmt.Errorf("%s/metrics: no go_goroutines", base)
-}
-
-// benchProc is one real binary started by a measurement.
-type benchProc struct {
-	name, url, log string
-	cmd            *exec.Cmd
-	done           chan struct{}
-}
-
-func startProc(binDir, logs, bin, name string, env []string) (*benchProc, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p := &benchProc{name: name, url: "http://" + addr, log: filepath.Join(logs, name+".log"), done: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(binDir, bin), "--name", name, "--http-addr", addr)
-	p.cmd.Env = env
-	f, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
-	return p, nil
-}
-
-// stopProcs sends SIGTERM to every process and waits, killing those that
-// do not stop in 20 s.
-func stopProcs(procs []*benchProc) {
-	for _, p := range procs {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, p := range procs {
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	}
 }

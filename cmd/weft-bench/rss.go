@@ -10,13 +10,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -35,86 +31,23 @@ const (
 	rssInFlight = 512 // concurrent requests at most
 )
 
-var rssInstances = []struct{ bin, name string }{
+var rssInstances = []binInstance{
 	{"master", "master"}, {"worker", "persister1"}, {"worker", "persister2"}, {"worker", "sync1"},
 }
 
 func measureRSS(ctx context.Context, e *benchEnv) ([]Sample, error) {
-	if err := buildBinaries(ctx, e.binDir); err != nil {
-		return nil, err
-	}
-	db, err := createDatabase(ctx, e.adminURL, 2, e.syncCommit, false)
+	b, err := startBinaries(ctx, e, "rss", rssInstances)
 	if err != nil {
 		return nil, err
 	}
-	db.Pool.Close() // the binaries migrate and connect on their own
-	db.Pool = nil
-	defer db.Close()
-	logs, err := os.MkdirTemp("", "weft-bench-rss-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(logs)
-	env := append(os.Environ(), "WEFT_DATABASE_URL="+db.URL, "WEFT_REDIS_URL="+e.redisURL, "WEFT_SECRET="+benchSecret,
-		"WEFT_CLUSTER="+e.cluster("rss"), "WEFT_LOG_LEVEL=warn")
-	type proc struct {
-		name, url string
-		cmd       *exec.Cmd
-		done      chan struct{}
-	}
-	var procs []*proc
-	defer func() {
-		for _, p := range procs {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		}
-		for _, p := range procs {
-			select {
-			case <-p.done:
-			case <-time.After(20 * time.Second):
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-		}
-	}()
-	for i, in := range rssInstances {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		p := &proc{name: in.name, url: "http://" + addr, done: make(chan struct{})}
-		p.cmd = exec.Command(filepath.Join(e.binDir, in.bin), "--name", in.name, "--http-addr", addr)
-		p.cmd.Env = env
-		f, err := os.Create(filepath.Join(logs, in.name+".log"))
-		if err != nil {
-			return nil, err
-		}
-		p.cmd.Stdout, p.cmd.Stderr = f, f
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := p.cmd.Start(); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("start %s: %w", in.name, err)
-		}
-		go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
-		procs = append(procs, p)
-		if i == 0 { // the master migrates first
-			if err := waitReady(ctx, p.url, p.done, filepath.Join(logs, in.name+".log")); err != nil {
-				return nil, err
-			}
-		}
-	}
-	for i, p := range procs {
-		if err := waitReady(ctx, p.url, p.done, filepath.Join(logs, rssInstances[i].name+".log")); err != nil {
-			return nil, err
-		}
-	}
+	defer b.close()
 
 	// The load: messages to the owner of each room.
 	shards, err := instance.NewShardMap([]string{"persister1", "persister2"})
 	if err != nil {
 		return nil, err
 	}
-	owner := map[string]string{procs[1].name: procs[1].url, procs[2].name: procs[2].url}
+	owner := map[string]string{b.procs[1].Name: b.procs[1].URL, b.procs[2].Name: b.procs[2].URL}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: rssInFlight, MaxConnsPerHost: rssInFlight}, Timeout: 30 * time.Second}
 	defer hc.CloseIdleConnections()
 	d := 10 * time.Second
@@ -173,16 +106,16 @@ func measureRSS(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	out := []Sample{{ID: "rss.rate", Group: group, Unit: "msg/s",
 		Name: fmt.Sprintf("messages acknowledged per second (offered %d/s, read-your-writes)", rssRate), Weft: rate,
 		Note: fmt.Sprintf("%d failed", failed.Load())}}
-	for _, p := range procs {
-		rss, hwm, err := procMemory(p.cmd.Process.Pid)
+	for _, p := range b.procs {
+		rss, hwm, err := procMemory(p.Cmd.Process.Pid)
 		if err != nil {
 			return nil, err
 		}
-		e.log.Info("rss", "instance", p.name, "rss_mib", rss, "hwm_mib", hwm)
+		e.log.Info("rss", "instance", p.Name, "rss_mib", rss, "hwm_mib", hwm)
 		out = append(out,
-			Sample{ID: "rss.hwm." + p.name, Group: group, Unit: "MiB", Name: p.name + ": peak RSS (VmHWM)", Weft: hwm,
+			Sample{ID: "rss.hwm." + p.Name, Group: group, Unit: "MiB", Name: p.Name + ": peak RSS (VmHWM)", Weft: hwm,
 				Goal: &Goal{GoalAtMost, 64}},
-			Sample{ID: "rss.now." + p.name, Group: group, Unit: "MiB", Name: p.name + ": RSS at the end of the load (VmRSS)", Weft: rss})
+			Sample{ID: "rss.now." + p.Name, Group: group, Unit: "MiB", Name: p.Name + ": RSS at the end of the load (VmRSS)", Weft: rss})
 	}
 	if failed.Load() > int64(n/100) {
 		return out, fmt.Errorf("%d of %d requests failed, first: %v", failed.Load(), n, firstErr.Load())
@@ -231,60 +164,4 @@ func procMemory(pid int) (rss, hwm float64, err error) {
 		}
 	}
 	return rss, hwm, sc.Err()
-}
-
-// waitReady polls /readyz until it answers 200, the process exits, or 60 s
-// pass.
-func waitReady(ctx context.Context, base string, exited <-chan struct{}, log string) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			tail, _ := os.ReadFile(log)
-			return fmt.Errorf("%s exited: %s", base, lastLines(tail, 5))
-		default:
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s not ready after 60s", base)
-}
-
-func lastLines(b []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-var buildOnce sync.Mutex
-
-// buildBinaries builds cmd/master and cmd/worker into dir once per process.
-func buildBinaries(ctx context.Context, dir string) error {
-	buildOnce.Lock()
-	defer buildOnce.Unlock()
-	if _, err := os.Stat(filepath.Join(dir, "worker")); err == nil {
-		return nil
-	}
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return fmt.Errorf("go env GOMOD: %w", err)
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	for _, name := range []string{"master", "worker"} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		cmd.Dir = root
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build cmd/%s: %w: %s", name, err, b)
-		}
-	}
-	return nil
 }

@@ -45,6 +45,19 @@ func sqlSource(pool *pgxpool.Pool) *catchup.SQLSource {
 	return &catchup.SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
 }
 
+// runNode runs node in the background until the returned stop is called,
+// not when ctx is canceled: its caller decides when it stops. stop waits
+// for Run to return and gives its error.
+func runNode(ctx context.Context, node *fabric.Node) (stop func() error) {
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- node.Run(runCtx) }()
+	return func() error {
+		cancel()
+		return <-done
+	}
+}
+
 // weftWriter is one writer of the events stream, in process: its
 // fabric.Writer (no lease: the raw writers have no fence either) and its
 // own fabric.Node (its own Redis connections).
@@ -54,8 +67,7 @@ type weftWriter struct {
 	w    *fabric.Writer
 	gen  *streams.Generator
 	node *fabric.Node
-	stop context.CancelFunc
-	done chan error
+	stop func() error // the node's
 }
 
 // writerOpts are how writers are started.
@@ -124,16 +136,12 @@ func startWeftWriter(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster,
 	if err != nil {
 		return nil, fmt.Errorf("writer %s: %w", name, err)
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w := &weftWriter{name: name, pool: pool, w: fw, gen: gen, node: node, stop: cancel, done: make(chan error, 1)}
-	go func() { w.done <- node.Run(runCtx) }()
-	return w, nil
+	return &weftWriter{name: name, pool: pool, w: fw, gen: gen, node: node, stop: runNode(ctx, node)}, nil
 }
 
 // close stops the node and waits for it.
 func (w *weftWriter) close() error {
-	w.stop()
-	if err := <-w.done; err != nil && !errors.Is(err, context.Canceled) {
+	if err := w.stop(); err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("writer %s: %w", w.name, err)
 	}
 	return nil

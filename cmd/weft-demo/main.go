@@ -17,13 +17,10 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -36,6 +33,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
+
+	"github.com/weft-dev/weft/cmd/internal/binproc"
 )
 
 func main() {
@@ -56,12 +55,6 @@ func main() {
 
 // demoDB is the database the demo creates (dropped first if it exists).
 const demoDB = "weft_demo"
-
-type instance struct {
-	name, bin, url string
-	cmd            *exec.Cmd
-	done           chan struct{}
-}
 
 func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration, nrooms int, keep bool) (err error) {
 	dbURL, err := freshDatabase(ctx, adminURL, demoDB)
@@ -88,37 +81,13 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 	}()
 	env := append(os.Environ(), "WEFT_DATABASE_URL="+dbURL, "WEFT_REDIS_URL="+redisURL, "WEFT_SECRET=demo-secret-0123456789",
 		"WEFT_CLUSTER=demo", "WEFT_ANNOUNCE_INTERVAL=200ms", "WEFT_LEASE_TTL=5s")
-	var procs []*instance
-	defer func() {
-		for _, p := range procs {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		}
-		for _, p := range procs {
-			select {
-			case <-p.done:
-			case <-time.After(25 * time.Second):
-				_ = p.cmd.Process.Kill()
-			}
-		}
-	}()
-	start := func(binary, name string) (*instance, error) {
-		port, err := freePort()
+	var procs []*binproc.Instance
+	defer func() { binproc.Stop(procs, 25*time.Second) }()
+	start := func(binary, name string) (*binproc.Instance, error) {
+		p, err := binproc.Start(bin, logs, binary, name, env)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w (did you run `make build`?)", err)
 		}
-		p := &instance{name: name, bin: binary, url: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan struct{})}
-		p.cmd = exec.Command(filepath.Join(bin, binary), "--name", name, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port))
-		p.cmd.Env = env
-		f, err := os.Create(filepath.Join(logs, name+".log"))
-		if err != nil {
-			return nil, err
-		}
-		p.cmd.Stdout, p.cmd.Stderr = f, f
-		p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := p.cmd.Start(); err != nil {
-			return nil, fmt.Errorf("start %s: %w (did you run `make build`?)", name, err)
-		}
-		go func() { _ = p.cmd.Wait(); f.Close(); close(p.done) }()
 		procs = append(procs, p)
 		return p, nil
 	}
@@ -160,12 +129,12 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 				switch r := rng.IntN(20); {
 				case r == 0:
 					count = &states
-					err = call(loadCtx, "PUT", p.url+"/v1/rooms/"+room+"/state/topic", map[string]any{"value": fmt.Sprintf("topic %d.%d", g, i)}, nil)
+					err = call(loadCtx, "PUT", p.URL+"/v1/rooms/"+room+"/state/topic", map[string]any{"value": fmt.Sprintf("topic %d.%d", g, i)}, nil)
 				case r == 1:
 					count = &typing
-					err = call(loadCtx, "PUT", p.url+"/v1/rooms/"+room+"/typing/"+fmt.Sprintf("@u%d:weft", g), map[string]any{"typing": true, "timeout_ms": 2000}, nil)
+					err = call(loadCtx, "PUT", p.URL+"/v1/rooms/"+room+"/typing/"+fmt.Sprintf("@u%d:weft", g), map[string]any{"typing": true, "timeout_ms": 2000}, nil)
 				default:
-					err = call(loadCtx, "POST", p.url+"/v1/rooms/"+room+"/messages", map[string]any{"sender": fmt.Sprintf("@u%d:weft", g), "body": fmt.Sprintf("hello %d", i), "txn_id": fmt.Sprintf("%d-%d", g, i)}, nil)
+					err = call(loadCtx, "POST", p.URL+"/v1/rooms/"+room+"/messages", map[string]any{"sender": fmt.Sprintf("@u%d:weft", g), "body": fmt.Sprintf("hello %d", i), "txn_id": fmt.Sprintf("%d-%d", g, i)}, nil)
 				}
 				switch {
 				case err == nil:
@@ -187,7 +156,7 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 				if since != "" {
 					q += "&since=" + url.QueryEscape(since)
 				}
-				if err := call(loadCtx, "GET", p.url+q, nil, &r); err == nil {
+				if err := call(loadCtx, "GET", p.URL+q, nil, &r); err == nil {
 					since = r.NextBatch
 					syncs.Add(1)
 				}
@@ -232,7 +201,7 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 		var h map[string][]string
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			h, err = history(ctx, p.url)
+			h, err = history(ctx, p.URL)
 			if err != nil {
 				return err
 			}
@@ -253,7 +222,7 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 		}
 		same := sameHistory(histories[0], histories[i])
 		consistent = consistent && same
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\n", p.name, len(histories[i]), n, same)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\n", p.Name, len(histories[i]), n, same)
 	}
 	_ = tw.Flush()
 	events := messages.Load() + states.Load()
@@ -270,7 +239,7 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 }
 
 // lags is each instance's largest view lag, from /status.
-func lags(ctx context.Context, procs []*instance) string {
+func lags(ctx context.Context, procs []*binproc.Instance) string {
 	var b bytes.Buffer
 	for _, p := range procs {
 		var st struct {
@@ -279,13 +248,13 @@ func lags(ctx context.Context, procs []*instance) string {
 			} `json:"streams"`
 		}
 		lag := int64(-1)
-		if call(ctx, "GET", p.url+"/status", nil, &st) == nil {
+		if call(ctx, "GET", p.URL+"/status", nil, &st) == nil {
 			lag = 0
 			for _, s := range st.Streams {
 				lag = max(lag, s.Lag)
 			}
 		}
-		fmt.Fprintf(&b, "%s=%d ", p.name, lag)
+		fmt.Fprintf(&b, "%s=%d ", p.Name, lag)
 	}
 	return b.String()
 }
@@ -332,15 +301,15 @@ func sameHistory(a, b map[string][]string) bool {
 	return true
 }
 
-func waitReady(ctx context.Context, p *instance) error {
+func waitReady(ctx context.Context, p *binproc.Instance) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited; see its log", p.name)
+		case <-p.Done:
+			return fmt.Errorf("%s exited; see its log", p.Name)
 		default:
 		}
-		if resp, err := http.Get(p.url + "/readyz"); err == nil {
+		if resp, err := http.Get(p.URL + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
@@ -352,7 +321,7 @@ func waitReady(ctx context.Context, p *instance) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%s not ready after 60s", p.name)
+	return fmt.Errorf("%s not ready after 60s", p.Name)
 }
 
 func call(ctx context.Context, method, u string, body, out any) error {
@@ -438,13 +407,4 @@ func freshDatabase(ctx context.Context, adminURL, name string) (string, error) {
 	}
 	u.Path = "/" + name
 	return u.String(), nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
