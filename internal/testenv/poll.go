@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/weft-dev/weft/internal/loop"
 )
 
 const (
@@ -44,18 +46,10 @@ func WaitFor(t testing.TB, timeout time.Duration, f func() error) {
 
 // Every calls f every interval, the first time one interval from now, until
 // ctx is done, for background samplers and supervisors that a test stops by
-// cancelling ctx. A tick that finds ctx done may still call f once.
+// cancelling ctx (internal/loop.Every for a func without an error).
+// A tick that finds ctx done may still call f once.
 func Every(ctx context.Context, interval time.Duration, f func()) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		f()
-	}
+	_ = loop.Every(ctx, interval, func(context.Context) error { f(); return nil })
 }
 
 var errNotYet = errors.New("testenv: condition not met")
