@@ -25,8 +25,11 @@ test:
 chaos:
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 120m -run '^(TestChaos|TestRollingRestart|TestRedisOutageDegraded|TestReplayedChannel)' -v ./test/
 
+# The revision is linked in, so --version and /status name it even where
+# GOFLAGS has -buildvcs=false (the go command then stamps none).
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
 build:
-	$(GO) build -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
+	$(GO) build -ldflags "-X github.com/weft-dev/weft/rooms/server.linkRevision=$(REVISION)" -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
 
 # A local cluster (master, 2 event writers, 2 workers) under a mixed load
 # for 20 s, then a consistency check. Needs Redis and PostgreSQL running:
