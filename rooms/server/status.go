@@ -27,11 +27,12 @@ type statusPage struct {
 }
 
 func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
-	if why := s.node.NotReady(); why != "" {
+	ns := s.node.Status()
+	if why := notReady(ns); why != "" {
 		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 		return
 	}
-	if s.node.Status().Degraded {
+	if ns.Degraded {
 		_, _ = w.Write([]byte("ready (degraded: following positions from PostgreSQL)\n"))
 		return
 	}
@@ -88,10 +89,19 @@ type WriterStatus struct {
 	Epoch      int64     `json:"epoch"`
 }
 
+// notReady is the node's reason in the operator's words: the library
+// speaks of its Config.Secret, an operator of the --secret flag.
+func notReady(ns fabric.Status) string {
+	if ns.NotReady != "" && ns.Deaf {
+		return "every line of the other instances is refused: is --secret the same everywhere?"
+	}
+	return ns.NotReady
+}
+
 func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
 	ns := s.node.Status()
 	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
-		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: ns.NotReady, PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
+		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: notReady(ns), PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
 		Peers: ns.Peers, QueueDepth: map[string]int{}}
 	for _, v := range ns.Views {
 		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
