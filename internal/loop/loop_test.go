@@ -5,7 +5,11 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestEveryStopsWithContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
