@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,13 +56,13 @@ func startBinaries(ctx context.Context, e *benchEnv, name string, instances []bi
 		}
 		b.procs = append(b.procs, p)
 		if i == 0 { // the master migrates first
-			if err := waitReady(ctx, p); err != nil {
+			if err := p.WaitReady(ctx, 60*time.Second); err != nil {
 				return nil, err
 			}
 		}
 	}
 	for _, p := range b.procs[1:] {
-		if err := waitReady(ctx, p); err != nil {
+		if err := p.WaitReady(ctx, 60*time.Second); err != nil {
 			return nil, err
 		}
 	}
@@ -79,38 +78,6 @@ func (b *binaries) close() {
 	if b.db != nil {
 		b.db.Close()
 	}
-}
-
-// waitReady polls /readyz until it answers 200, the process exits, or 60 s
-// pass.
-func waitReady(ctx context.Context, p *binproc.Instance) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.Done:
-			tail, _ := os.ReadFile(p.Log)
-			return fmt.Errorf("%s exited: %s", p.URL, lastLines(tail, 5))
-		default:
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/readyz", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s not ready after 60s", p.URL)
-}
-
-func lastLines(b []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 var buildOnce sync.Mutex

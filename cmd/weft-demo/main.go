@@ -95,7 +95,7 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 	if err != nil {
 		return err
 	}
-	if err := waitReady(ctx, master); err != nil {
+	if err := master.WaitReady(ctx, 60*time.Second); err != nil {
 		return err
 	}
 	for _, n := range []string{"persister1", "persister2", "sync1", "sync2"} {
@@ -104,7 +104,7 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 		}
 	}
 	for _, p := range procs {
-		if err := waitReady(ctx, p); err != nil {
+		if err := p.WaitReady(ctx, 60*time.Second); err != nil {
 			return err
 		}
 	}
@@ -299,29 +299,6 @@ func sameHistory(a, b map[string][]string) bool {
 		}
 	}
 	return true
-}
-
-func waitReady(ctx context.Context, p *binproc.Instance) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.Done:
-			return fmt.Errorf("%s exited; see its log", p.Name)
-		default:
-		}
-		if resp, err := http.Get(p.URL + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("%s not ready after 60s", p.Name)
 }
 
 func call(ctx context.Context, method, u string, body, out any) error {

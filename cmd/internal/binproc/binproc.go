@@ -4,12 +4,15 @@
 package binproc
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -46,6 +49,38 @@ func Start(binDir, logDir, bin, name string, env []string) (*Instance, error) {
 	}
 	go func() { _ = p.Cmd.Wait(); f.Close(); close(p.Done) }()
 	return p, nil
+}
+
+// WaitReady polls the instance's /readyz until it answers 200, the
+// process exits (the error then quotes its log's last lines), ctx ends or
+// timeout passes.
+func (p *Instance) WaitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.Done:
+			tail, _ := os.ReadFile(p.Log)
+			lines := strings.Split(strings.TrimSpace(string(tail)), "\n")
+			return fmt.Errorf("%s exited (log %s):\n%s", p.Name, p.Log, strings.Join(lines[max(0, len(lines)-5):], "\n"))
+		default:
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not ready after %v (log %s)", p.Name, timeout, p.Log)
 }
 
 // Stop sends SIGTERM to every instance, then waits for each, killing

@@ -1,9 +1,13 @@
 package binproc
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,5 +69,37 @@ func TestStartStop(t *testing.T) {
 	}
 	if deaf.Cmd.ProcessState.Success() {
 		t.Errorf("the deaf process exited cleanly, want killed")
+	}
+}
+
+// WaitReady returns once /readyz answers 200, and an error quoting the
+// log's last lines when the process exits first.
+func TestWaitReady(t *testing.T) {
+	var ready atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" || !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+	}))
+	defer srv.Close()
+	p := &Instance{Name: "up", URL: srv.URL, Done: make(chan struct{})}
+	go func() { time.Sleep(100 * time.Millisecond); ready.Store(true) }() // the server becomes ready later
+	if err := p.WaitReady(context.Background(), 10*time.Second); err != nil || !ready.Load() {
+		t.Fatalf("WaitReady = %v (ready %v), want nil once ready", err, ready.Load())
+	}
+	if err := (&Instance{Name: "slow", URL: srv.URL, Done: make(chan struct{})}).WaitReady(context.Background(), 0); err == nil {
+		t.Fatal("WaitReady with no time left = nil, want an error")
+	}
+
+	bin, logs := t.TempDir(), t.TempDir()
+	script(t, bin, "failing", "for i in 1 2 3 4 5 6 7; do echo line$i; done; exit 1\n")
+	f, err := Start(bin, logs, "failing", "f1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.WaitReady(context.Background(), 10*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "f1 exited") || !strings.Contains(err.Error(), "line3\nline4\nline5\nline6\nline7") || strings.Contains(err.Error(), "line2") {
+		t.Fatalf("WaitReady of an exiting process = %v, want its exit and the last 5 lines", err)
 	}
 }
