@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 const (
@@ -138,7 +140,7 @@ func TestComposeGrafana(t *testing.T) {
 
 	// Every query parses: promtool checks them as recording rules, with
 	// Grafana's variables and macros replaced by what they expand to.
-	promtool := requireTool(t, "promtool", "prometheus")
+	promtool := testenv.RequireTool(t, "promtool", "prometheus")
 	subst := strings.NewReplacer("$__rate_interval", "1m", "$__interval", "1m", "$instance", ".*")
 	var rules strings.Builder
 	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")

@@ -6,7 +6,6 @@
 package deploy
 
 import (
-	"os/exec"
 	"testing"
 
 	"github.com/weft-dev/weft/internal/testenv"
@@ -17,19 +16,4 @@ var binDir string
 
 func TestMain(m *testing.M) {
 	testenv.MainWithCommands(m, &binDir, "master", "worker")
-}
-
-// requireTool finds a program the test needs: skipped locally when it is
-// missing, a failure under CI=true (.ci/run installs it).
-func requireTool(t *testing.T, name, pkg string) string {
-	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil {
-		return path
-	}
-	if testenv.InCI() {
-		t.Fatalf("%s not found (Debian package %s; CI=true, so it is required): %v", name, pkg, err)
-	}
-	t.Skipf("%s not found (apt-get install %s); under CI=true this fails", name, pkg)
-	return ""
 }

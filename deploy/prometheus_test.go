@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // promConfig is the part of a Prometheus configuration the tests read.
@@ -90,7 +92,7 @@ func TestComposePrometheusScrapesEveryInstance(t *testing.T) {
 	}
 
 	// Prometheus's own checker, where installed (.ci/run installs it).
-	promtool := requireTool(t, "promtool", "prometheus")
+	promtool := testenv.RequireTool(t, "promtool", "prometheus")
 	out, err := exec.Command(promtool, "check", "config", local).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "SUCCESS") {
 		t.Fatalf("promtool check config: %v\n%s", err, out)

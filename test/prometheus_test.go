@@ -18,15 +18,12 @@ import (
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
-// prometheusBin is where Debian's prometheus package installs the server.
-const prometheusBin = "/usr/bin/prometheus"
-
 // A real Prometheus scrapes a running master (with its two event writers,
 // so a message can be persisted), and the queries an operator starts with
 // return values: weft_fabric_ready is 1 and weft_stream_persisted_upto
 // reaches the position of the message sent, all within 60 s.
 func TestPrometheusScrapesInstance(t *testing.T) {
-	bin := requirePrometheus(t)
+	bin := testenv.RequireTool(t, "prometheus", "prometheus")
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master := c.start("master", "master")
@@ -60,22 +57,6 @@ func TestPrometheusScrapesInstance(t *testing.T) {
 		})
 		t.Logf("%s: %v", q, got)
 	}
-}
-
-// requirePrometheus finds the prometheus server: skipped locally when it
-// is missing, a failure under CI=true (.ci/run installs the package).
-func requirePrometheus(t *testing.T) string {
-	t.Helper()
-	bin := prometheusBin
-	if _, err := os.Stat(bin); err != nil {
-		if bin, err = exec.LookPath("prometheus"); err != nil {
-			if testenv.InCI() {
-				t.Fatalf("prometheus not found at %s or on PATH (Debian package prometheus; CI=true, so it is required)", prometheusBin)
-			}
-			t.Skipf("prometheus not found (apt-get install prometheus); under CI=true this fails")
-		}
-	}
-	return bin
 }
 
 type promServer struct {

@@ -21,7 +21,7 @@ import (
 // ports, its curl lines and `master status` run against them; the curl
 // lines of deploy/README.md run against the same cluster's master.
 func TestReadmeExamples(t *testing.T) {
-	curl := requireCurl(t)
+	curl := testenv.RequireTool(t, "curl", "curl")
 	block := readmeBlock(t, "../README.md", "## Running a cluster")
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
@@ -221,20 +221,6 @@ func flagOf(args []string, name string) string {
 		}
 	}
 	return ""
-}
-
-// requireCurl finds curl: skipped locally when it is missing, a failure
-// under CI=true.
-func requireCurl(t *testing.T) string {
-	t.Helper()
-	path, err := exec.LookPath("curl")
-	if err != nil {
-		if testenv.InCI() {
-			t.Fatalf("curl not found (CI=true, so it is required): %v", err)
-		}
-		t.Skip("curl not found; under CI=true this fails")
-	}
-	return path
 }
 
 // The edges of the client API that the README decides: each answer, as

@@ -3,6 +3,7 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"testing"
 )
 
@@ -21,4 +22,16 @@ func unavailable(t testing.TB, format string, args ...any) {
 		t.Fatalf("testenv: %s (CI=true, so integration servers are required)", msg)
 	}
 	t.Skipf("testenv: %s (skipped; under CI=true this fails)", msg)
+}
+
+// RequireTool returns the path of the program name, which the test needs:
+// a skip locally when it is missing, a failure under CI=true (.ci/run
+// installs the Debian package pkg).
+func RequireTool(t testing.TB, name, pkg string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		unavailable(t, "%s not found (Debian package %s): %v", name, pkg, err)
+	}
+	return path
 }
