@@ -20,6 +20,7 @@ import (
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/internal/loop"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -231,11 +232,17 @@ func TestNodePoisonedRowBacksOff(t *testing.T) {
 	mu.Lock()
 	start := attempts[0]
 	mu.Unlock()
-	for time.Since(start) < window {
+	// Sampled over the window: never ready while the row cannot be applied.
+	sampling, stop := context.WithDeadline(context.Background(), start.Add(window))
+	defer stop()
+	err := loop.Every(sampling, 100*time.Millisecond, func(context.Context) error {
 		if reader.node.Ready() {
-			t.Fatal("ready with a row that cannot be applied")
+			return errors.New("ready with a row that cannot be applied")
 		}
-		time.Sleep(100 * time.Millisecond) // sampling readiness over the window
+		return nil
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
 	}
 	// The schedule allows, after the first attempt, retries at delays
 	// Initial*2^i capped at Max, each stretched or shrunk by the jitter.

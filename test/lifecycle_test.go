@@ -231,19 +231,22 @@ func TestRollingRestart(t *testing.T) {
 			t.Errorf("no BYE from %s on the channel", inst)
 		}
 	}
-	// 3 heartbeats after the last one left, nobody lists a stopped instance.
-	time.Sleep(3 * heartbeat) // the bound under test, not synchronisation
-	for _, name := range chaosNames {
-		var st statusDoc
-		if err := get(context.Background(), 2*time.Second, ch.get(name).url+"/status", &st); err != nil {
-			t.Fatal(err)
-		}
-		for _, inst := range stopped {
-			if _, listed := st.Peers[inst]; listed {
-				t.Errorf("%s still lists %s as a peer %v after it left", name, inst, 3*heartbeat)
+	// Within 3 heartbeats (from now, after the last one left), nobody
+	// lists a stopped instance.
+	testenv.WaitFor(t, 3*heartbeat, func() error {
+		for _, name := range chaosNames {
+			var st statusDoc
+			if err := get(context.Background(), 2*time.Second, ch.get(name).url+"/status", &st); err != nil {
+				return err
+			}
+			for _, inst := range stopped {
+				if _, listed := st.Peers[inst]; listed {
+					return fmt.Errorf("%s still lists %s as a peer", name, inst)
+				}
 			}
 		}
-	}
+		return nil
+	})
 }
 
 // firstAckAfter is how long after t the first write acknowledged by

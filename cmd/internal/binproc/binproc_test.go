@@ -75,18 +75,17 @@ func TestStartStop(t *testing.T) {
 // WaitReady returns once /readyz answers 200, and an error quoting the
 // log's last lines when the process exits first.
 func TestWaitReady(t *testing.T) {
-	var ready atomic.Bool
+	var asked atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/readyz" || !ready.Load() {
+		if r.URL.Path != "/readyz" || asked.Add(1) < 3 { // ready from the third probe on
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
 	}))
 	defer srv.Close()
 	p := &Instance{Name: "up", URL: srv.URL, Done: make(chan struct{})}
-	go func() { time.Sleep(100 * time.Millisecond); ready.Store(true) }() // the server becomes ready later
-	if err := p.WaitReady(context.Background(), 10*time.Second); err != nil || !ready.Load() {
-		t.Fatalf("WaitReady = %v (ready %v), want nil once ready", err, ready.Load())
+	if err := p.WaitReady(context.Background(), 10*time.Second); err != nil || asked.Load() != 3 {
+		t.Fatalf("WaitReady = %v after %d probes, want nil at the third", err, asked.Load())
 	}
 	if err := (&Instance{Name: "slow", URL: srv.URL, Done: make(chan struct{})}).WaitReady(context.Background(), 0); err == nil {
 		t.Fatal("WaitReady with no time left = nil, want an error")
