@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // containerHostname stands in for a replica's hostname (Docker uses the
@@ -64,7 +66,7 @@ func TestComposeCommandsAcceptedByBinaries(t *testing.T) {
 			}
 			if name == "worker" {
 				want := "http://" + containerHostname + ":8080"
-				if got := flagValue(args, "advertise-url"); got != want {
+				if got := testenv.FlagValue(args, "advertise-url"); got != want {
 					t.Errorf("worker argv %q: --advertise-url %q, want %s computed from the container's hostname", argv, got, want)
 				}
 			}
@@ -148,19 +150,6 @@ func helpText(t *testing.T, bin string) string {
 		t.Fatalf("%s --help: %v\n%s", bin, err, out)
 	}
 	return out
-}
-
-// flagValue is the value of --flag in args (--flag=v or --flag v).
-func flagValue(args []string, flag string) string {
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
-			return v
-		}
-		if a == "--"+flag && i+1 < len(args) {
-			return args[i+1]
-		}
-	}
-	return ""
 }
 
 func hasFlag(help, flag string) bool {

@@ -47,10 +47,10 @@ func TestReadmeExamples(t *testing.T) {
 			// secret and database.
 		case len(f) > 1 && (f[0] == "bin/master" || f[0] == "bin/worker") && f[len(f)-1] == "&":
 			p := &proc{bin: strings.TrimPrefix(f[0], "bin/"), args: f[1 : len(f)-1], name: strings.TrimPrefix(f[0], "bin/")}
-			if n := flagOf(p.args, "name"); n != "" {
+			if n := testenv.FlagValue(p.args, "name"); n != "" {
 				p.name = n
 			}
-			p.url = "http://" + flagOf(p.args, "http-addr")
+			p.url = "http://" + testenv.FlagValue(p.args, "http-addr")
 			if p.url == "http://" {
 				t.Fatalf("README: %q: the test needs --http-addr", line)
 			}
@@ -209,18 +209,6 @@ func stripComment(line string) string {
 		line = line[:i]
 	}
 	return strings.TrimSpace(line)
-}
-
-func flagOf(args []string, name string) string {
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
-			return v
-		}
-		if a == "--"+name && i+1 < len(args) {
-			return args[i+1]
-		}
-	}
-	return ""
 }
 
 // The edges of the client API that the README decides: each answer, as

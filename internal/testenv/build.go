@@ -47,3 +47,18 @@ func MainWithCommands(m interface{ Run() int }, binDir *string, names ...string)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// FlagValue is the value of --name in a command line's args (--name=v or
+// --name v), or "" when it is absent: for tests that read the command
+// lines of the deploy files and the README.
+func FlagValue(args []string, name string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
