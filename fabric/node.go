@@ -395,7 +395,7 @@ func (n *Node) loop(ctx context.Context, stop <-chan struct{}) {
 			}
 		case now := <-t.C:
 			n.exec(ctx, n.core.Tick(now))
-			n.updateReady()
+			n.updateReady(true)
 		case <-statusEvery.C:
 			n.publishStatus()
 		}
@@ -439,19 +439,22 @@ func (n *Node) step(ctx context.Context, in input) {
 		n.pendingFresh[in.stream] = in.target // a newer read supersedes
 	}
 	n.checkFresh()
-	n.updateReady()
+	n.updateReady(false)
 }
 
 // updateReady publishes the core's readiness; it changes on inputs and on
-// ticks (the REPLICATE window closing), so both call it.
-func (n *Node) updateReady() {
+// ticks. The reason (a sort and a Sprintf) is not worth computing on every
+// input of a catch-up: it is taken when readiness is lost and refreshed on
+// each tick (at most 50 ms apart) while it stays lost.
+func (n *Node) updateReady(tick bool) {
 	n.otherHolders.Store(int64(n.core.OtherHolders()))
 	r := n.core.Ready()
-	if !r {
+	was := n.ready.Swap(r)
+	if !r && (was || tick || n.readyWhy.Load() == nil) {
 		why := n.core.NotReady()
 		n.readyWhy.Store(&why)
 	}
-	if n.ready.Swap(r) != r {
+	if was != r {
 		n.m.ready.Set(b2f(r))
 	}
 }
