@@ -1,19 +1,20 @@
 package testenv
 
 import (
-	"net"
 	"testing"
+
+	"github.com/weft-dev/weft/internal/freeport"
 )
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-// Another process may take it before the caller binds it; the Start
-// functions here retry with a new port when that happens.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that no recent call returned (internal/freeport). Another process may
+// take it before the caller binds it; the Start functions here retry with
+// a new port when that happens.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Next()
 	if err != nil {
-		t.Fatalf("testenv: find a free port: %v", err)
+		t.Fatalf("testenv: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }

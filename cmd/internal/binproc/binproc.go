@@ -6,7 +6,6 @@ package binproc
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/weft-dev/weft/internal/freeport"
 )
 
 // Instance is one running binary.
@@ -99,12 +100,6 @@ func Stop(ins []*Instance, grace time.Duration) {
 	}
 }
 
-// FreePort is a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort is a TCP port on 127.0.0.1 that was free a moment ago and
+// that this process has not handed out lately (internal/freeport).
+func FreePort() (int, error) { return freeport.Next() }
