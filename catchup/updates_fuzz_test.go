@@ -30,7 +30,7 @@ const (
 // query is a 400 naming the first bad parameter (in the order writer,
 // from, to, limit), which a naive model of the documented rules picks out
 // independently; an unknown stream is a 404 naming "stream"; a gone range
-// a 410; and every 200 is a page that keeps the Source contract for the
+// a 410 (an empty one, from = to, is a 200 that asks no source); and every 200 is a page that keeps the Source contract for the
 // parameters asked.
 func FuzzUpdatesParams(f *testing.F) {
 	f.Add("events", "w1", "0", "5", "2", "x", "", uint8(fuzzWriter|fuzzFrom|fuzzTo|fuzzLimit))
@@ -110,7 +110,7 @@ func FuzzUpdatesParams(f *testing.F) {
 			}
 			return
 		}
-		if stream == "gone" {
+		if stream == "gone" && m.from < m.to { // an empty range has nothing to lose: 200
 			if w.Code != http.StatusGone || !strings.Contains(eb.Error, "gone") {
 				t.Fatalf("gone stream, query %q: %d %s", r.URL.RawQuery, w.Code, w.Body)
 			}
