@@ -23,6 +23,7 @@ type metrics struct {
 	tasksRunning *prometheus.GaugeVec
 	taskSeconds  *prometheus.HistogramVec
 	taskErrors   *prometheus.CounterVec
+	writeGroup   *prometheus.HistogramVec
 	applied      *prometheus.CounterVec
 	persisted    *prometheus.GaugeVec
 	position     *prometheus.GaugeVec
@@ -69,6 +70,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		applied: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "rows_applied_total", Help: "Row batches delivered to the application, by stream and source (live or catchup)."}, []string{"stream", "source"}),
 	}
+	m.writeGroup = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+		Name: "write_group_calls", Help: "Writes and Inserts of this instance's writer committed together in one transaction (group commit), by stream.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 7)}, []string{"stream"})
 	m.degraded = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "degraded", Help: "1 while the connection, once established, is not (Redis down or reconnecting): readiness then rests on positions followed from PostgreSQL."})
 	m.peers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -79,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "position", Help: "Each writer's position (delivered view; the own position for writers) as this instance knows it."}, []string{"stream", "writer"})
 	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
 		m.connected, m.established, m.ready, m.viewLag, m.viewLagSecs, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied,
-		m.degraded, m.peers} {
+		m.degraded, m.peers, m.writeGroup} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -35,6 +35,7 @@ type Writer struct {
 	lease *streams.Lease // nil: unfenced (WriterConfig.NoLease)
 	name  string
 	node  atomic.Pointer[Node]
+	group committer
 }
 
 // WriterConfig configures OpenWriter. Zero values mean the documented
@@ -122,52 +123,52 @@ func (w *Writer) epoch() uint64 {
 // already written). Its error rolls the transaction back.
 type WriteFunc func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error)
 
-// Write allocates n IDs in a new transaction fenced by the lease, runs fn,
+// Write allocates n IDs in a transaction fenced by the lease, runs fn,
 // and commits. It returns the IDs once committed, or an error if nothing
 // was (a sealed writer gets one wrapping streams.ErrSealed); the rows are
 // handed to the node only after the commit. With n = 0 it is a fenced
 // transaction that writes no row of the stream (derived state, say).
+//
+// Writes group-commit: while one transaction of this writer is in flight,
+// the Writes that arrive wait and then share the next one, each behind a
+// savepoint, so that fn's error (or a database error inside it) undoes
+// only its own rows. A Write that finds the writer idle runs at once, on
+// ctx. In a shared transaction fn's context is ctx without its
+// cancellation (a cancelled statement would end the shared connection),
+// bounded by 30 s; a Write whose ctx ends before its turn runs nothing.
+// So fn must not commit or roll back tx, and must do nothing it cannot
+// undo outside it.
 func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error) {
 	node := w.node.Load()
 	if node == nil {
 		return nil, ErrUnbound
 	}
-	tx, err := w.db.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("fabric: write %s: begin: %w", w.Stream(), err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) // after a commit: a no-op
-	if w.lease != nil {
-		if err := w.lease.Fence(ctx, tx); err != nil {
-			return nil, err
+	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
+		var res stepResult
+		tx := q.(pgx.Tx)
+		if n > 0 {
+			a, err := w.gen.AllocIn(ctx, tx, n)
+			if err != nil {
+				return res, err
+			}
+			res.alloc = a
+			res.ids = a.IDs()
 		}
-	}
-	var ids []int64
-	if n > 0 {
-		a, err := w.gen.AllocIn(ctx, tx, n)
+		rows, err := fn(ctx, tx, res.ids)
 		if err != nil {
-			return nil, err
+			return res, err
 		}
-		defer a.Finish()
-		ids = a.IDs()
-	}
-	rows, err := fn(ctx, tx, ids)
-	if err != nil {
-		return nil, err
-	}
-	if len(rows) != len(ids) {
-		return nil, fmt.Errorf("fabric: write %s: %d rows for %d IDs", w.Stream(), len(rows), len(ids))
-	}
-	for i, r := range rows {
-		if r != nil && !validRows(r) {
-			return nil, fmt.Errorf("%w: %s at %d: %.64q", ErrBadRows, w.Stream(), ids[i], r)
+		if len(rows) != len(res.ids) {
+			return res, fmt.Errorf("fabric: write %s: %d rows for %d IDs", w.Stream(), len(rows), len(res.ids))
 		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err)
-	}
-	node.handOver(w.Stream(), ids, rows)
-	return ids, nil
+		for i, r := range rows {
+			if r != nil && !validRows(r) {
+				return res, fmt.Errorf("%w: %s at %d: %.64q", ErrBadRows, w.Stream(), res.ids[i], r)
+			}
+		}
+		res.rows, res.ret = rows, res.ids
+		return res, nil
+	}, false)
 }
 
 // Insert writes rows with one statement that draws their IDs from the
@@ -180,10 +181,12 @@ func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error
 //	ins AS (INSERT INTO events (stream_id, writer, rows) SELECT id, $1, r::jsonb FROM src)
 //	SELECT id, i FROM src
 //
-// It saves Write's round trips: without a lease it is one (autocommit);
-// with one, the statement runs in a transaction fenced by it. The rows are
-// handed to the node after the commit, in position order, then the IDs
-// finish. It returns the ID of each row, in the order of rows.
+// It saves Write's round trips: alone and without a lease it is one
+// (autocommit); with a lease the statement runs in a transaction fenced
+// by it. Inserts group-commit like Writes, sharing a transaction with the
+// calls queued beside them. The rows are handed to the node after the
+// commit, in position order, then the IDs finish. It returns the ID of
+// each row, in the order of rows.
 func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string, args ...any) ([]int64, error) {
 	node := w.node.Load()
 	if node == nil {
@@ -194,57 +197,42 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 			return nil, fmt.Errorf("%w: %s: %.64q", ErrBadRows, w.Stream(), r)
 		}
 	}
-	byRow := make([]int64, len(rows))
-	scan := func(row pgx.CollectableRow) (int64, error) {
-		var id, i int64
-		if err := row.Scan(&id, &i); err != nil {
-			return 0, err
+	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
+		var res stepResult
+		byRow := make([]int64, len(rows))
+		scan := func(row pgx.CollectableRow) (int64, error) {
+			var id, i int64
+			if err := row.Scan(&id, &i); err != nil {
+				return 0, err
+			}
+			if i < 1 || i > int64(len(byRow)) || byRow[i-1] != 0 {
+				return 0, fmt.Errorf("row index %d out of range or returned twice", i)
+			}
+			byRow[i-1] = id
+			return id, nil
 		}
-		if i < 1 || i > int64(len(byRow)) || byRow[i-1] != 0 {
-			return 0, fmt.Errorf("row index %d out of range or returned twice", i)
+		a, err := w.gen.AllocQuery(ctx, q, scan, sql, args...)
+		if err != nil {
+			return res, err
 		}
-		byRow[i-1] = id
-		return id, nil
-	}
-	var q streams.DB = w.db
-	var tx pgx.Tx
-	if w.lease != nil {
-		var err error
-		if tx, err = w.db.Begin(ctx); err != nil {
-			return nil, fmt.Errorf("fabric: insert %s: begin: %w", w.Stream(), err)
+		res.alloc = a
+		if n := len(a.IDs()); n != len(rows) {
+			// Autocommit: what ran has committed; the IDs without rows
+			// are holes. In a transaction it rolls back.
+			return res, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", w.Stream(), n, len(rows))
 		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		if err := w.lease.Fence(ctx, tx); err != nil {
-			return nil, err
+		// In position order, as Write does.
+		order := make([]int, len(rows))
+		for i := range order {
+			order[i] = i
 		}
-		q = tx
-	}
-	a, err := w.gen.AllocQuery(ctx, q, scan, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer a.Finish()
-	if n := len(a.IDs()); n != len(rows) {
-		// Autocommit: what ran has committed; the IDs without rows are
-		// holes. In a transaction it rolls back.
-		return nil, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", w.Stream(), n, len(rows))
-	}
-	if tx != nil {
-		if err := tx.Commit(ctx); err != nil {
-			return nil, fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
+		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(byRow[a], byRow[b]) })
+		res.ids = make([]int64, len(rows))
+		res.rows = make([]json.RawMessage, len(rows))
+		for k, i := range order {
+			res.ids[k], res.rows[k] = byRow[i], rows[i]
 		}
-	}
-	// In position order, as Write does.
-	order := make([]int, len(rows))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(byRow[a], byRow[b]) })
-	ids := make([]int64, len(rows))
-	sorted := make([]json.RawMessage, len(rows))
-	for k, i := range order {
-		ids[k], sorted[k] = byRow[i], rows[i]
-	}
-	node.handOver(w.Stream(), ids, sorted)
-	return byRow, nil
+		res.ret = byRow
+		return res, nil
+	}, true)
 }

@@ -1,0 +1,264 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/streams"
+)
+
+// Group commit: a Writer runs one transaction at a time, and the Writes
+// (and Inserts) that arrive while it is in flight go into the next one.
+//
+// Why: a writer's position may only pass IDs that are persisted. With
+// several transactions of one writer in flight, one that commits early
+// waits, invisible to readers, until every lower ID has finished (a
+// p50 of 3.4 ms and a p99 of 16-18 ms with four callers on one writer).
+// With one transaction at a time IDs commit in the order they were drawn,
+// so the position moves at each commit, and the calls that queue behind a
+// commit share the next one's round trips (BEGIN, the lease's fence,
+// COMMIT). No linger timer: a call that finds the writer idle runs at
+// once, alone.
+//
+// No goroutine of its own: the call that finds the writer idle leads, and
+// when its transaction is done it hands the lead to the first call that
+// queued meanwhile, which takes every queued call (up to maxGroup) into
+// its transaction.
+
+// maxGroup bounds the calls in one transaction: each is a savepoint, and
+// PostgreSQL keeps 64 subtransactions per backend in shared memory before
+// it overflows to disk.
+const maxGroup = 64
+
+// groupTimeout bounds a shared transaction: once in one, a call's context
+// no longer cancels its statements (pgx closes a connection whose query is
+// cancelled, which would fail every call sharing it).
+const groupTimeout = 30 * time.Second
+
+// step is one call's work inside a transaction: it draws its IDs and writes
+// its rows on q (the transaction, or the pool for a lone Insert without a
+// lease) and returns what to hand to the node. alloc is returned even
+// with an error, to be finished.
+type step func(ctx context.Context, q streams.DB) (stepResult, error)
+
+type stepResult struct {
+	alloc *streams.Allocation
+	ids   []int64           // positions, ascending
+	rows  []json.RawMessage // at each of ids; nil where the ID carries no row
+	ret   []int64           // what the call returns
+}
+
+// call is one Write or Insert waiting for, or in, a transaction.
+type call struct {
+	ctx        context.Context
+	run        step
+	autocommit bool          // may run on the pool when alone and unfenced
+	lead       chan struct{} // closed: this call leads the next transaction
+	done       chan struct{} // closed: res and err are final
+	res        stepResult
+	err        error
+}
+
+// committer queues a Writer's calls. The lead is held while busy.
+type committer struct {
+	mu    sync.Mutex
+	busy  bool
+	queue []*call
+}
+
+// do runs s in a transaction of w, alone or with the calls queued beside
+// it, and returns once that transaction has ended and its rows were handed
+// to node.
+func (w *Writer) do(ctx context.Context, node *Node, s step, autocommit bool) ([]int64, error) {
+	c := &call{ctx: ctx, run: s, autocommit: autocommit, lead: make(chan struct{}), done: make(chan struct{})}
+	g := &w.group
+	g.mu.Lock()
+	if !g.busy {
+		g.busy = true
+		g.mu.Unlock()
+		w.lead(node, c)
+		return c.res.ret, c.err
+	}
+	g.queue = append(g.queue, c)
+	g.mu.Unlock()
+	select {
+	case <-c.lead:
+		w.lead(node, c)
+	case <-c.done:
+	case <-ctx.Done():
+		g.mu.Lock()
+		for i, q := range g.queue {
+			if q == c { // not taken yet: leave without a trace
+				g.queue = append(g.queue[:i], g.queue[i+1:]...)
+				g.mu.Unlock()
+				return nil, ctx.Err()
+			}
+		}
+		g.mu.Unlock()
+		// Taken: its transaction decides.
+		select {
+		case <-c.lead:
+			w.lead(node, c)
+		case <-c.done:
+		}
+	}
+	return c.res.ret, c.err
+}
+
+// lead takes first and the queued calls, runs them in one transaction,
+// hands the committed rows to node in position order, finishes every
+// allocation, passes the lead on, and only then wakes the calls.
+func (w *Writer) lead(node *Node, first *call) {
+	g := &w.group
+	g.mu.Lock()
+	n := min(len(g.queue), maxGroup-1)
+	batch := make([]*call, 0, 1+n)
+	batch = append(batch, first)
+	batch = append(batch, g.queue[:n]...)
+	g.queue = append(g.queue[:0], g.queue[n:]...)
+	g.mu.Unlock()
+
+	finished := false
+	defer func() {
+		if !finished { // a step panicked: fail the rest, keep the writer usable
+			for _, c := range batch {
+				if c.err == nil {
+					c.err = errors.New("fabric: write: a call in the same transaction panicked; nothing was committed")
+				}
+			}
+		}
+		for _, c := range batch {
+			if c.res.alloc != nil {
+				c.res.alloc.Finish()
+			}
+		}
+		g.mu.Lock()
+		if len(g.queue) > 0 {
+			next := g.queue[0]
+			g.queue = g.queue[1:]
+			close(next.lead)
+		} else {
+			g.busy = false
+		}
+		g.mu.Unlock()
+		for _, c := range batch {
+			close(c.done)
+		}
+	}()
+	if node.m != nil {
+		node.m.writeGroup.WithLabelValues(w.Stream()).Observe(float64(len(batch)))
+	}
+	if len(batch) == 1 {
+		w.runAlone(node, first)
+	} else {
+		w.runGroup(node, batch)
+	}
+	finished = true
+}
+
+// runAlone runs one call as it would run without group commit: on the
+// caller's context, and without a transaction for an unfenced Insert.
+func (w *Writer) runAlone(node *Node, c *call) {
+	if c.autocommit && w.lease == nil {
+		c.res, c.err = c.run(c.ctx, w.db)
+		if c.err == nil {
+			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+		}
+		return
+	}
+	tx, err := w.begin(c.ctx)
+	if err != nil {
+		c.err = err
+		return
+	}
+	defer tx.Rollback(context.WithoutCancel(c.ctx)) // after a commit: a no-op
+	if c.res, c.err = c.run(c.ctx, tx); c.err != nil {
+		return
+	}
+	if err := tx.Commit(c.ctx); err != nil {
+		c.err = fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err)
+		return
+	}
+	node.handOver(w.Stream(), c.res.ids, c.res.rows)
+}
+
+// runGroup runs several calls in one transaction, each behind a savepoint
+// so that one call's error undoes only its own rows (its IDs become
+// holes, which readers skip).
+func (w *Writer) runGroup(node *Node, batch []*call) {
+	fail := func(err error) {
+		for _, c := range batch {
+			if c.err == nil {
+				c.err = err
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), groupTimeout)
+	defer cancel()
+	tx, err := w.begin(ctx)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer tx.Rollback(ctx) // after a commit: a no-op
+	ran := 0
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err // gave up before its turn: nothing of it runs
+			continue
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT weft_call"); err != nil {
+			fail(fmt.Errorf("fabric: write %s: savepoint: %w", w.Stream(), err))
+			return
+		}
+		cctx, ccancel := context.WithDeadline(context.WithoutCancel(c.ctx), deadline(ctx))
+		c.res, c.err = c.run(cctx, tx)
+		ccancel()
+		if c.err == nil {
+			ran++
+			continue
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT weft_call"); err != nil {
+			fail(fmt.Errorf("fabric: write %s: rollback to savepoint after %w: %w", w.Stream(), c.err, err))
+			return
+		}
+	}
+	if ran == 0 {
+		return
+	}
+	if err := tx.Commit(ctx); err != nil {
+		fail(fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err))
+		return
+	}
+	for _, c := range batch {
+		if c.err == nil {
+			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+		}
+	}
+}
+
+// begin opens a transaction fenced by the lease.
+func (w *Writer) begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := w.db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: write %s: begin: %w", w.Stream(), err)
+	}
+	if w.lease != nil {
+		if err := w.lease.Fence(ctx, tx); err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
+	return tx, nil
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}

@@ -1,0 +1,297 @@
+package fabric
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/streams"
+)
+
+// held starts a Write on m whose fn waits for release, and returns once
+// that Write leads a transaction: the calls started after it queue.
+func held(t *testing.T, m *member) (release func(), result <-chan error) {
+	t.Helper()
+	in, out := make(chan struct{}), make(chan struct{})
+	res := make(chan error, 1)
+	go func() {
+		_, err := m.w.Write(context.Background(), 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			close(in)
+			<-out
+			return insertRow(ctx, tx, m, ids[0], -1)
+		})
+		res <- err
+	}()
+	<-in
+	return func() { close(out) }, res
+}
+
+// queued waits until n calls wait for m's writer.
+func queued(t *testing.T, m *member, n int) {
+	t.Helper()
+	g := &m.w.group
+	size := func() int {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.queue)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return size() == n }, "calls queued: want %d", n)
+}
+
+func insertRow(ctx context.Context, tx pgx.Tx, m *member, id int64, n int) ([]json.RawMessage, error) {
+	rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
+	_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, id, m.gen.Self(), rows)
+	return []json.RawMessage{rows}, err
+}
+
+// groups is how many transactions m's writer committed and how many calls
+// they carried (the write_group_calls histogram). Savepoints give each
+// call's rows their own xmin, so the database cannot tell.
+func groups(t *testing.T, m *member) (txns uint64, calls float64) {
+	t.Helper()
+	o, err := m.node.m.writeGroup.GetMetricWithLabelValues("events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pb dto.Metric
+	if err := o.(prometheus.Metric).Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	return pb.Histogram.GetSampleCount(), pb.Histogram.GetSampleSum()
+}
+
+// Calls that arrive while a transaction of their writer is in flight share
+// the next one, keep their arrival order in positions, and reach readers
+// once and in order; the writer's position passes each at its commit.
+func TestWriterGroupCommit(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+
+	release, first := held(t, w)
+	const k = 6
+	ids := make([][]int64, k)
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		queued(t, w, i) // one at a time, so that queue order is i's order
+		wg.Go(func() {
+			if i%2 == 0 {
+				ids[i], errs[i] = w.w.Write(context.Background(), 2, func(ctx context.Context, tx pgx.Tx, got []int64) ([]json.RawMessage, error) {
+					a, err := insertRow(ctx, tx, w, got[0], i)
+					if err != nil {
+						return nil, err
+					}
+					b, err := insertRow(ctx, tx, w, got[1], i)
+					return append(a, b...), err
+				})
+				return
+			}
+			ids[i], errs[i] = w.w.Insert(context.Background(), []json.RawMessage{json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, i))},
+				`INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`, w.gen.Self(), fmt.Sprintf(`[{"n":%d}]`, i))
+		})
+	}
+	queued(t, w, k)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	var all []int64
+	for i := range k {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		all = append(all, ids[i]...)
+	}
+	if !slices.IsSorted(all) {
+		t.Fatalf("positions %v are not in the calls' arrival order", all)
+	}
+	if txns, calls := groups(t, w); txns != 2 || calls != k+1 {
+		t.Fatalf("%d transactions carried %v calls, want the held one alone and the %d queued in one", txns, calls, k)
+	}
+	if p := w.gen.Position(); p < all[len(all)-1] {
+		t.Fatalf("writer position %d did not pass the group's last ID %d at its commit", p, all[len(all)-1])
+	}
+	converged(t, pool, reader, "persister1")
+}
+
+// One call's error, Go's or the database's, undoes only that call's rows:
+// the others in its transaction commit, readers skip its IDs.
+func TestWriterGroupCallFails(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+
+	release, first := held(t, w)
+	errApp := errors.New("refused by the application")
+	fns := []func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error){
+		func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			return insertRow(ctx, tx, w, ids[0], 0)
+		},
+		func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			insertRow(ctx, tx, w, ids[0], 1) // written, then refused
+			return nil, errApp
+		},
+		func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO no_such_table VALUES (1)`) // aborts the transaction without a savepoint
+			return []json.RawMessage{nil}, err
+		},
+		func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			return insertRow(ctx, tx, w, ids[0], 3)
+		},
+	}
+	ids := make([][]int64, len(fns))
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		queued(t, w, i)
+		wg.Go(func() { ids[i], errs[i] = w.w.Write(context.Background(), 1, fn) })
+	}
+	queued(t, w, len(fns))
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[3] != nil {
+		t.Fatalf("the healthy calls failed: %v, %v", errs[0], errs[3])
+	}
+	if !errors.Is(errs[1], errApp) || errs[2] == nil {
+		t.Fatalf("the failing calls returned %v and %v", errs[1], errs[2])
+	}
+	got := committed(t, pool, "persister1")
+	if len(got) != 3 || !slices.Contains(got, ids[0][0]) || !slices.Contains(got, ids[3][0]) {
+		t.Fatalf("committed %v, want the held row, %v and %v", got, ids[0], ids[3])
+	}
+	if txns, calls := groups(t, w); txns != 2 || calls != float64(len(fns)+1) {
+		t.Fatalf("%d transactions carried %v calls, want the held one alone and the %d queued in one", txns, calls, len(fns))
+	}
+	converged(t, pool, reader, "persister1")
+}
+
+// A queued call whose context ends leaves at once and runs nothing; the
+// writer goes on.
+func TestWriterGroupCancelledWhileQueued(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+
+	release, first := held(t, w)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{}, 1)
+	res := make(chan error, 1)
+	go func() {
+		_, err := w.w.Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			ran <- struct{}{}
+			return insertRow(ctx, tx, w, ids[0], 1)
+		})
+		res <- err
+	}()
+	queued(t, w, 1)
+	cancel()
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled queued Write returned %v while the writer was busy", err)
+	}
+	queued(t, w, 0)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.write(context.Background(), pool, 2); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the cancelled Write's fn ran")
+	default:
+	}
+	if got := committed(t, pool, "persister1"); len(got) != 2 {
+		t.Fatalf("committed %v, want the held row and the last", got)
+	}
+}
+
+// A call that panics fails the calls of its transaction, which commits
+// nothing, and leaves the writer usable.
+func TestWriterGroupPanic(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+
+	release, first := held(t, w)
+	var wg sync.WaitGroup
+	var panicked any
+	errs := make([]error, 2)
+	for i := range 2 {
+		queued(t, w, i)
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					panicked = p
+				}
+			}()
+			_, errs[i] = w.w.Write(context.Background(), 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+				if i == 0 {
+					panic("boom")
+				}
+				return insertRow(ctx, tx, w, ids[0], i)
+			})
+		})
+	}
+	queued(t, w, 2)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if panicked != "boom" || errs[1] == nil {
+		t.Fatalf("panic %v, the other call's error %v", panicked, errs[1])
+	}
+	if _, err := w.write(context.Background(), pool, 2); err != nil {
+		t.Fatalf("writer after a panic: %v", err)
+	}
+	if got := committed(t, pool, "persister1"); len(got) != 2 {
+		t.Fatalf("committed %v, want the held row and the last", got)
+	}
+}
+
+// A sealed writer's queued calls all get ErrSealed.
+func TestWriterGroupSealed(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true})
+
+	release, first := held(t, w)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range errs {
+		queued(t, w, i)
+		wg.Go(func() { _, errs[i] = w.write(context.Background(), pool, i) })
+	}
+	queued(t, w, len(errs))
+	if _, err := pool.Exec(context.Background(), `UPDATE weft_writers SET sealed = true WHERE name = 'persister1'`); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	<-first
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, streams.ErrSealed) {
+			t.Fatalf("call %d on a sealed writer: %v", i, err)
+		}
+	}
+}
