@@ -56,13 +56,13 @@ type stepResult struct {
 
 // call is one Write or Insert waiting for, or in, a transaction.
 type call struct {
-	ctx        context.Context
-	run        step
-	autocommit bool          // may run on the pool when alone and unfenced
-	lead       chan struct{} // closed: this call leads the next transaction
-	done       chan struct{} // closed: res and err are final
-	res        stepResult
-	err        error
+	ctx  context.Context
+	run  step
+	ins  *insertCall   // an Insert: may run on the pool when alone and unfenced, pipelined in a group
+	lead chan struct{} // closed: this call leads the next transaction
+	done chan struct{} // closed: res and err are final
+	res  stepResult
+	err  error
 }
 
 // committer queues a Writer's calls. The lead is held while busy.
@@ -75,8 +75,8 @@ type committer struct {
 // do runs s in a transaction of w, alone or with the calls queued beside
 // it, and returns once that transaction has ended and its rows were handed
 // to node.
-func (w *Writer) do(ctx context.Context, node *Node, s step, autocommit bool) ([]int64, error) {
-	c := &call{ctx: ctx, run: s, autocommit: autocommit, lead: make(chan struct{}), done: make(chan struct{})}
+func (w *Writer) do(ctx context.Context, node *Node, s step, ins *insertCall) ([]int64, error) {
+	c := &call{ctx: ctx, run: s, ins: ins, lead: make(chan struct{}), done: make(chan struct{})}
 	g := &w.group
 	g.mu.Lock()
 	if !g.busy {
@@ -156,7 +156,7 @@ func (w *Writer) lead(node *Node, first *call) {
 	}
 	if len(batch) == 1 {
 		w.runAlone(node, first)
-	} else {
+	} else if !w.runPipeline(node, batch) {
 		w.runGroup(node, batch)
 	}
 	finished = true
@@ -165,7 +165,7 @@ func (w *Writer) lead(node *Node, first *call) {
 // runAlone runs one call as it would run without group commit: on the
 // caller's context, and without a transaction for an unfenced Insert.
 func (w *Writer) runAlone(node *Node, c *call) {
-	if c.autocommit && w.lease == nil {
+	if c.ins != nil && w.lease == nil {
 		c.res, c.err = c.run(c.ctx, w.db)
 		if c.err == nil {
 			node.handOver(w.Stream(), c.res.ids, c.res.rows)
@@ -186,6 +186,63 @@ func (w *Writer) runAlone(node *Node, c *call) {
 		return
 	}
 	node.handOver(w.Stream(), c.res.ids, c.res.rows)
+}
+
+// runPipeline runs a group of Inserts as one pipeline of their statements:
+// one round trip on the pool without a lease (its implicit transaction
+// commits all or none), or inside one fenced transaction. It reports
+// false, with nothing committed or tracked, when the group is not all
+// Inserts, or when a statement failed: then runGroup runs the calls
+// again behind savepoints, so that only the failing one fails.
+func (w *Writer) runPipeline(node *Node, batch []*call) bool {
+	pipe, ok := w.db.(streams.Batcher)
+	if !ok {
+		return false
+	}
+	stmts := make([]streams.Statement, len(batch))
+	for i, c := range batch {
+		if c.ins == nil || c.ctx.Err() != nil {
+			return false
+		}
+		stmts[i] = c.ins.statement()
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), groupTimeout)
+	defer cancel()
+	var tx pgx.Tx
+	if w.lease != nil {
+		var err error
+		if tx, err = w.begin(ctx); err != nil {
+			if errors.Is(err, streams.ErrSealed) {
+				for _, c := range batch {
+					c.err = err
+				}
+				return true
+			}
+			return false
+		}
+		defer tx.Rollback(ctx) // after a commit: a no-op
+		pipe = tx
+	}
+	allocs, err := w.gen.AllocPipeline(ctx, pipe, stmts)
+	if err != nil {
+		return false
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			for i, c := range batch {
+				c.res.alloc = allocs[i]
+				c.err = fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
+			}
+			return true
+		}
+	}
+	for i, c := range batch {
+		c.res, c.err = c.ins.result(w.Stream(), allocs[i])
+		if c.err == nil {
+			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+		}
+	}
+	return true
 }
 
 // runGroup runs several calls in one transaction, each behind a savepoint

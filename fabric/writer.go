@@ -168,7 +168,7 @@ func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error
 		}
 		res.rows, res.ret = rows, res.ids
 		return res, nil
-	}, false)
+	}, nil)
 }
 
 // Insert writes rows with one statement that draws their IDs from the
@@ -197,42 +197,62 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 			return nil, fmt.Errorf("%w: %s: %.64q", ErrBadRows, w.Stream(), r)
 		}
 	}
+	ins := &insertCall{rows: rows, sql: sql, args: args}
 	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
-		var res stepResult
-		byRow := make([]int64, len(rows))
-		scan := func(row pgx.CollectableRow) (int64, error) {
-			var id, i int64
-			if err := row.Scan(&id, &i); err != nil {
-				return 0, err
-			}
-			if i < 1 || i > int64(len(byRow)) || byRow[i-1] != 0 {
-				return 0, fmt.Errorf("row index %d out of range or returned twice", i)
-			}
-			byRow[i-1] = id
-			return id, nil
-		}
-		a, err := w.gen.AllocQuery(ctx, q, scan, sql, args...)
+		st := ins.statement()
+		a, err := w.gen.AllocQuery(ctx, q, st.Scan, st.SQL, st.Args...)
 		if err != nil {
-			return res, err
+			return stepResult{}, err
 		}
-		res.alloc = a
-		if n := len(a.IDs()); n != len(rows) {
-			// Autocommit: what ran has committed; the IDs without rows
-			// are holes. In a transaction it rolls back.
-			return res, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", w.Stream(), n, len(rows))
+		return ins.result(w.Stream(), a)
+	}, ins)
+}
+
+// insertCall is an Insert's statement, which a group of Inserts sends in
+// one pipeline.
+type insertCall struct {
+	rows  []json.RawMessage
+	sql   string
+	args  []any
+	byRow []int64 // the ID of each row, filled by the statement's scan
+}
+
+// statement is the call's statement, with a scan that records each row's
+// ID (afresh: a failed pipeline runs again behind savepoints).
+func (c *insertCall) statement() streams.Statement {
+	c.byRow = make([]int64, len(c.rows))
+	return streams.Statement{SQL: c.sql, Args: c.args, Scan: func(row pgx.CollectableRow) (int64, error) {
+		var id, i int64
+		if err := row.Scan(&id, &i); err != nil {
+			return 0, err
 		}
-		// In position order, as Write does.
-		order := make([]int, len(rows))
-		for i := range order {
-			order[i] = i
+		if i < 1 || i > int64(len(c.byRow)) || c.byRow[i-1] != 0 {
+			return 0, fmt.Errorf("row index %d out of range or returned twice", i)
 		}
-		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(byRow[a], byRow[b]) })
-		res.ids = make([]int64, len(rows))
-		res.rows = make([]json.RawMessage, len(rows))
-		for k, i := range order {
-			res.ids[k], res.rows[k] = byRow[i], rows[i]
-		}
-		res.ret = byRow
-		return res, nil
-	}, true)
+		c.byRow[i-1] = id
+		return id, nil
+	}}
+}
+
+// result checks the statement's IDs against the rows and puts them in
+// position order, as Write hands rows over.
+func (c *insertCall) result(stream string, a *streams.Allocation) (stepResult, error) {
+	res := stepResult{alloc: a}
+	if n := len(a.IDs()); n != len(c.rows) {
+		// Autocommit: what ran has committed; the IDs without rows are
+		// holes. In a transaction it rolls back.
+		return res, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", stream, n, len(c.rows))
+	}
+	order := make([]int, len(c.rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(c.byRow[a], c.byRow[b]) })
+	res.ids = make([]int64, len(c.rows))
+	res.rows = make([]json.RawMessage, len(c.rows))
+	for k, i := range order {
+		res.ids[k], res.rows[k] = c.byRow[i], c.rows[i]
+	}
+	res.ret = c.byRow
+	return res, nil
 }

@@ -86,3 +86,95 @@ func (g *Generator) AllocQuery(ctx context.Context, q DB, scan pgx.RowToFunc[int
 	}
 	return &Allocation{g: g, ids: ids}, nil
 }
+
+// Statement is one statement of AllocPipeline, as AllocQuery takes it.
+type Statement struct {
+	SQL  string
+	Args []any
+	Scan pgx.RowToFunc[int64] // nil: the ID is the only column
+}
+
+// Batcher sends a pipeline of statements: a *pgxpool.Pool, *pgx.Conn or
+// pgx.Tx.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// AllocPipeline is AllocQuery for several statements sent in one round
+// trip (a pgx.Batch), with one allocation per statement. On a pool they
+// run as one implicit transaction: an error in any of them commits none.
+// In a transaction, an error aborts it: roll it back. Either way it
+// returns an error and tracks no ID of any statement.
+func (g *Generator) AllocPipeline(ctx context.Context, q Batcher, stmts []Statement) ([]*Allocation, error) {
+	if g.id == 0 {
+		return nil, fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)
+	}
+	if g.cfg.Sequence == "" {
+		return nil, fmt.Errorf("%w: stream %s: its IDs come from an in-process counter; use Alloc", ErrNoSequence, g.cfg.Name)
+	}
+	b := &pgx.Batch{}
+	for i, s := range stmts {
+		if !strings.Contains(s.SQL, g.cfg.Sequence) {
+			return nil, fmt.Errorf("%w: stream %s: statement %d does not name the sequence %s", ErrNotFromSequence, g.cfg.Name, i, g.cfg.Sequence)
+		}
+		b.Queue(s.SQL, s.Args...)
+	}
+	tks := make([]Ticket, len(stmts))
+	g.mu.Lock()
+	for i := range tks {
+		tks[i] = g.tr.BeginAlloc() // before sending, as AllocQuery
+	}
+	g.mu.Unlock()
+	ids := make([][]int64, len(stmts))
+	br := q.SendBatch(ctx, b)
+	var err error
+	for i, s := range stmts {
+		scan := s.Scan
+		if scan == nil {
+			scan = pgx.RowTo[int64]
+		}
+		rows, qerr := br.Query()
+		if qerr == nil {
+			ids[i], qerr = pgx.CollectRows(rows, scan)
+		}
+		if qerr == nil && len(ids[i]) == 0 {
+			qerr = errors.New("the statement returned no IDs")
+		}
+		if qerr != nil {
+			err = fmt.Errorf("statement %d: %w", i, qerr)
+			break
+		}
+		slices.Sort(ids[i])
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	g.mu.Lock()
+	if err == nil {
+		var all []int64
+		for i := range stmts {
+			if err = g.tr.CheckAllocated(tks[i], ids[i]); err != nil {
+				break
+			}
+			all = append(all, ids[i]...)
+		}
+		slices.Sort(all)
+		if err == nil && len(slices.Compact(all)) != len(all) {
+			err = fmt.Errorf("%w: an id returned by two statements", ErrNotFromSequence)
+		}
+	}
+	allocs := make([]*Allocation, len(stmts))
+	for i, tk := range tks {
+		if err != nil {
+			g.tr.AbortAlloc(tk)
+			continue
+		}
+		g.tr.Allocated(tk, ids[i]...)
+		allocs[i] = &Allocation{g: g, ids: ids[i]}
+	}
+	g.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("streams: stream %s: writer %s: allocate in pipeline: %w", g.cfg.Name, g.self, err)
+	}
+	return allocs, nil
+}
