@@ -6,7 +6,7 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench bench-quick gobench fuzz fuzz-ci chaos tidy build demo
+.PHONY: test lint bench bench-quick peers gobench fuzz fuzz-ci chaos tidy build demo
 
 # The chaos suite's short scenarios run in here; the binary-running tests
 # need more than go test's default 10 minutes per package on 2 cores.
@@ -53,6 +53,13 @@ bench:
 # A short pass of the same harness (under 2 minutes); writes nothing.
 bench-quick:
 	$(GO) run ./cmd/weft-bench -quick
+
+# weft beside raw INSERT+PUBLISH, centrifuge and watermill
+# (../shared/peerbench, on private servers; needs root for initdb):
+# the lines every peer runs alike, one pass; REPS=3 for three.
+peers:
+	bench/peers/run.sh start
+	SET=headline REPS=$${REPS:-1} bench/peers/run.sh all; s=$$?; bench/peers/run.sh stop; exit $$s
 
 # Every Go micro-benchmark in the tree.
 gobench:

@@ -42,6 +42,14 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "reader" {
 		quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		redis.SetLogger(quietRedis{})
+		// WEFT_BENCH_READER_PROFILE=DIR: each reader process writes its
+		// CPU profile to DIR/reader-PID.prof (where a reader's time goes).
+		if dir := os.Getenv("WEFT_BENCH_READER_PROFILE"); dir != "" {
+			f, err := os.Create(filepath.Join(dir, fmt.Sprintf("reader-%d.prof", os.Getpid())))
+			if err == nil && pprof.StartCPUProfile(f) == nil {
+				defer pprof.StopCPUProfile()
+			}
+		}
 		if err := readerMain(ctx, os.Args[2:], quiet); err != nil {
 			fmt.Fprintln(os.Stderr, "weft-bench reader:", err)
 			os.Exit(1)
