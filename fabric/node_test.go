@@ -419,13 +419,14 @@ func TestNodeWaitForToken(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The refresh that drops persister1 may have read the sequence before
+	// persister2's last writes, capping the minimum there until the next
+	// one (an announce interval later).
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		return !slices.Contains(w2.gen.Writers(), "persister1") && !slices.Contains(reader.gen.Writers(), "persister1")
-	}, "persister1 still counted after its seal")
+		return !slices.Contains(w2.gen.Writers(), "persister1") && !slices.Contains(reader.gen.Writers(), "persister1") &&
+			w2.gen.Token().Min() > reader.node.View(eventsKey("persister1"))
+	}, "persister1 still counted after its seal, or persister2's tokens not past its last row (the case is not exercised)")
 	tok := w2.gen.Token()
-	if tok.Min() <= reader.node.View(eventsKey("persister1")) {
-		t.Fatalf("token %s: its minimum is not above persister1's last row (%d): the case is not exercised", tok, reader.node.View(eventsKey("persister1")))
-	}
 	if err := reader.node.WaitForToken(ctx, "events", tok); err != nil {
 		t.Fatalf("a token after persister1's seal: %v (held back by a sealed writer?)", err)
 	}
