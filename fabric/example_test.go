@@ -174,3 +174,24 @@ func ExampleNode_WaitForToken() {
 	}
 	log.Println("everything up to", tok, "is applied here; persisted-upto is", gen.PersistedUpto())
 }
+
+// Call a Writer from as many goroutines as you like (an HTTP handler per
+// request, say): the calls that arrive while one transaction of the writer
+// is in flight share the next one, each behind a savepoint, so one call's
+// error fails only that call and the writer's position moves at every
+// commit.
+func ExampleWriter_Write_concurrent() {
+	var w *fabric.Writer // from OpenWriter, bound to a node
+	http.HandleFunc("POST /ledger", func(rw http.ResponseWriter, r *http.Request) {
+		row := json.RawMessage(`[{"amount":1}]`)
+		ids, err := w.Write(r.Context(), 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (stream_id, writer, rows) VALUES ($1, $2, $3)`, ids[0], w.Name(), row)
+			return []json.RawMessage{row}, err // an error undoes this call's rows only
+		})
+		if err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_ = json.NewEncoder(rw).Encode(map[string]int64{"stream_pos": ids[0]})
+	})
+}

@@ -49,6 +49,18 @@ func queued(t *testing.T, m *member, n int) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return size() == n }, "calls queued: want %d", n)
 }
 
+// drain waits until n calls queue behind the held Write, releases it, and
+// waits for it (it must succeed) and for the calls.
+func drain(t *testing.T, m *member, n int, release func(), first <-chan error, wg *sync.WaitGroup) {
+	t.Helper()
+	queued(t, m, n)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+}
+
 func insertRow(ctx context.Context, tx pgx.Tx, m *member, id int64, n int) ([]json.RawMessage, error) {
 	rows := json.RawMessage(fmt.Sprintf(`[{"n":%d}]`, n))
 	_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, id, m.gen.Self(), rows)
@@ -115,12 +127,7 @@ func TestWriterGroupCommit(t *testing.T) {
 				`INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`, w.gen.Self(), fmt.Sprintf(`[{"n":%d}]`, i))
 		})
 	}
-	queued(t, w, k)
-	release()
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
+	drain(t, w, k, release, first, &wg)
 	var all []int64
 	for i := range k {
 		if errs[i] != nil {
@@ -174,12 +181,7 @@ func TestWriterGroupCallFails(t *testing.T) {
 		queued(t, w, i)
 		wg.Go(func() { ids[i], errs[i] = w.w.Write(context.Background(), 1, fn) })
 	}
-	queued(t, w, len(fns))
-	release()
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
+	drain(t, w, len(fns), release, first, &wg)
 	if errs[0] != nil || errs[3] != nil {
 		t.Fatalf("the healthy calls failed: %v, %v", errs[0], errs[3])
 	}
@@ -264,12 +266,7 @@ func TestWriterGroupPanic(t *testing.T) {
 			})
 		})
 	}
-	queued(t, w, 2)
-	release()
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
+	drain(t, w, 2, release, first, &wg)
 	if panicked != "boom" || errs[1] == nil {
 		t.Fatalf("panic %v, the other call's error %v", panicked, errs[1])
 	}
@@ -338,12 +335,7 @@ func TestWriterGroupInsertsPipelined(t *testing.T) {
 						ids[i], errs[i] = w.w.Insert(context.Background(), []json.RawMessage{json.RawMessage(row)}, sql, w.gen.Self(), row)
 					})
 				}
-				queued(t, w, k)
-				release()
-				if err := <-first; err != nil {
-					t.Fatal(err)
-				}
-				wg.Wait()
+				drain(t, w, k, release, first, &wg)
 				var all []int64
 				for i := range k {
 					if (errs[i] != nil) != (i == bad) {

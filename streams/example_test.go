@@ -1,7 +1,11 @@
 package streams_test
 
 import (
+	"context"
 	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/streams"
 )
@@ -27,4 +31,26 @@ func ExampleToken() {
 	// Concurrent
 	// m57~2.60~3.59
 	// m56~2.58~3.59
+}
+
+// Several statements that draw their IDs from the sequence, sent in one
+// round trip: on a pool they commit together or not at all, and each gets
+// its own allocation to finish. (fabric.Writer does this for a group of
+// Inserts; use AllocPipeline directly only without a fabric.)
+func ExampleGenerator_AllocPipeline() {
+	ctx := context.Background()
+	var pool *pgxpool.Pool   // pgxpool.New(ctx, databaseURL)
+	var g *streams.Generator // streams.Open(ctx, pool, cfg, "persister1")
+	const insert = `INSERT INTO ledger (stream_id, writer, body) VALUES (nextval('ledger_seq'), $1, $2) RETURNING stream_id`
+	allocs, err := g.AllocPipeline(ctx, pool, []streams.Statement{
+		{SQL: insert, Args: []any{g.Self(), "first"}},
+		{SQL: insert, Args: []any{g.Self(), "second"}},
+	})
+	if err != nil {
+		log.Fatal(err) // nothing committed, nothing tracked
+	}
+	for _, a := range allocs {
+		fmt.Println(a.IDs())
+		a.Finish() // committed: the writer's position may pass them
+	}
 }
