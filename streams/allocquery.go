@@ -47,11 +47,8 @@ import (
 // after Alloc does; for a fenced write, run it in a transaction that has
 // called the lease's Fence first.
 func (g *Generator) AllocQuery(ctx context.Context, q DB, scan pgx.RowToFunc[int64], sql string, args ...any) (*Allocation, error) {
-	if g.id == 0 {
-		return nil, fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)
-	}
-	if g.cfg.Sequence == "" {
-		return nil, fmt.Errorf("%w: stream %s: its IDs come from an in-process counter; use Alloc", ErrNoSequence, g.cfg.Name)
+	if err := g.inStatement(); err != nil {
+		return nil, err
 	}
 	if !strings.Contains(sql, g.cfg.Sequence) {
 		return nil, fmt.Errorf("%w: stream %s: the statement does not name the sequence %s", ErrNotFromSequence, g.cfg.Name, g.cfg.Sequence)
@@ -106,11 +103,8 @@ type Batcher interface {
 // In a transaction, an error aborts it: roll it back. Either way it
 // returns an error and tracks no ID of any statement.
 func (g *Generator) AllocPipeline(ctx context.Context, q Batcher, stmts []Statement) ([]*Allocation, error) {
-	if g.id == 0 {
-		return nil, fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)
-	}
-	if g.cfg.Sequence == "" {
-		return nil, fmt.Errorf("%w: stream %s: its IDs come from an in-process counter; use Alloc", ErrNoSequence, g.cfg.Name)
+	if err := g.inStatement(); err != nil {
+		return nil, err
 	}
 	b := &pgx.Batch{}
 	for i, s := range stmts {
@@ -177,4 +171,16 @@ func (g *Generator) AllocPipeline(ctx context.Context, q Batcher, stmts []Statem
 		return nil, fmt.Errorf("streams: stream %s: writer %s: allocate in pipeline: %w", g.cfg.Name, g.self, err)
 	}
 	return allocs, nil
+}
+
+// inStatement reports why this generator cannot track IDs a statement draws
+// itself: it is a reader, or the stream has no sequence.
+func (g *Generator) inStatement() error {
+	if g.id == 0 {
+		return fmt.Errorf("%w: stream %s", ErrNotWriter, g.cfg.Name)
+	}
+	if g.cfg.Sequence == "" {
+		return fmt.Errorf("%w: stream %s: its IDs come from an in-process counter; use Alloc", ErrNoSequence, g.cfg.Name)
+	}
+	return nil
 }
