@@ -22,6 +22,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weft-dev/weft/internal/freeport"
 )
 
 const (
@@ -70,12 +72,11 @@ type Proxy struct {
 	}
 }
 
-// Start listens on 127.0.0.1:0 and proxies every accepted connection to
+// Start listens on a free port of 127.0.0.1 and proxies every accepted connection to
 // target (host:port). The proxy stops when ctx is cancelled or Close is
 // called; Close must be called either way to wait for its goroutines.
 func Start(ctx context.Context, target string) (*Proxy, error) {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	ln, err := freeport.Listen(ctx) // never a port handed to a process about to bind it
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listen: %w", err)
 	}

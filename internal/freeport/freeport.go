@@ -8,6 +8,7 @@
 package freeport
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -30,9 +31,6 @@ var given struct {
 func Next() (int, error) {
 	given.Lock()
 	defer given.Unlock()
-	if given.set == nil {
-		given.set = map[int]bool{}
-	}
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -43,15 +41,47 @@ func Next() (int, error) {
 		if given.set[port] {
 			continue
 		}
-		given.set[port] = true
-		given.order = append(given.order, port)
-		if len(given.order) > Remembered {
-			delete(given.set, given.order[0])
-			given.order = given.order[1:]
-		}
+		remember(port)
 		return port, nil
 	}
 	return 0, errors.New("freeport: the kernel offered only ports handed out already, 100 times")
+}
+
+// Listen listens on a port of 127.0.0.1 that none of the last Remembered
+// calls of Next or Listen handed out, and remembers it: a listener of the
+// test process itself (a proxy, say) then never takes a port Next gave a
+// process that has not bound it yet.
+func Listen(ctx context.Context) (net.Listener, error) {
+	given.Lock()
+	defer given.Unlock()
+	var lc net.ListenConfig
+	for range 100 {
+		l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("freeport: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if given.set[port] {
+			l.Close()
+			continue
+		}
+		remember(port)
+		return l, nil
+	}
+	return nil, errors.New("freeport: the kernel offered only ports handed out already, 100 times")
+}
+
+// remember records port as handed out. given must be locked.
+func remember(port int) {
+	if given.set == nil {
+		given.set = map[int]bool{}
+	}
+	given.set[port] = true
+	given.order = append(given.order, port)
+	if len(given.order) > Remembered {
+		delete(given.set, given.order[0])
+		given.order = given.order[1:]
+	}
 }
 
 // remembered is how many ports Next is keeping back, for tests.

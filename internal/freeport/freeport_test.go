@@ -1,6 +1,7 @@
 package freeport
 
 import (
+	"context"
 	"net"
 	"strconv"
 	"testing"
@@ -35,5 +36,31 @@ func TestNextDistinctBindableBounded(t *testing.T) {
 	}
 	if set, order := remembered(); set != Remembered || order != Remembered {
 		t.Errorf("keeps back %d ports (%d in order), want the bound %d", set, order, Remembered)
+	}
+}
+
+// A listener from Listen holds a port Next never hands out while it is
+// remembered, and Listen never takes one Next handed out.
+func TestListenRemembers(t *testing.T) {
+	l, err := Listen(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	given.Lock()
+	ok := given.set[port]
+	given.Unlock()
+	if !ok {
+		t.Fatalf("port %d of Listen not remembered", port)
+	}
+	for range 200 {
+		p, err := Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == port {
+			t.Fatalf("Next handed out %d, held by Listen", p)
+		}
 	}
 }
