@@ -37,8 +37,9 @@ import (
 
 const (
 	benchCluster = "bench"
-	benchChannel = "weft:" + benchCluster
 	benchStream  = "bench"
+	// benchChannel is the bench stream's channel.
+	benchChannel = "weft:" + benchCluster + "/" + benchStream
 	benchWriter  = "benchw-aaaaaaaa"
 	benchReader  = "benchr-aaaaaaaa"
 	// benchRawChannel carries the raw baselines, so a node never sees them.

@@ -19,13 +19,18 @@ import (
 type Config struct {
 	// Instance is this process's instance ID (instance.NewID). Required.
 	Instance string
-	// Cluster names the channel, "weft:<Cluster>". Required.
+	// Cluster names the Redis channels: the control channel
+	// "weft:<Cluster>" and one per stream, "weft:<Cluster>/<stream>".
+	// Required.
 	Cluster string
 	// RedisURL is redis:// or rediss://, with credentials if any. Required.
 	RedisURL string
 	// Hello is what this instance announces (its URL serves catch-up).
 	Hello wire.Hello
-	// Streams are the streams this instance follows.
+	// Streams are the streams this instance follows. The node subscribes
+	// to their channels and to those of the streams it writes, and to no
+	// other: the lines of streams it neither follows nor writes never
+	// reach it (weft_fabric_lines_received_total counts by channel).
 	Streams []core.StreamSpec
 	// Views are where the application's state is, per writer.
 	Views map[core.Key]int64

@@ -228,3 +228,6 @@ func metricSum(c prometheus.Collector) float64 {
 }
 
 func eventsKey(writer string) core.Key { return core.Key{Stream: "events", Writer: writer} }
+
+// eventsChannel is the Redis channel of the events stream in the test cluster.
+var eventsChannel = StreamChannel("test", "events")

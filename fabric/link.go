@@ -49,7 +49,7 @@ var (
 	// subscription, so everything in flight is lost.
 	errLinkRedisRestarted = errors.New("fabric: link: redis run_id changed")
 	// errLinkUnexpected: the subscriber connection got a reply that a
-	// subscription to one channel never produces.
+	// subscription to its channels never produces.
 	errLinkUnexpected = errors.New("fabric: link: unexpected pub/sub reply")
 	errLinkRunning    = errors.New("fabric: link: already running")
 )
@@ -59,8 +59,10 @@ type linkConfig struct {
 	// Options is the Redis connection, as from redis.ParseURL; required. The
 	// link copies it.
 	Options *redis.Options
-	// Channel is the pub/sub channel, e.g. "weft:<cluster>"; required.
-	Channel string
+	// Channels are the pub/sub channels subscribed to, all on one
+	// connection; at least one, no duplicates. Lines may be published on
+	// any channel, subscribed or not.
+	Channels []string
 	// Backoff is the reconnect policy.
 	Backoff backoff.Config
 	// PingInterval is how often the subscriber connection is PINGed [1s].
@@ -84,11 +86,11 @@ type linkConfig struct {
 	Logger *slog.Logger
 	// OnAttempt, if set, is called before every connection attempt.
 	OnAttempt func()
-	// Seal, if set, stamps (and signs) each line as it is sent: it
-	// appends to line and returns it. Stamping at send time, in send order,
+	// Seal, if set, stamps (and signs) each line as it is sent to channel:
+	// it appends to line and returns it. Stamping at send time, in send order,
 	// makes a line's stamp the time it reached Redis, however long it
 	// waited in the queue (see envelope).
-	Seal func(line []byte, now time.Time) []byte
+	Seal func(channel string, line []byte, now time.Time) []byte
 }
 
 // validate reports the first invalid field.
@@ -96,8 +98,8 @@ func (c linkConfig) validate() error {
 	switch {
 	case c.Options == nil:
 		return errors.New("fabric: linkConfig.Options is required")
-	case c.Channel == "":
-		return errors.New("fabric: linkConfig.Channel is required")
+	case len(c.Channels) == 0:
+		return errors.New("fabric: linkConfig.Channels is required")
 	case c.PingInterval < 0:
 		return fmt.Errorf("fabric: linkConfig.PingInterval %v is negative", c.PingInterval)
 	case c.PingTimeout < 0:
@@ -110,6 +112,13 @@ func (c linkConfig) validate() error {
 		return fmt.Errorf("fabric: linkConfig.MaxBatch %d is negative", c.MaxBatch)
 	case c.QueueBytes < 0:
 		return fmt.Errorf("fabric: linkConfig.QueueBytes %d is negative", c.QueueBytes)
+	}
+	seen := make(map[string]bool, len(c.Channels))
+	for _, ch := range c.Channels {
+		if ch == "" || seen[ch] {
+			return fmt.Errorf("fabric: linkConfig.Channels: %q is empty or listed twice", ch)
+		}
+		seen[ch] = true
 	}
 	if err := c.Backoff.Validate(); err != nil {
 		return fmt.Errorf("fabric: linkConfig.Backoff: %w", err)
@@ -146,12 +155,12 @@ func (c linkConfig) withDefaults() linkConfig {
 // linkEvents receives what happens on a link, from one goroutine, in order:
 // linkUp, any number of linkMessage, linkDown, then again linkUp...
 type linkEvents interface {
-	// linkUp: Redis confirmed the SUBSCRIBE, sent at since. Only now may
+	// linkUp: Redis confirmed the SUBSCRIBE of every channel, sent at since. Only now may
 	// the node publish REPLICATE: anything answering it is sure to reach us.
 	// No line sent before since can arrive on this subscription.
 	linkUp(since time.Time)
-	// linkMessage is one message on the channel.
-	linkMessage(payload string)
+	// linkMessage is one message on a subscribed channel.
+	linkMessage(channel, payload string)
 	// linkDown: the subscription is lost (error, missing PONG, silent
 	// resubscribe, Redis run_id changed); messages may have been missed.
 	// The end of run's context is not reported.
@@ -175,10 +184,13 @@ type linkStats struct {
 	LastRunID      string // the Redis run_id last read
 }
 
-// link is the Redis transport of the fabric: one subscriber connection that
-// it keeps alive (PING), checks (run_id) and re-establishes with backoff,
-// and one ordered publisher connection. It moves lines and knows nothing of
-// the protocol.
+// link is the Redis transport of the fabric: one subscriber connection to
+// all its channels that it keeps alive (PING), checks (run_id) and
+// re-establishes with backoff, and one ordered publisher connection. It
+// moves lines and knows nothing of the protocol. On one Redis, lines one
+// publisher connection sends reach a subscriber connection in the order
+// sent, whatever their channels: the node relies on that order, so the
+// link keeps a single connection of each kind.
 //
 // go-redis's PubSub reconnects and resubscribes on its own after an error;
 // the link never lets that pass silently: any receive error, and any second
@@ -190,7 +202,7 @@ type link struct {
 	log   *slog.Logger
 	sub   *redis.Client // pub/sub connections only
 	pub   *redis.Client // one connection, so PUBLISHes stay in order
-	queue chan string
+	queue chan outLine
 	kick  chan struct{} // asks serve for a PING now (pingNow)
 
 	running atomic.Bool
@@ -201,6 +213,7 @@ type link struct {
 	publishErrors  atomic.Uint64
 	publishDropped atomic.Uint64
 	arena          []byte // the sealed lines of the batch being sent (publisher only)
+	subscribed     map[string]bool
 	scratch        []byte
 	publishBatches atomic.Uint64
 	queuedBytes    atomic.Int64
@@ -243,14 +256,19 @@ func newLink(cfg linkConfig) (*link, error) {
 	// The publisher paces its own retries.
 	pubOpt.DialerRetries = 1
 
+	subscribed := make(map[string]bool, len(cfg.Channels))
+	for _, ch := range cfg.Channels {
+		subscribed[ch] = true
+	}
 	return &link{
-		cfg:   cfg,
-		addr:  cfg.Options.Addr,
-		log:   cfg.Logger.With("channel", cfg.Channel),
-		sub:   redis.NewClient(&subOpt),
-		pub:   redis.NewClient(&pubOpt),
-		queue: make(chan string, cfg.PublishQueue),
-		kick:  make(chan struct{}, 1),
+		cfg:        cfg,
+		addr:       cfg.Options.Addr,
+		log:        cfg.Logger.With("channel", cfg.Channels[0]),
+		sub:        redis.NewClient(&subOpt),
+		pub:        redis.NewClient(&pubOpt),
+		queue:      make(chan outLine, cfg.PublishQueue),
+		kick:       make(chan struct{}, 1),
+		subscribed: subscribed,
 	}, nil
 }
 
@@ -304,13 +322,17 @@ func (l *link) established() {
 // errPublishDropped: the publish queue was full; the line was dropped.
 var errPublishDropped = errors.New("fabric: publish queue full: line dropped")
 
-// publish queues one line for the publisher. Lines are PUBLISHed in the
-// order queued, on one connection, in pipelines of up to MaxBatch. It
+// outLine is one line waiting to be published on channel.
+type outLine struct{ channel, line string }
+
+// publish queues one line for the publisher, to go out on channel. Lines
+// are PUBLISHed in the order queued, on one connection, in pipelines of up
+// to MaxBatch. It
 // never blocks: a line that does not fit the queue (PublishQueue lines,
 // QueueBytes bytes) is dropped, counted and reported as errPublishDropped.
 // Queued lines go out only while run runs; a failed batch is logged and
 // counted, not retried. The line is copied.
-func (l *link) publish(line []byte) error {
+func (l *link) publish(channel string, line []byte) error {
 	n := int64(len(line))
 	if l.queuedBytes.Add(n) > l.cfg.QueueBytes {
 		l.queuedBytes.Add(-n)
@@ -318,7 +340,7 @@ func (l *link) publish(line []byte) error {
 		return errPublishDropped
 	}
 	select {
-	case l.queue <- string(line):
+	case l.queue <- outLine{channel, string(line)}:
 		return nil
 	default:
 		l.queuedBytes.Add(-n)
@@ -328,10 +350,10 @@ func (l *link) publish(line []byte) error {
 }
 
 // dequeued accounts for lines taken off the queue.
-func (l *link) dequeued(lines []string) {
+func (l *link) dequeued(lines []outLine) {
 	var n int64
-	for _, line := range lines {
-		n += int64(len(line))
+	for _, o := range lines {
+		n += int64(len(o.line))
 	}
 	l.queuedBytes.Add(-n)
 }
@@ -390,7 +412,9 @@ type subConn struct {
 	sent      []time.Time // send times of the PINGs not yet answered
 	pingErr   chan error  // the PING that failed
 	restarted chan string // the new run_id, from watchRunID
-	up        bool        // linkUp was called
+	confirmed int         // channels whose subscription Redis confirmed
+	seen      map[string]bool
+	up        bool // linkUp was called: every channel confirmed
 }
 
 // connect runs one subscriber connection until it fails or ctx is done. It
@@ -405,6 +429,7 @@ func (l *link) connect(ctx context.Context, ev linkEvents) (wasEstablished bool,
 		pings:     make(chan struct{}, 1),
 		pingErr:   make(chan error, 1),
 		restarted: make(chan string, 1),
+		seen:      make(map[string]bool, len(l.cfg.Channels)),
 	}
 	c.lastRecv.Store(-1)
 	l.mu.Lock()
@@ -428,8 +453,8 @@ func (l *link) connect(ctx context.Context, ev linkEvents) (wasEstablished bool,
 		wg.Wait()
 	}()
 
-	if err := c.ps.Subscribe(sctx, l.cfg.Channel); err != nil {
-		return false, fmt.Errorf("fabric: link: subscribe %s: %w", l.cfg.Channel, err)
+	if err := c.ps.Subscribe(sctx, l.cfg.Channels...); err != nil {
+		return false, fmt.Errorf("fabric: link: subscribe %v: %w", l.cfg.Channels, err)
 	}
 	wg.Go(func() { c.receive(sctx) })
 	wg.Go(func() { c.ping(sctx) })
@@ -532,11 +557,17 @@ func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.Wa
 			}
 			switch m := it.msg.(type) {
 			case *redis.Subscription:
-				if m.Kind != "subscribe" || m.Channel != l.cfg.Channel {
+				if m.Kind != "subscribe" || !l.subscribed[m.Channel] {
 					return fmt.Errorf("%w: %s %s", errLinkUnexpected, m.Kind, m.Channel)
 				}
-				if c.up {
-					return errLinkResubscribed
+				// A channel confirmed twice was resubscribed behind our
+				// back: on one connection that means all of them were.
+				if c.seen[m.Channel] {
+					return fmt.Errorf("%w: %s", errLinkResubscribed, m.Channel)
+				}
+				c.seen[m.Channel] = true
+				if c.confirmed++; c.confirmed < len(l.cfg.Channels) {
+					continue
 				}
 				runID, err := l.connectRunID(ctx)
 				if err != nil {
@@ -551,9 +582,10 @@ func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.Wa
 				if !c.up {
 					return fmt.Errorf("%w: message before the subscription", errLinkUnexpected)
 				}
-				if m.Channel == l.cfg.Channel {
-					ev.linkMessage(m.Payload)
+				if !l.subscribed[m.Channel] {
+					return fmt.Errorf("%w: message on %s", errLinkUnexpected, m.Channel)
 				}
+				ev.linkMessage(m.Channel, m.Payload)
 			case *redis.Pong:
 				// Liveness is lastRecv's; freshness is the PING's age.
 				c.sentMu.Lock()
@@ -660,7 +692,7 @@ func (l *link) runPublisher(ctx context.Context) {
 	// lost to shutdown. Timeouts bound them.
 	sendCtx := context.WithoutCancel(ctx)
 	retry := backoff.Config{Initial: publishRetryInitial, Max: publishRetryMax}.NewBackOff()
-	batch := make([]string, 0, l.cfg.MaxBatch)
+	batch := make([]outLine, 0, l.cfg.MaxBatch)
 	for {
 		if ctx.Err() != nil {
 			l.flush(sendCtx)
@@ -689,7 +721,7 @@ func (l *link) runPublisher(ctx context.Context) {
 }
 
 // fill appends queued lines to batch without waiting, up to MaxBatch.
-func (l *link) fill(batch []string) []string {
+func (l *link) fill(batch []outLine) []outLine {
 	for len(batch) < l.cfg.MaxBatch {
 		select {
 		case line := <-l.queue:
@@ -706,7 +738,7 @@ func (l *link) fill(batch []string) []string {
 func (l *link) flush(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
 	defer cancel()
-	batch := make([]string, 0, l.cfg.MaxBatch)
+	batch := make([]outLine, 0, l.cfg.MaxBatch)
 	for {
 		batch = l.fill(batch[:0])
 		l.dequeued(batch)
@@ -726,25 +758,25 @@ func (l *link) flush(ctx context.Context) {
 }
 
 // send PUBLISHes batch in one pipeline round trip.
-func (l *link) send(ctx context.Context, batch []string) error {
+func (l *link) send(ctx context.Context, batch []outLine) error {
 	pipe := l.pub.Pipeline()
 	if l.cfg.Seal == nil {
-		for _, line := range batch {
-			pipe.Publish(ctx, l.cfg.Channel, line)
+		for _, o := range batch {
+			pipe.Publish(ctx, o.channel, o.line)
 		}
 	} else {
 		// Sealed lines go into one reused arena: no allocation per line.
 		now := time.Now()
 		ends := make([]int, len(batch))
 		l.arena = l.arena[:0]
-		for i, line := range batch {
-			l.scratch = l.cfg.Seal(append(l.scratch[:0], line...), now)
+		for i, o := range batch {
+			l.scratch = l.cfg.Seal(o.channel, append(l.scratch[:0], o.line...), now)
 			l.arena = append(l.arena, l.scratch...)
 			ends[i] = len(l.arena)
 		}
 		start := 0
-		for _, end := range ends {
-			pipe.Publish(ctx, l.cfg.Channel, l.arena[start:end:end])
+		for i, end := range ends {
+			pipe.Publish(ctx, batch[i].channel, l.arena[start:end:end])
 			start = end
 		}
 	}

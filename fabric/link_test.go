@@ -44,16 +44,18 @@ type linkRecorder struct {
 	mu     sync.Mutex
 	events []linkEvent
 	msgs   []string
+	chans  []string // the channel of each of msgs
 }
 
 func (r *linkRecorder) linkUp(time.Time)    { r.add(linkEvent{kind: "up"}) }
 func (r *linkRecorder) linkDown(err error)  { r.add(linkEvent{kind: "down", err: err}) }
 func (r *linkRecorder) linkFresh(time.Time) {}
 
-func (r *linkRecorder) linkMessage(payload string) {
+func (r *linkRecorder) linkMessage(channel, payload string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.msgs = append(r.msgs, payload)
+	r.chans = append(r.chans, channel)
 }
 
 func (r *linkRecorder) add(e linkEvent) {
@@ -115,9 +117,9 @@ func startTestLink(t *testing.T, redisURL string, tune func(*linkConfig)) *testL
 		t.Fatal(err)
 	}
 	cfg := linkConfig{
-		Options: opts,
-		Channel: "weft:" + t.Name(),
-		Logger:  slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Options:  opts,
+		Channels: []string{"weft:" + t.Name(), "weft:" + t.Name() + "/events"},
+		Logger:   slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if tune != nil {
 		tune(&cfg)
@@ -158,7 +160,7 @@ func (tl *testLink) doStop() {
 // its subscriber and its publisher work.
 func (tl *testLink) echo(payload string) {
 	tl.t.Helper()
-	if err := tl.publish([]byte(payload)); err != nil {
+	if err := tl.publish(tl.cfg.Channels[0], []byte(payload)); err != nil {
 		tl.t.Fatal(err)
 	}
 	testenv.Eventually(tl.t, 5*time.Second, func() bool { return slices.Contains(tl.rec.messages(), payload) },
@@ -203,14 +205,14 @@ func TestLinkConfigValidate(t *testing.T) {
 		cfg   linkConfig
 		field string
 	}{
-		{linkConfig{Channel: "weft:x"}, "Options"},
-		{linkConfig{Options: opts}, "Channel"},
-		{linkConfig{Options: opts, Channel: "c", PingInterval: -1}, "PingInterval"},
-		{linkConfig{Options: opts, Channel: "c", PingTimeout: -1}, "PingTimeout"},
-		{linkConfig{Options: opts, Channel: "c", RunIDCheck: -1}, "RunIDCheck"},
-		{linkConfig{Options: opts, Channel: "c", PublishQueue: -1}, "PublishQueue"},
-		{linkConfig{Options: opts, Channel: "c", MaxBatch: -1}, "MaxBatch"},
-		{linkConfig{Options: opts, Channel: "c", Backoff: backoff.Config{Multiplier: 0.5}}, "Backoff"},
+		{linkConfig{Channels: []string{"weft:x"}}, "Options"},
+		{linkConfig{Options: opts}, "Channels"},
+		{linkConfig{Options: opts, Channels: []string{"c"}, PingInterval: -1}, "PingInterval"},
+		{linkConfig{Options: opts, Channels: []string{"c"}, PingTimeout: -1}, "PingTimeout"},
+		{linkConfig{Options: opts, Channels: []string{"c"}, RunIDCheck: -1}, "RunIDCheck"},
+		{linkConfig{Options: opts, Channels: []string{"c"}, PublishQueue: -1}, "PublishQueue"},
+		{linkConfig{Options: opts, Channels: []string{"c"}, MaxBatch: -1}, "MaxBatch"},
+		{linkConfig{Options: opts, Channels: []string{"c"}, Backoff: backoff.Config{Multiplier: 0.5}}, "Backoff"},
 	} {
 		l, err := newLink(tc.cfg)
 		if err == nil {
@@ -229,24 +231,24 @@ func TestLinkConfigValidate(t *testing.T) {
 // counted, and room made by the publisher is used again.
 func TestLinkPublishDropsWhenFull(t *testing.T) {
 	defer goleak.VerifyNone(t, linkLeakOptions()...)
-	l, err := newLink(linkConfig{Options: &redis.Options{Addr: "127.0.0.1:1"}, Channel: "c", PublishQueue: 2, QueueBytes: 10})
+	l, err := newLink(linkConfig{Options: &redis.Options{Addr: "127.0.0.1:1"}, Channels: []string{"c"}, PublishQueue: 2, QueueBytes: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.close()
 	for i := range 2 {
-		if err := l.publish([]byte{'a' + byte(i)}); err != nil {
+		if err := l.publish(l.cfg.Channels[0], []byte{'a' + byte(i)}); err != nil {
 			t.Fatalf("publish %d into a queue with room: %v", i, err)
 		}
 	}
-	if err := l.publish([]byte("c")); !errors.Is(err, errPublishDropped) {
+	if err := l.publish(l.cfg.Channels[0], []byte("c")); !errors.Is(err, errPublishDropped) {
 		t.Fatalf("publish into a full queue = %v, want errPublishDropped", err)
 	}
-	l.dequeued([]string{<-l.queue, <-l.queue})
-	if err := l.publish([]byte("12345678901")); !errors.Is(err, errPublishDropped) {
+	l.dequeued([]outLine{<-l.queue, <-l.queue})
+	if err := l.publish(l.cfg.Channels[0], []byte("12345678901")); !errors.Is(err, errPublishDropped) {
 		t.Fatalf("publish of 11 bytes with QueueBytes 10 = %v, want errPublishDropped", err)
 	}
-	if err := l.publish([]byte("1234567890")); err != nil {
+	if err := l.publish(l.cfg.Channels[0], []byte("1234567890")); err != nil {
 		t.Fatalf("publish of 10 bytes into an empty queue: %v", err)
 	}
 	if st := l.stats(); st.PublishDropped != 2 || st.QueuedLines != 1 || st.QueuedBytes != 10 {
@@ -269,7 +271,7 @@ func TestLinkOrder(t *testing.T) {
 
 	start := time.Now()
 	for i := range lines {
-		if err := sender.publish([]byte(strconv.Itoa(i))); err != nil {
+		if err := sender.publish(sender.cfg.Channels[0], []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -314,7 +316,7 @@ func TestLinkFlushOnStop(t *testing.T) {
 	defer sender.stop() // on failure; stopping twice is fine
 	sender.rec.waitEvents(t, 1, 10*time.Second)
 	for i := range 1000 {
-		if err := sender.publish([]byte(strconv.Itoa(i))); err != nil {
+		if err := sender.publish(sender.cfg.Channels[0], []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -443,7 +445,7 @@ func TestLinkBackoffOutage(t *testing.T) {
 	// publisher must neither spin nor stay broken after the outage.
 	sent := 0
 	for time.Since(killed) < outage {
-		if err := tl.publish([]byte("lost " + strconv.Itoa(sent))); err != nil {
+		if err := tl.publish(tl.cfg.Channels[0], []byte("lost "+strconv.Itoa(sent))); err != nil {
 			t.Fatal(err)
 		}
 		sent++

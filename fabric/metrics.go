@@ -8,6 +8,7 @@ import (
 // reasons, causes and stream names, never positions or instance IDs.
 type metrics struct {
 	commandsIn   *prometheus.CounterVec
+	linesIn      *prometheus.CounterVec
 	echoes       prometheus.Counter
 	commandsOut  *prometheus.CounterVec
 	invalid      *prometheus.CounterVec
@@ -36,6 +37,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		commandsIn: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "commands_received_total", Help: "Commands received on the channel, by verb (own echoes excluded)."}, []string{"verb"}),
+		linesIn: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "lines_received_total", Help: "Lines received, own echoes included, by Redis channel (one per subscribed stream, and the control channel)."}, []string{"channel"}),
 		echoes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "echoes_total", Help: "Own commands received back from the channel, dropped before decoding."}),
 		commandsOut: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -81,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "persisted_upto", Help: "Position at or below which every ID of the stream is persisted, as this instance knows it."}, []string{"stream"})
 	m.position = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",
 		Name: "position", Help: "Each writer's position (delivered view; the own position for writers) as this instance knows it."}, []string{"stream", "writer"})
-	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
+	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.linesIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
 		m.connected, m.established, m.ready, m.viewLag, m.viewLagSecs, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied,
 		m.degraded, m.peers, m.writeGroup} {
 		if err := reg.Register(c); err != nil {

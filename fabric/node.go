@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,7 +42,7 @@ type Node struct {
 	m        *metrics
 	codec    *wire.Codec
 	env      *envelope
-	channel  string
+	chans    *channels
 	gens     map[string]*streams.Generator
 	in       chan input
 	tasks    sync.WaitGroup
@@ -155,12 +156,11 @@ func New(cfg Config) (*Node, error) {
 	if codec == nil {
 		codec = wire.NewCodec(wire.Config{})
 	}
-	channel := "weft:" + cfg.Cluster
 	if cfg.SealTimeout <= 0 {
 		cfg.SealTimeout = 500 * time.Millisecond
 	}
 	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, done: make(chan struct{}),
-		channel: channel, gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
+		gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
 		writesSet: map[string]bool{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{}}
 
 	writes := map[string]int64{}
@@ -187,7 +187,7 @@ func New(cfg Config) (*Node, error) {
 		n.epoch = max(n.epoch, w.epoch())
 		n.writers = append(n.writers, w)
 	}
-	n.env = newEnvelope(channel, cfg.Secret, n.epoch)
+	n.env = newEnvelope(cfg.Secret, n.epoch)
 	hello := cfg.Hello
 	hello.Streams = hello.Streams[:0:0]
 	for s := range writes {
@@ -233,7 +233,13 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fabric: config: RedisURL: %w", err)
 	}
-	lc := linkConfig{Options: opts, Channel: n.channel, Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
+	subscribed := slices.Clone(n.writes)
+	for _, sp := range specs {
+		subscribed = append(subscribed, sp.Name)
+	}
+	slices.Sort(subscribed)
+	n.chans = newChannels(cfg.Cluster, slices.Compact(subscribed), slices.Collect(maps.Keys(n.gens)), m.linesIn)
+	lc := linkConfig{Options: opts, Channels: n.chans.subscriptions(), Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
 	if cfg.linkTune != nil {
 		cfg.linkTune(&lc)
 	}
@@ -555,7 +561,7 @@ func (n *Node) publish(_ context.Context, cmd wire.Command) {
 		n.log.Error("cannot encode command", "verb", cmd.Verb(), "err", err)
 		return
 	}
-	if err := n.link.publish(n.writeBuf); err != nil { // publish copies; the link stamps and signs
+	if err := n.link.publish(n.chans.of(cmd), n.writeBuf); err != nil { // publish copies; the link stamps and signs
 		return // dropped and counted: readers repair it from the next prev
 	}
 	n.m.commandsOut.WithLabelValues(cmd.Verb()).Inc()

@@ -24,12 +24,15 @@ func (e nodeEvents) linkDown(err error)     { e.n.send(e.ctx, inDown{err}) }
 // linkFresh goes through the loop, so it counts only once every message
 // read before the PONG has been handled.
 func (e nodeEvents) linkFresh(sent time.Time) { e.n.send(e.ctx, inFresh{sent}) }
-func (e nodeEvents) linkMessage(payload string) {
+func (e nodeEvents) linkMessage(channel, payload string) {
 	// The line is only read while decoding (Decode keeps nothing of it),
 	// so it is viewed without a copy.
 	raw := unsafe.Slice(unsafe.StringData(payload), len(payload))
 	n := e.n
-	line, st, reason := n.env.open(raw)
+	if c := n.chans.lines[channel]; c != nil {
+		c.Inc()
+	}
+	line, st, reason := n.env.open(channel, raw)
 	if reason != "" {
 		n.m.invalid.WithLabelValues(reason).Inc()
 		n.lastUnopened.Store(int64(time.Since(n.born)))
@@ -49,6 +52,11 @@ func (e nodeEvents) linkMessage(payload string) {
 	if err != nil {
 		n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
 		n.log.Debug("skipping invalid command", "err", err)
+		return
+	}
+	if !n.chans.belongs(cmd, channel) {
+		n.m.invalid.WithLabelValues(reasonWrongChannel).Inc()
+		n.log.Debug("skipping a command on the wrong channel", "verb", cmd.Verb(), "channel", channel)
 		return
 	}
 	n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()

@@ -18,7 +18,7 @@ import (
 //	<command> #<epoch>.<seq>.<22 chars: base64url of the first 16 bytes of HMAC-SHA256>
 //
 // The MAC covers the channel name (so a line replayed into another cluster
-// sharing the secret fails), the command (which names the sender) and the
+// sharing the secret, or onto another stream's channel, fails), the command (which names the sender) and the
 // stamp (so a replayed line cannot be given a fresh sequence). Without a
 // secret lines are stamped but unsigned: anyone on the channel can forge
 // them, so that mode is for development only.
@@ -28,14 +28,13 @@ const sigChars = 22
 // receives. Seal is called from the link's publisher only (lines are
 // stamped as they are sent, in order); Open from its receive goroutine.
 type envelope struct {
-	channel string
 	epoch   uint64
 	pool    *sync.Pool // of hash.Hash; nil: unsigned
 	lastSeq uint64     // the publisher's only
 }
 
-func newEnvelope(channel, secret string, epoch uint64) *envelope {
-	e := &envelope{channel: channel, epoch: epoch}
+func newEnvelope(secret string, epoch uint64) *envelope {
+	e := &envelope{epoch: epoch}
 	if secret != "" {
 		key := []byte(secret)
 		e.pool = &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
@@ -54,22 +53,23 @@ func (e *envelope) nextSeq(now time.Time) uint64 {
 	return s
 }
 
-// seal appends the stamp, and the signature if signing, to line.
-func (e *envelope) seal(line []byte, now time.Time) []byte {
+// seal appends the stamp, and the signature if signing, to line, which
+// goes out on channel.
+func (e *envelope) seal(channel string, line []byte, now time.Time) []byte {
 	line = wire.AppendStamp(line, wire.Stamp{Epoch: e.epoch, Seq: e.nextSeq(now)})
 	if e.pool == nil {
 		return line
 	}
 	n := len(line)
 	line = append(line, '.')
-	return e.mac(line[:n], line)
+	return e.mac(channel, line[:n], line)
 }
 
-func (e *envelope) mac(stamped, dst []byte) []byte {
+func (e *envelope) mac(channel string, stamped, dst []byte) []byte {
 	h := e.pool.Get().(hash.Hash)
 	defer e.pool.Put(h)
 	h.Reset()
-	h.Write([]byte(e.channel))
+	h.Write([]byte(channel))
 	h.Write([]byte{'\n'})
 	h.Write(stamped)
 	var sum [sha256.Size]byte
@@ -82,9 +82,9 @@ const (
 	reasonBadSignature = "bad_signature"
 )
 
-// open returns the command of a received line and its stamp, or the reason
-// it is refused.
-func (e *envelope) open(line []byte) (cmd []byte, st wire.Stamp, reason string) {
+// open returns the command of a line received on channel and its stamp, or
+// the reason it is refused.
+func (e *envelope) open(channel string, line []byte) (cmd []byte, st wire.Stamp, reason string) {
 	cmd, st, rest, ok := wire.CutStamp(line)
 	if !ok {
 		if e.pool != nil {
@@ -103,7 +103,7 @@ func (e *envelope) open(line []byte) (cmd []byte, st wire.Stamp, reason string) 
 	}
 	stamped := line[:len(line)-len(rest)]
 	var buf [sigChars + 2]byte
-	if !hmac.Equal(e.mac(stamped, buf[:0]), rest[1:]) {
+	if !hmac.Equal(e.mac(channel, stamped, buf[:0]), rest[1:]) {
 		return nil, st, reasonBadSignature
 	}
 	return cmd, st, ""

@@ -15,41 +15,41 @@ import (
 
 func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	e := newEnvelope("weft:a", "k1", 7)
+	e := newEnvelope("k1", 7)
 	line := []byte(`RDATA events w-aaaaaaaa 1 2 [{"a":" #x"}]`)
-	sealed := e.seal(append([]byte(nil), line...), now)
-	got, st, reason := e.open(sealed)
+	sealed := e.seal("weft:a", append([]byte(nil), line...), now)
+	got, st, reason := e.open("weft:a", sealed)
 	if reason != "" || string(got) != string(line) || st != (wire.Stamp{Epoch: 7, Seq: uint64(now.UnixMicro())}) {
 		t.Fatalf("open(seal(x)) = %q, %+v, %q", got, st, reason)
 	}
 	// The next line at the same instant still gets a higher sequence.
-	_, st2, _ := e.open(e.seal(append([]byte(nil), line...), now))
+	_, st2, _ := e.open("weft:a", e.seal("weft:a", append([]byte(nil), line...), now))
 	if st2.Seq != st.Seq+1 {
 		t.Fatalf("second sequence %d after %d", st2.Seq, st.Seq)
 	}
 	for name, bad := range map[string][]byte{
 		"unsigned":     line,
 		"stamp only":   wire.AppendStamp(append([]byte(nil), line...), wire.Stamp{Seq: 5}),
-		"other key":    newEnvelope("weft:a", "k2", 7).seal(append([]byte(nil), line...), now),
-		"other chan":   newEnvelope("weft:b", "k1", 7).seal(append([]byte(nil), line...), now),
+		"other key":    newEnvelope("k2", 7).seal("weft:a", append([]byte(nil), line...), now),
+		"other chan":   newEnvelope("k1", 7).seal("weft:b", append([]byte(nil), line...), now),
 		"tampered":     []byte(strings.Replace(string(sealed), " 1 2 ", " 1 9 ", 1)),
 		"new sequence": []byte(strings.Replace(string(sealed), fmt.Sprintf(".%d.", st.Seq), fmt.Sprintf(".%d.", st.Seq+1000), 1)),
 		"new epoch":    []byte(strings.Replace(string(sealed), " #7.", " #8.", 1)),
 		"short":        []byte("BYE x"),
 		"sig mangled":  append(append([]byte(nil), sealed[:len(sealed)-1]...), sealed[len(sealed)-1]^1),
 	} {
-		if _, _, reason := e.open(bad); reason != reasonBadSignature {
+		if _, _, reason := e.open("weft:a", bad); reason != reasonBadSignature {
 			t.Errorf("%s line: reason %q, want %q", name, reason, reasonBadSignature)
 		}
 	}
-	open := newEnvelope("weft:a", "", 0)
-	if _, _, reason := open.open(line); reason != reasonUnstamped {
+	open := newEnvelope("", 0)
+	if _, _, reason := open.open("weft:a", line); reason != reasonUnstamped {
 		t.Errorf("unstamped line without a secret: reason %q", reason)
 	}
-	if _, _, reason := open.open(sealed); reason != reasonUnstamped {
+	if _, _, reason := open.open("weft:a", sealed); reason != reasonUnstamped {
 		t.Errorf("a signed line on a cluster without a secret: reason %q", reason)
 	}
-	if got, st, reason := open.open(open.seal(append([]byte(nil), line...), now)); reason != "" || string(got) != string(line) || st.Epoch != 0 {
+	if got, st, reason := open.open("weft:a", open.seal("weft:a", append([]byte(nil), line...), now)); reason != "" || string(got) != string(line) || st.Epoch != 0 {
 		t.Errorf("unsigned round trip: %q %+v %q", got, st, reason)
 	}
 }
@@ -76,9 +76,9 @@ func TestNodeRejectsForgedCommands(t *testing.T) {
 			for _, forged := range []string{
 				`POSITION events persister1-aaaaaaaa 1000000 1000000`,
 				`RDATA events persister1-aaaaaaaa 999999 1000000 [{"forged":true}]`,
-				string(newEnvelope("weft:test", "wrong-secret", 0).seal([]byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`), time.Now())),
+				string(newEnvelope("wrong-secret", 0).seal(eventsChannel, []byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`), time.Now())),
 			} {
-				if err := rc.Publish(ctx, "weft:test", forged).Err(); err != nil {
+				if err := rc.Publish(ctx, eventsChannel, forged).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/fabric"
+
 	"github.com/weft-dev/weft/internal/faultproxy"
 	"github.com/weft-dev/weft/internal/testenv"
 )
@@ -372,7 +374,8 @@ func TestChaosGarbage(t *testing.T) {
 				fmt.Sprintf(`RDATA events persister1-aaaaaaaa 0 %d [{"x":1}] #AAAAAAAAAAAAAAAAAAAAAA`, 1<<40+i),
 				`SEALED master-aaaaaaaa events persister1 999999999`,
 			} {
-				if err := rdb.Publish(ctx, "weft:e2e", g).Err(); err != nil {
+				// On the control channel and on a stream's, which sync1 follows.
+				if err := rdb.Publish(ctx, []string{fabric.ControlChannel("e2e"), fabric.StreamChannel("e2e", "events")}[lines%2], g).Err(); err != nil {
 					t.Fatal(err)
 				}
 				lines++

@@ -17,6 +17,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/fabric"
+
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -27,10 +29,12 @@ import (
 // an instance not heard from for 3 of them is forgotten.
 const heartbeat = time.Second
 
-// channelLog records every line published on the cluster's channel.
+// channelLog records every line published on the cluster's channels:
+// its control channel and every stream's.
 type channelLog struct {
 	mu    sync.Mutex
 	lines []string
+	chans []string // the channel of each of lines
 }
 
 func (l *channelLog) byes() map[string]bool {
@@ -51,11 +55,25 @@ func (l *channelLog) all() []string {
 	return append([]string(nil), l.lines...)
 }
 
-// recordChannel subscribes to the cluster's channel until ctx ends.
+// published is one recorded line and the channel it was published on.
+type published struct{ channel, line string }
+
+func (l *channelLog) allOn() []published {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]published, len(l.lines))
+	for i := range l.lines {
+		out[i] = published{l.chans[i], l.lines[i]}
+	}
+	return out
+}
+
+// recordChannel subscribes to the cluster's channels until ctx ends.
 func recordChannel(ctx context.Context, t *testing.T, addr string, wg *sync.WaitGroup) *channelLog {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	ps := rdb.Subscribe(ctx, "weft:e2e")
+	// The control channel and every stream's, weft:e2e/<stream>.
+	ps := rdb.PSubscribe(ctx, fabric.ControlChannel("e2e")+"*")
 	if _, err := ps.Receive(ctx); err != nil { // the confirmation
 		t.Fatal(err)
 	}
@@ -74,6 +92,7 @@ func recordChannel(ctx context.Context, t *testing.T, addr string, wg *sync.Wait
 			}
 			l.mu.Lock()
 			l.lines = append(l.lines, msg.Payload)
+			l.chans = append(l.chans, msg.Channel)
 			l.mu.Unlock()
 		}
 	})

@@ -31,7 +31,7 @@ func TestReplayedChannel(t *testing.T) {
 	typing := startTyping(ctx, ch, &wg)
 	ch.run("replayed-channel", func(ch *chaos) {
 		time.Sleep(pick(30*time.Second, 60*time.Second)) // the recording: load, typing, heartbeats
-		lines := channel.all()
+		lines := channel.allOn()
 		for _, name := range chaosNames {
 			ch.surgeRestart(name)
 		}
@@ -51,15 +51,15 @@ func TestReplayedChannel(t *testing.T) {
 		rand.New(rand.NewPCG(3, 3)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
 		typedBefore := typing.ok.Load()
 		start := time.Now()
-		for _, batch := range [][]string{lines, shuffled} {
+		for _, batch := range [][]published{lines, shuffled} {
 			// 2,000 lines/s, several times the cluster's own: a replay,
 			// not a flood that would starve two cores (a different test).
 			pace := time.NewTicker(50 * time.Millisecond)
 			for i := 0; i < len(batch); i += 100 {
 				<-pace.C
 				pipe := rdb.Pipeline()
-				for _, line := range batch[i:min(i+100, len(batch))] {
-					pipe.Publish(context.Background(), "weft:e2e", line)
+				for _, p := range batch[i:min(i+100, len(batch))] {
+					pipe.Publish(context.Background(), p.channel, p.line)
 				}
 				if _, err := pipe.Exec(context.Background()); err != nil {
 					t.Fatal(err)

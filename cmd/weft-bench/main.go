@@ -218,6 +218,7 @@ func measurements() []measurement {
 	return []measurement{
 		{"e2e", 4 * time.Minute, measureE2E},
 		{"fanout", 4 * time.Minute, measureFanout},
+		{"streams", 3 * time.Minute, measureStreams},
 		{"catchup", 2 * time.Minute, measureCatchup},
 		{"lag", 2 * time.Minute, measureLag},
 		{"outage", 2 * time.Minute, measureOutage},

@@ -46,7 +46,7 @@ type readerArgs struct {
 	Redis    string
 	Database string // weft on the durable stream
 	Cluster  string
-	Stream   string // "durable" or "ephemeral" (weft)
+	Stream   string // "durable", "ephemeral" or "ephemeral:<name>" (weft); raw: "" or a stream name
 	Secret   string
 	Record   bool // keep each row's latency
 }
@@ -68,7 +68,7 @@ func readerMain(ctx context.Context, args []string, log *slog.Logger) error {
 	fs.StringVar(&a.Redis, "redis", "", "Redis URL")
 	fs.StringVar(&a.Database, "db", "", "database URL (weft, durable stream)")
 	fs.StringVar(&a.Cluster, "cluster", "bench", "cluster name")
-	fs.StringVar(&a.Stream, "stream", "durable", "durable or ephemeral")
+	fs.StringVar(&a.Stream, "stream", "durable", "durable, ephemeral or ephemeral:<name> (weft); a stream name (raw)")
 	fs.StringVar(&a.Secret, "secret", "", "cluster secret")
 	fs.BoolVar(&a.Record, "record", false, "record each row's latency")
 	if err := fs.Parse(args); err != nil {
@@ -261,8 +261,12 @@ func (r *readerState) newNode(ctx context.Context, a readerArgs, log *slog.Logge
 		Hello: fabricHello("reader"), Handler: r, Logger: log,
 		ReplicateWait: 200 * time.Millisecond,
 	}
-	if a.Stream == "ephemeral" {
-		cfg.Streams = []core.StreamSpec{{Name: ephemeralStream, Ephemeral: true}}
+	if name, ok := strings.CutPrefix(a.Stream, "ephemeral"); ok {
+		name = strings.TrimPrefix(name, ":")
+		if name == "" {
+			name = ephemeralStream
+		}
+		cfg.Streams = []core.StreamSpec{{Name: name, Ephemeral: true}}
 		f, err := catchup.NewClient(catchup.ClientConfig{Secret: a.Secret})
 		if err != nil {
 			return nil, err
@@ -299,7 +303,11 @@ func (r *readerState) runRaw(ctx context.Context, wg *sync.WaitGroup, a readerAr
 		return nil, fmt.Errorf("reader: %w", err)
 	}
 	c := redis.NewClient(opts)
-	ps := c.Subscribe(ctx, rawChannel(a.Cluster))
+	ch := rawChannel(a.Cluster)
+	if a.Stream != "" && a.Stream != "durable" {
+		ch = rawStreamChannel(a.Cluster, a.Stream)
+	}
+	ps := c.Subscribe(ctx, ch)
 	if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("reader: raw subscribe: %w", err)
@@ -329,3 +337,6 @@ func (r *readerState) runRaw(ctx context.Context, wg *sync.WaitGroup, a readerAr
 
 // rawChannel carries a cluster's raw baselines, so no node ever sees them.
 func rawChannel(cluster string) string { return "raw:" + cluster }
+
+// rawStreamChannel is the raw baseline's channel of one stream.
+func rawStreamChannel(cluster, stream string) string { return "raw:" + cluster + "/" + stream }

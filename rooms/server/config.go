@@ -20,7 +20,7 @@ import (
 // value is not valid; defaults come from the flag definitions, which point
 // at Redis and PostgreSQL on 127.0.0.1.
 type Config struct {
-	Cluster           string        `help:"Cluster name; the Redis channel is weft:<cluster>." env:"WEFT_CLUSTER" default:"weft"`
+	Cluster           string        `help:"Cluster name; the Redis channels are weft:<cluster> and weft:<cluster>/<stream>." env:"WEFT_CLUSTER" default:"weft"`
 	RedisURL          string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH)." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
 	DatabaseURL       string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
 	HTTPAddr          string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
