@@ -207,6 +207,8 @@ func TestLinkConfigValidate(t *testing.T) {
 	}{
 		{linkConfig{Channels: []string{"weft:x"}}, "Options"},
 		{linkConfig{Options: opts}, "Channels"},
+		{linkConfig{Options: opts, Channels: []string{"c", "d", "c"}}, "Channels"},
+		{linkConfig{Options: opts, Channels: []string{""}}, "Channels"},
 		{linkConfig{Options: opts, Channels: []string{"c"}, PingInterval: -1}, "PingInterval"},
 		{linkConfig{Options: opts, Channels: []string{"c"}, PingTimeout: -1}, "PingTimeout"},
 		{linkConfig{Options: opts, Channels: []string{"c"}, RunIDCheck: -1}, "RunIDCheck"},
@@ -269,9 +271,12 @@ func TestLinkOrder(t *testing.T) {
 	sender.rec.waitEvents(t, 1, 10*time.Second)
 	receiver.rec.waitEvents(t, 1, 10*time.Second)
 
+	// Lines alternate between the two channels: one subscriber connection
+	// gets them in the order sent, whatever their channel (the node
+	// relies on it), each with its own channel.
 	start := time.Now()
 	for i := range lines {
-		if err := sender.publish(sender.cfg.Channels[0], []byte(strconv.Itoa(i))); err != nil {
+		if err := sender.publish(sender.cfg.Channels[i%2], []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -287,9 +292,15 @@ func TestLinkOrder(t *testing.T) {
 	if len(got) != lines {
 		t.Fatalf("received %d lines, want %d", len(got), lines)
 	}
+	receiver.rec.mu.Lock()
+	chans := slices.Clone(receiver.rec.chans)
+	receiver.rec.mu.Unlock()
 	for i, m := range got {
 		if m != strconv.Itoa(i) {
 			t.Fatalf("line %d is %q, want %q (order broken)", i, m, strconv.Itoa(i))
+		}
+		if chans[i] != receiver.cfg.Channels[i%2] {
+			t.Fatalf("line %d arrived on %q, was published on %q", i, chans[i], receiver.cfg.Channels[i%2])
 		}
 	}
 	st := sender.stats()
