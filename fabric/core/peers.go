@@ -13,7 +13,11 @@ import (
 // far its stamps have gone. It is what makes old truth harmless:
 //
 //   - a line whose sequence is not above the last one accepted from its
-//     sender is a replay (or a duplicate) and is refused;
+//     sender on its lane is a replay (or a duplicate) and is refused. A
+//     lane is a stream (its data commands: one Redis channel) or the
+//     control channel: a sender's lines keep their order within a channel,
+//     but lines on different channels may arrive out of order where the
+//     channels are on different connections (Redis Cluster shards);
 //   - a line from an instance never heard of whose stamp is older than
 //     MaxLineAge is a replay of a recording and is refused;
 //   - an instance that said BYE, or was sealed, never speaks again;
@@ -34,8 +38,37 @@ type peer struct {
 	hello   wire.Hello
 	helloed bool // hello is from a HELLO
 	epoch   uint64
-	seq     uint64    // the highest sequence accepted
-	heard   time.Time // when its last line was accepted
+	seq     uint64            // the highest sequence accepted on any lane
+	lanes   map[string]uint64 // lane -> the highest sequence accepted on it
+	heard   time.Time         // when its last line was accepted
+}
+
+// laneOther is the one lane of all data commands of streams this core
+// neither follows nor writes, so that unknown names cannot grow a peer's
+// lanes: a peer has at most one lane per known stream, plus two.
+const laneOther = "\x00other"
+
+// lane is the lane of cmd: its stream for a data command, "" (the control
+// channel) for the rest.
+func (c *Core) lane(cmd wire.Command) string {
+	var s string
+	switch cmd := cmd.(type) {
+	case *wire.RData:
+		s = cmd.Stream
+	case *wire.Position:
+		s = cmd.Stream
+	case *wire.Sealed:
+		s = cmd.Stream
+	default:
+		return ""
+	}
+	if _, ok := c.streams[s]; ok {
+		return s
+	}
+	if _, ok := c.cfg.Writes[s]; ok {
+		return s
+	}
+	return laneOther
 }
 
 // holder is the instance of a writer name with the highest epoch seen.
@@ -64,9 +97,9 @@ type PeerInfo struct {
 	Heard   time.Time
 }
 
-// admit decides whether a stamped line from sender is accepted, and
-// records it. It emits a NoteRefused when not.
-func (c *Core) admit(sender string, st wire.Stamp) bool {
+// admit decides whether a stamped line from sender on lane is accepted,
+// and records it. It emits a NoteRefused when not.
+func (c *Core) admit(sender, lane string, st wire.Stamp) bool {
 	name, ok := instance.NameOf(sender)
 	if !ok {
 		c.note(NoteDropped, "", "bad_writer")
@@ -87,7 +120,7 @@ func (c *Core) admit(sender string, st wire.Stamp) bool {
 		case len(c.peers) >= c.cfg.MaxPeers:
 			return refuse(RefusedPeersFull)
 		}
-	} else if st.Seq <= p.seq {
+	} else if st.Seq <= p.lanes[lane] {
 		return refuse(RefusedReplayed)
 	}
 	if st.Epoch > 0 {
@@ -106,11 +139,12 @@ func (c *Core) admit(sender string, st wire.Stamp) bool {
 		}
 	}
 	if p == nil {
-		p = &peer{hello: wire.Hello{Name: name}}
+		p = &peer{hello: wire.Hello{Name: name}, lanes: map[string]uint64{}}
 		c.peers[sender] = p
 		delete(c.gone, sender) // its slot in goneOrder is skipped when reached
 	}
-	p.seq, p.epoch, p.heard = st.Seq, st.Epoch, c.now
+	p.lanes[lane] = st.Seq
+	p.seq, p.epoch, p.heard = max(p.seq, st.Seq), st.Epoch, c.now
 	return true
 }
 

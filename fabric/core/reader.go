@@ -18,7 +18,7 @@ func (c *Core) Receive(cmd wire.Command, st wire.Stamp) []Action {
 	if cmd.Sender() == c.cfg.Instance {
 		return nil // our own echo
 	}
-	if !c.admit(cmd.Sender(), st) {
+	if !c.admit(cmd.Sender(), c.lane(cmd), st) {
 		return c.flush()
 	}
 	switch cmd := cmd.(type) {
