@@ -25,6 +25,12 @@ type Config struct {
 	Cluster string
 	// RedisURL is redis:// or rediss://, with credentials if any. Required.
 	RedisURL string
+	// RedisCluster: RedisURL names seed nodes of a Redis Cluster (7+), in
+	// go-redis's cluster form: redis://host1:port?addr=host2:port&addr=...
+	// The node then uses sharded pub/sub: each stream's channel lives on
+	// the master that owns its slot, and a master's failover, a slot
+	// migration or a node's loss is a gap the node repairs.
+	RedisCluster bool
 	// Hello is what this instance announces (its URL serves catch-up).
 	Hello wire.Hello
 	// Streams are the streams this instance follows. The node subscribes

@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/backoff"
-	"github.com/weft-dev/weft/internal/loop"
 	"github.com/weft-dev/weft/internal/telemetry"
 )
 
@@ -56,9 +55,13 @@ var (
 
 // linkConfig configures a link. Zero values mean the defaults in brackets.
 type linkConfig struct {
-	// Options is the Redis connection, as from redis.ParseURL; required. The
-	// link copies it.
+	// Options is the Redis connection, as from redis.ParseURL. The link
+	// copies it. Exactly one of Options and Cluster is required.
 	Options *redis.Options
+	// Cluster is a Redis Cluster, as from redis.ParseClusterURL: the link
+	// uses sharded pub/sub (SSUBSCRIBE, SPUBLISH), so each channel lives
+	// on the master that owns its slot. The link copies it.
+	Cluster *redis.ClusterOptions
 	// Channels are the pub/sub channels subscribed to, all on one
 	// connection; at least one, no duplicates. Lines may be published on
 	// any channel, subscribed or not.
@@ -96,8 +99,8 @@ type linkConfig struct {
 // validate reports the first invalid field.
 func (c linkConfig) validate() error {
 	switch {
-	case c.Options == nil:
-		return errors.New("fabric: linkConfig.Options is required")
+	case (c.Options == nil) == (c.Cluster == nil):
+		return errors.New("fabric: linkConfig.Options or linkConfig.Cluster is required, not both")
 	case len(c.Channels) == 0:
 		return errors.New("fabric: linkConfig.Channels is required")
 	case c.PingInterval < 0:
@@ -197,11 +200,15 @@ type linkStats struct {
 // confirmation on one PubSub, ends the connection with linkDown, and the
 // link reconnects itself through its backoff.
 type link struct {
-	cfg   linkConfig
-	addr  string // for logs
-	log   *slog.Logger
-	sub   *redis.Client // pub/sub connections only
-	pub   *redis.Client // one connection, so PUBLISHes stay in order
+	cfg  linkConfig
+	addr string // for logs
+	log  *slog.Logger
+	sub  *redis.Client // pub/sub connections only; nil on a cluster
+	// subCluster configures each connection attempt's cluster client.
+	subCluster *redis.ClusterOptions
+	// pub publishes: one connection (per master, on a cluster), so
+	// PUBLISHes stay in order.
+	pub   redis.UniversalClient
 	queue chan outLine
 	kick  chan struct{} // asks serve for a PING now (pingNow)
 
@@ -236,6 +243,9 @@ func newLink(cfg linkConfig) (*link, error) {
 	}
 	cfg = cfg.withDefaults()
 
+	if cfg.Cluster != nil {
+		return newClusterLink(cfg), nil
+	}
 	subOpt := *cfg.Options
 	// On the subscriber only the handshake reads use ReadTimeout (Receive
 	// sets no deadline): a Redis that does not answer it within
@@ -256,20 +266,45 @@ func newLink(cfg linkConfig) (*link, error) {
 	// The publisher paces its own retries.
 	pubOpt.DialerRetries = 1
 
+	l := newLinkOf(cfg, cfg.Options.Addr, redis.NewClient(&pubOpt))
+	l.sub = redis.NewClient(&subOpt)
+	return l, nil
+}
+
+// newClusterLink is newLink on a Redis Cluster.
+func newClusterLink(cfg linkConfig) *link {
+	subOpt := *cfg.Cluster
+	subOpt.ReadTimeout = cfg.PingTimeout // as on one Redis
+	pubOpt := *cfg.Cluster
+	pubOpt.ContextTimeoutEnabled = true
+	// One connection per master: a channel's lines stay in order.
+	pubOpt.PoolSize = 1
+	pubOpt.PipelinePoolSize = -1
+	pubOpt.MinIdleConns = 0
+	// At most once, as on one Redis. A MOVED reply is not a retry: the
+	// command did not run, and go-redis sends it on to the new owner
+	// (MaxRedirects).
+	pubOpt.MaxRetries = -1
+	pubOpt.DialerRetries = 1
+	l := newLinkOf(cfg, strings.Join(cfg.Cluster.Addrs, ","), redis.NewClusterClient(&pubOpt))
+	l.subCluster = &subOpt
+	return l
+}
+
+func newLinkOf(cfg linkConfig, addr string, pub redis.UniversalClient) *link {
 	subscribed := make(map[string]bool, len(cfg.Channels))
 	for _, ch := range cfg.Channels {
 		subscribed[ch] = true
 	}
 	return &link{
 		cfg:        cfg,
-		addr:       cfg.Options.Addr,
+		addr:       addr,
 		log:        cfg.Logger.With("channel", cfg.Channels[0]),
-		sub:        redis.NewClient(&subOpt),
-		pub:        redis.NewClient(&pubOpt),
+		pub:        pub,
 		queue:      make(chan outLine, cfg.PublishQueue),
 		kick:       make(chan struct{}, 1),
 		subscribed: subscribed,
-	}, nil
+	}
 }
 
 // pingNow asks for a PING ahead of the interval: after a stall, its PONG
@@ -284,6 +319,9 @@ func (l *link) pingNow() {
 
 // close closes the Redis clients; call it after run returned.
 func (l *link) close() error {
+	if l.sub == nil {
+		return l.pub.Close()
+	}
 	return errors.Join(l.sub.Close(), l.pub.Close())
 }
 
@@ -394,294 +432,6 @@ func (l *link) run(ctx context.Context, ev linkEvents) error {
 	}
 }
 
-// received is one reply read from the subscriber connection.
-type received struct {
-	msg any
-	err error
-}
-
-// subConn is one subscriber connection: its PubSub, and what its reader
-// and pinger goroutines tell serve.
-type subConn struct {
-	ps        *redis.PubSub
-	start     time.Time
-	lastRecv  atomic.Int64  // time since start of the last reply; -1 for none
-	items     chan received // replies and the receive error, in order
-	pings     chan struct{} // asks the pinger for a PING
-	sentMu    sync.Mutex
-	sent      []time.Time // send times of the PINGs not yet answered
-	pingErr   chan error  // the PING that failed
-	restarted chan string // the new run_id, from watchRunID
-	confirmed int         // channels whose subscription Redis confirmed
-	seen      map[string]bool
-	up        bool // linkUp was called: every channel confirmed
-}
-
-// connect runs one subscriber connection until it fails or ctx is done. It
-// reports whether established() was called for it.
-func (l *link) connect(ctx context.Context, ev linkEvents) (wasEstablished bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	c := &subConn{
-		ps:        l.sub.Subscribe(sctx),
-		start:     time.Now(),
-		items:     make(chan received, 64),
-		pings:     make(chan struct{}, 1),
-		pingErr:   make(chan error, 1),
-		restarted: make(chan string, 1),
-		seen:      make(map[string]bool, len(l.cfg.Channels)),
-	}
-	c.lastRecv.Store(-1)
-	l.mu.Lock()
-	l.session++
-	session := l.session
-	l.mu.Unlock()
-
-	defer func() {
-		l.mu.Lock()
-		wasEstablished = l.estSession == session
-		l.up = false // established() comes too late from now on
-		l.mu.Unlock()
-		// Report before the teardown, which may wait for an INFO or a dial.
-		if c.up && ctx.Err() == nil {
-			ev.linkDown(err)
-		}
-		// Cancel first: go-redis may be redialing inside Receive, holding
-		// the lock that Close takes, and the dial heeds the context.
-		cancel()
-		_ = c.ps.Close()
-		wg.Wait()
-	}()
-
-	if err := c.ps.Subscribe(sctx, l.cfg.Channels...); err != nil {
-		return false, fmt.Errorf("fabric: link: subscribe %v: %w", l.cfg.Channels, err)
-	}
-	wg.Go(func() { c.receive(sctx) })
-	wg.Go(func() { c.ping(sctx) })
-	return false, l.serve(sctx, ev, c, &wg)
-}
-
-// receive is the reader goroutine. It uses its own loop instead of
-// ps.Channel(), which hides the resubscribes go-redis does after errors,
-// and stops at the first error: by then go-redis has already redialed and
-// resubscribed inside Receive, and reading on would hide the gap.
-func (c *subConn) receive(ctx context.Context) {
-	for {
-		msg, err := c.ps.Receive(ctx)
-		if err == nil {
-			c.lastRecv.Store(int64(time.Since(c.start)))
-		}
-		select {
-		case c.items <- received{msg: msg, err: err}:
-		case <-ctx.Done():
-			return
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// ping is the pinger goroutine. A PING blocks while go-redis redials
-// inside Receive, so it runs apart from the loop, whose liveness deadline
-// must fire regardless.
-func (c *subConn) ping(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.pings:
-		}
-		c.sentMu.Lock()
-		c.sent = append(c.sent, time.Now())
-		c.sentMu.Unlock()
-		if err := c.ps.Ping(ctx); err != nil {
-			c.pingErr <- err
-			return
-		}
-	}
-}
-
-// serve handles one subscribed connection until it fails: it hands
-// messages to ev, PINGs, and judges liveness. The connection is dead when
-// nothing arrived within PingTimeout of the oldest unanswered PING (at
-// first: of the SUBSCRIBE). The reader stamps lastRecv, so a reply still
-// queued in items counts; and while items are queued the loop, not the
-// connection, is behind, so the deadline waits.
-func (l *link) serve(ctx context.Context, ev linkEvents, c *subConn, wg *sync.WaitGroup) error {
-	awaiting := time.Duration(0) // since c.start
-	deadline := time.NewTimer(l.cfg.PingTimeout)
-	defer deadline.Stop()
-	ticker := time.NewTicker(l.cfg.PingInterval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-
-		case <-l.kick:
-			select {
-			case c.pings <- struct{}{}:
-			default:
-			}
-
-		case <-ticker.C:
-			select {
-			case c.pings <- struct{}{}:
-			default: // the last one is still being written
-			}
-			if time.Duration(c.lastRecv.Load()) >= awaiting {
-				awaiting = time.Since(c.start)
-				deadline.Reset(l.cfg.PingTimeout)
-			}
-
-		case <-deadline.C:
-			if time.Duration(c.lastRecv.Load()) >= awaiting {
-				continue
-			}
-			if len(c.items) > 0 {
-				deadline.Reset(l.cfg.PingTimeout)
-				continue
-			}
-			return fmt.Errorf("%w within %v", errLinkPingTimeout, l.cfg.PingTimeout)
-
-		case err := <-c.pingErr:
-			return fmt.Errorf("fabric: link: ping: %w", err)
-
-		case runID := <-c.restarted:
-			return fmt.Errorf("%w: now %s", errLinkRedisRestarted, runID)
-
-		case it := <-c.items:
-			if it.err != nil {
-				return fmt.Errorf("fabric: link: receive: %w", it.err)
-			}
-			switch m := it.msg.(type) {
-			case *redis.Subscription:
-				if m.Kind != "subscribe" || !l.subscribed[m.Channel] {
-					return fmt.Errorf("%w: %s %s", errLinkUnexpected, m.Kind, m.Channel)
-				}
-				// A channel confirmed twice was resubscribed behind our
-				// back: on one connection that means all of them were.
-				if c.seen[m.Channel] {
-					return fmt.Errorf("%w: %s", errLinkResubscribed, m.Channel)
-				}
-				c.seen[m.Channel] = true
-				if c.confirmed++; c.confirmed < len(l.cfg.Channels) {
-					continue
-				}
-				runID, err := l.connectRunID(ctx)
-				if err != nil {
-					return err
-				}
-				c.up = true
-				wg.Go(func() { l.watchRunID(ctx, runID, c.restarted) })
-				l.log.Info("fabric: link: subscribed", "addr", l.addr, "run_id", runID)
-				ev.linkUp(c.start)
-				ev.linkFresh(c.start)
-			case *redis.Message:
-				if !c.up {
-					return fmt.Errorf("%w: message before the subscription", errLinkUnexpected)
-				}
-				if !l.subscribed[m.Channel] {
-					return fmt.Errorf("%w: message on %s", errLinkUnexpected, m.Channel)
-				}
-				ev.linkMessage(m.Channel, m.Payload)
-			case *redis.Pong:
-				// Liveness is lastRecv's; freshness is the PING's age.
-				c.sentMu.Lock()
-				if len(c.sent) > 0 {
-					sent := c.sent[0]
-					c.sent = c.sent[1:]
-					c.sentMu.Unlock()
-					ev.linkFresh(sent)
-				} else {
-					c.sentMu.Unlock()
-				}
-			default:
-				return fmt.Errorf("%w: %T", errLinkUnexpected, m)
-			}
-		}
-	}
-}
-
-// connectRunID reads the Redis run_id once the subscription is confirmed,
-// remembers it and marks the link up. It goes through the publisher
-// client, so at linkUp the publisher is known to reach this Redis too (the
-// REPLICATE that follows must not be lost). After an outage go-redis fails
-// that client's dials at once for up to a second (until its background
-// probe gets through), so it retries until PingTimeout.
-func (l *link) connectRunID(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.PingTimeout)
-	defer cancel()
-	for {
-		runID, err := l.readRunID(ctx)
-		if err == nil {
-			l.mu.Lock()
-			previous := l.lastRunID
-			l.lastRunID = runID
-			l.up = true
-			if l.everUp {
-				l.reconnects.Add(1)
-			}
-			l.everUp = true
-			l.mu.Unlock()
-			if previous != "" && previous != runID {
-				l.log.Warn("fabric: link: redis restarted", "run_id", runID, "previous_run_id", previous)
-			}
-			return runID, nil
-		}
-		timer := time.NewTimer(connectRunIDRetry)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return "", err
-		case <-timer.C:
-		}
-	}
-}
-
-// watchRunID reads the Redis run_id every RunIDCheck and sends the new one
-// to restarted when it differs from runID: Redis restarted (behind a proxy,
-// say) while the subscriber connection stayed open, and lost what was in
-// flight. Read errors are left to the PINGs to judge.
-func (l *link) watchRunID(ctx context.Context, runID string, restarted chan<- string) {
-	_ = loop.Every(ctx, l.cfg.RunIDCheck, func(ctx context.Context) error {
-		rctx, cancel := context.WithTimeout(ctx, l.cfg.PingTimeout)
-		now, err := l.readRunID(rctx)
-		cancel()
-		if err != nil {
-			l.log.Debug("fabric: link: run_id check failed", "err", err)
-			return nil
-		}
-		if now == runID {
-			return nil
-		}
-		l.mu.Lock()
-		l.lastRunID = now
-		l.mu.Unlock()
-		l.log.Warn("fabric: link: redis restarted under the subscription", "run_id", now, "previous_run_id", runID)
-		select {
-		case restarted <- now:
-		case <-ctx.Done():
-		}
-		return errLinkRedisRestarted // reported through restarted: stop watching
-	})
-}
-
-// readRunID reads run_id from INFO server through the publisher client.
-func (l *link) readRunID(ctx context.Context) (string, error) {
-	info, err := l.pub.Info(ctx, "server").Result()
-	if err != nil {
-		return "", fmt.Errorf("fabric: link: INFO server: %w", err)
-	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
-			return strings.TrimSpace(v), nil
-		}
-	}
-	return "", errors.New("fabric: link: INFO server has no run_id")
-}
-
 // runPublisher drains the queue into pipelines until ctx is done, then
 // flushes what is still queued for at most flushTimeout. It keeps going
 // across subscriber reconnects and Redis outages: a failed batch is counted
@@ -706,6 +456,11 @@ func (l *link) runPublisher(ctx context.Context) {
 		}
 		l.dequeued(batch)
 		if err := l.send(sendCtx, batch); err != nil {
+			if cc, ok := l.pub.(*redis.ClusterClient); ok {
+				// go-redis reloads its slot map on MOVED, not when a master
+				// is gone: without this it keeps dialing the dead one.
+				cc.ReloadState(sendCtx)
+			}
 			delay := retry.NextBackOff()
 			l.log.Warn("fabric: link: publish failed", "err", err, "lines", len(batch), "retry_in", delay)
 			timer := time.NewTimer(delay)
@@ -762,7 +517,7 @@ func (l *link) send(ctx context.Context, batch []outLine) error {
 	pipe := l.pub.Pipeline()
 	if l.cfg.Seal == nil {
 		for _, o := range batch {
-			pipe.Publish(ctx, o.channel, o.line)
+			l.publishOn(ctx, pipe, o.channel, o.line)
 		}
 	} else {
 		// Sealed lines go into one reused arena: no allocation per line.
@@ -776,7 +531,7 @@ func (l *link) send(ctx context.Context, batch []outLine) error {
 		}
 		start := 0
 		for i, end := range ends {
-			pipe.Publish(ctx, batch[i].channel, l.arena[start:end:end])
+			l.publishOn(ctx, pipe, batch[i].channel, l.arena[start:end:end])
 			start = end
 		}
 	}
@@ -797,4 +552,13 @@ func (l *link) send(ctx context.Context, batch []outLine) error {
 		return fmt.Errorf("fabric: link: publish %d lines: %w", len(batch), err)
 	}
 	return nil
+}
+
+// publishOn queues a PUBLISH (SPUBLISH on a cluster) of msg on pipe.
+func (l *link) publishOn(ctx context.Context, pipe redis.Pipeliner, channel string, msg any) {
+	if l.cfg.Cluster != nil {
+		pipe.SPublish(ctx, channel, msg)
+		return
+	}
+	pipe.Publish(ctx, channel, msg)
 }

@@ -229,7 +229,13 @@ func New(cfg Config) (*Node, error) {
 	for k, v := range views {
 		n.notify.advance(k, v)
 	}
-	opts, err := redis.ParseURL(cfg.RedisURL)
+	var opts *redis.Options
+	var copts *redis.ClusterOptions
+	if cfg.RedisCluster {
+		copts, err = redis.ParseClusterURL(cfg.RedisURL)
+	} else {
+		opts, err = redis.ParseURL(cfg.RedisURL)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fabric: config: RedisURL: %w", err)
 	}
@@ -239,7 +245,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	slices.Sort(subscribed)
 	n.chans = newChannels(cfg.Cluster, slices.Compact(subscribed), slices.Collect(maps.Keys(n.gens)), m.linesIn)
-	lc := linkConfig{Options: opts, Channels: n.chans.subscriptions(), Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
+	lc := linkConfig{Options: opts, Cluster: copts, Channels: n.chans.subscriptions(), Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
 	if cfg.linkTune != nil {
 		cfg.linkTune(&lc)
 	}
