@@ -8,7 +8,9 @@
 //     NewPool, so tests never see each other's tables.
 //   - Private servers that a test starts, kills and restarts at will
 //     (StartRedis, StartPostgres), for fault tests that must never touch a
-//     shared server.
+//     shared server; StartRedisCluster starts a private Redis Cluster of
+//     three masters and three replicas and does to it what a cluster does
+//     in production (failover, slot migration, dropped pub/sub clients).
 //
 // When a server cannot be reached the test is skipped with a message saying
 // why, except under CI=true, where it fails: integration tests must never

@@ -90,18 +90,30 @@ func (r *Redis) Stop() {
 // launch starts redis-server on port and waits until it answers PING; it is
 // r.srv's launch.
 func (r *Redis) launch(port int) (*process, error) {
-	args := []string{
+	args := append(redisArgs(port, r.dir), r.args...)
+	return launchRedis(r.bin, r.dir, r.log, port, args)
+}
+
+// redisArgs is the command line every private redis-server starts with:
+// on 127.0.0.1, in dir, in the foreground, without persistence.
+func redisArgs(port int, dir string) []string {
+	return []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
-		"--dir", r.dir,
+		"--dir", dir,
 		"--save", "",
 		"--appendonly", "no",
 		"--daemonize", "no",
 		"--logfile", "",
 	}
-	args = append(args, r.args...)
-	offset := logSize(r.log)
-	p, err := startProcess(r.dir, r.log, nil, r.bin, args...)
+}
+
+// launchRedis starts bin with args, logging to log, and waits until it
+// answers PING on port. errPortInUse means another process holds a port the
+// server needed.
+func launchRedis(bin, dir, log string, port int, args []string) (*process, error) {
+	offset := logSize(log)
+	p, err := startProcess(dir, log, nil, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +131,7 @@ func (r *Redis) launch(port int) (*process, error) {
 		p.stop(os.Kill)
 		return nil, fmt.Errorf("no PING answer after %v: %w", redisStartTimeout, err)
 	}
-	if strings.Contains(logSince(r.log, offset), "Address already in use") {
+	if strings.Contains(logSince(log, offset), "Address already in use") {
 		return nil, errPortInUse
 	}
 	return nil, fmt.Errorf("redis-server exited: %v", p.err)

@@ -92,3 +92,10 @@ func (s *server) stop() {
 		s.proc.stop(s.stopSig)
 	}
 }
+
+// running reports whether the child has been started and has not exited.
+func (s *server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc != nil && !s.proc.exited()
+}
