@@ -164,9 +164,21 @@ func (w *Writer) lead(node *Node, first *call) {
 
 // runAlone runs one call as it would run without group commit: on the
 // caller's context, and without a transaction for an unfenced Insert.
+//
+// What commits (the COMMIT, or an unfenced Insert, its own commit) runs
+// without the caller's cancellation, bounded by groupTimeout: canceled in
+// flight, it may commit on the server and fail here, and the IDs of a
+// failed call finish as holes: every reader would pass over a committed
+// row for good. A caller that gives up (a client that disconnects) must
+// not be able to do that.
 func (w *Writer) runAlone(node *Node, c *call) {
 	if c.ins != nil && w.lease == nil {
-		c.res, c.err = c.run(c.ctx, w.db)
+		if c.err = c.ctx.Err(); c.err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), groupTimeout)
+		defer cancel()
+		c.res, c.err = c.run(ctx, w.db)
 		if c.err == nil {
 			node.handOver(w.Stream(), c.res.ids, c.res.rows)
 		}
@@ -181,7 +193,9 @@ func (w *Writer) runAlone(node *Node, c *call) {
 	if c.res, c.err = c.run(c.ctx, tx); c.err != nil {
 		return
 	}
-	if err := tx.Commit(c.ctx); err != nil {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), groupTimeout)
+	defer cancel()
+	if err := tx.Commit(ctx); err != nil {
 		c.err = fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err)
 		return
 	}

@@ -363,3 +363,42 @@ func TestWriterGroupInsertsPipelined(t *testing.T) {
 		})
 	}
 }
+
+// A caller that gives up while its COMMIT is in flight (an HTTP client
+// that disconnects) must not leave a committed row that every reader then
+// passes over as a hole. The COMMIT, and an unfenced Insert (its own
+// commit), run without the caller's cancellation: here a deferred
+// trigger holds the commit 300 ms and the caller cancels 50 ms into it.
+// Both calls succeed, and the reader gets both rows.
+func TestWriterCommitOutlivesCaller(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON events DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION slow_commit();`); err != nil {
+		t.Fatal(err)
+	}
+	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w1.node.Ready() }, "not ready")
+
+	wctx, cancel := context.WithCancel(ctx)
+	if _, err := w1.w.Write(wctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		time.AfterFunc(50*time.Millisecond, cancel) // COMMIT follows fn at once
+		return insertRow(ctx, tx, w1, ids[0], 1)
+	}); err != nil {
+		t.Fatalf("Write canceled during its COMMIT: %v", err)
+	}
+	ictx, icancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, icancel)
+	if _, err := w1.w.Insert(ictx, []json.RawMessage{json.RawMessage(`[{"n":2}]`)},
+		`INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`, w1.gen.Self(), `[{"n":2}]`); err != nil {
+		t.Fatalf("Insert canceled during its commit: %v", err)
+	}
+	if got := len(committed(t, pool, "persister1")); got != 2 {
+		t.Fatalf("%d rows committed, want 2", got)
+	}
+	converged(t, pool, reader, "persister1")
+}

@@ -188,7 +188,8 @@ func converged(t *testing.T, pool *pgxpool.Pool, reader *member, writers ...stri
 		want := committed(t, pool, w)
 		k := core.Key{Stream: "events", Writer: w}
 		testenv.Eventually(t, 30*time.Second, func() bool { return len(reader.rec.Positions(k)) >= len(want) },
-			"reader has %d of %d rows of %s (view %d)", len(reader.rec.Positions(k)), len(want), w, reader.node.View(k))
+			"reader has %d of %d rows of %s (view %d); missing %v", len(reader.rec.Positions(k)), len(want), w, reader.node.View(k),
+			missing(reader.rec.Positions(k), want))
 		if got := reader.rec.Positions(k); !slices.Equal(got, want) {
 			t.Fatalf("%s: reader got %d rows, want %d; first difference at %d", w, len(got), len(want), firstDiff(got, want))
 		}
@@ -196,6 +197,17 @@ func converged(t *testing.T, pool *pgxpool.Pool, reader *member, writers ...stri
 	if p := reader.rec.Problems(); len(p) > 0 {
 		t.Fatalf("delivery problems: %v", p)
 	}
+}
+
+// missing lists the first few of want that got lacks.
+func missing(got, want []int64) []int64 {
+	var out []int64
+	for _, p := range want {
+		if !slices.Contains(got, p) && len(out) < 10 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func firstDiff(a, b []int64) int {

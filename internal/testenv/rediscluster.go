@@ -228,6 +228,21 @@ func (c *RedisCluster) Addrs() []string {
 	return addrs
 }
 
+// URL is every node as a seed, in go-redis's cluster URL form
+// (redis.ParseClusterURL): redis://first?addr=second&addr=...
+func (c *RedisCluster) URL() string {
+	addrs := c.Addrs()
+	u := "redis://" + addrs[0]
+	for i, a := range addrs[1:] {
+		sep := "&"
+		if i == 0 {
+			sep = "?"
+		}
+		u += sep + "addr=" + a
+	}
+	return u
+}
+
 // ClusterOptions returns go-redis options with every node as a seed and
 // go-redis defaults otherwise, for a test to adjust.
 func (c *RedisCluster) ClusterOptions() *redis.ClusterOptions {
