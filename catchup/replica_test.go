@@ -3,6 +3,7 @@ package catchup
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -211,6 +212,26 @@ func TestReadReplicaFallsBackUntilItHoldsTheRange(t *testing.T) {
 	sameRows(t, pages(to2, 1000), e.rowsOf(t, "w1", to2))
 	if p, rr := reads(); p != 4 || rr != 4 {
 		t.Fatalf("a range past the replica: %v reads on the primary, %v on the replica; want 4 and 4", p, rr)
+	}
+
+	// The pool hook accepts a connection to the replica and refuses one to
+	// another cluster (the shared test server).
+	verify, err := VerifyReplica(ctx, e.primary, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		url  string
+		want error
+	}{{e.rep.URL("postgres"), nil}, {testenv.BaseDatabaseURL(), ErrNotReplica}} {
+		conn, err := pgx.Connect(ctx, tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := verify(ctx, conn); !errors.Is(err, tc.want) {
+			t.Errorf("VerifyReplica's hook on %s: %v, want %v", tc.url, err, tc.want)
+		}
+		conn.Close(ctx)
 	}
 
 	// A replica that is down: the primary answers, counted as an error.
