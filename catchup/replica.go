@@ -48,7 +48,11 @@ type ReadRouterConfig struct {
 	// Primary is the database the writers write. Required.
 	Primary *pgxpool.Pool
 	// Replica is a streaming (physical) replica of Primary. Nil means
-	// every read goes to Primary.
+	// every read goes to Primary. Each of its connections must reach one
+	// server for its life: the position and the range are read in two
+	// statements, so a pooler balancing single transactions over several
+	// replicas behind one address could read them on two. Give its
+	// config catchup.VerifyReplica as AfterConnect.
 	Replica *pgxpool.Pool
 	// Registerer takes the series; nil means a private registry.
 	Registerer prometheus.Registerer
@@ -57,17 +61,17 @@ type ReadRouterConfig struct {
 }
 
 // ReadRouter sends readers' range reads (catch-up pages, sync) to a
-// PostgreSQL streaming replica when the replica already holds the whole
-// range, and to the primary otherwise, so that no reader sees a hole.
+// PostgreSQL streaming replica as far as the replica holds the range, and
+// the rest to the primary, so that no reader sees a hole.
 //
 // The proof is the writer's row in stream_positions, read on the replica
 // before the range: a writer stores a position only after every ID it
 // drew at or below it has committed or rolled back (streams.Generator,
 // fabric.Writer), so the commit records of those rows precede the
 // position's in the WAL. A physical replica applies the WAL in order, and
-// its snapshots only move forward; a position at or above the range's end
-// on the replica therefore means every row of the writer in the range is
-// visible there to the next statement on the same connection. Positions
+// its snapshots only move forward; a stored position p on the replica
+// therefore means every row of the writer at or below p is visible there
+// to the next statement on the same connection. Positions
 // are stored at the announce pace, so the freshest rows (up to an announce
 // interval plus the replica's lag) are read on the primary: the check errs
 // only on the primary's side.
