@@ -39,4 +39,11 @@
 // reading it; if the Source fails after that, the connection is cut and the
 // client sees a failed attempt: it reads the stream's fallback at once, or,
 // for a stream without one, retries the source.
+//
+// # Read replicas
+//
+// A ReadRouter (SQLSource.Reads) sends range reads to a PostgreSQL
+// streaming replica as far as the writer's position stored on the replica
+// proves the replica holds the rows, and the rest to the primary; a page
+// read on the replica ends where the replica's rows end.
 package catchup

@@ -24,7 +24,10 @@ type Source interface {
 	// Updates returns the rows of writer with from < pos <= to, in order,
 	// at most limit positions (all rows of one position count as one and
 	// are never split). upto is the last position covered: to when the
-	// answer was not limited, the last row's position when it was. Each
+	// answer was not limited, the last row's position when it was, or
+	// any position above from up to which every row is in the answer (an
+	// SQLSource stops where its read replica's rows end); the caller asks
+	// again from upto. Each
 	// Row.Rows must be valid JSON: it is written to the wire verbatim.
 	// A Source that no longer has the range (an ephemeral writer that
 	// restarted) returns an error wrapping fabric.ErrGone.

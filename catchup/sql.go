@@ -32,9 +32,20 @@ import (
 //
 // Either way a page is never cut inside a position. The range query wants
 // an index on (WriterColumn, IDColumn), or on IDColumn for one writer.
+//
+// With Reads set, a range is read on the read replica as far as the
+// replica holds it (see ReadRouter): the page then ends there, and the
+// next one, beyond what the replica holds, is read on the primary.
 type SQLSource struct {
 	// Pool reads the table. Required.
 	Pool *pgxpool.Pool
+	// Reads routes each range read to a read replica or the primary (whose
+	// pool is the ReadRouter's, not Pool). Nil reads everything on Pool.
+	Reads *ReadRouter
+	// Stream is the stream's name in stream_positions: its writers'
+	// stored positions tell whether the replica holds a range. Required
+	// with Reads.
+	Stream string
 	// Table holds the stream's rows. Required.
 	Table string
 	// IDColumn holds each row's stream ID (its position). Required.
@@ -72,6 +83,9 @@ func (s *SQLSource) Validate() error {
 		if !sqlIdentRE.MatchString(f.v) {
 			return fmt.Errorf("catchup: SQLSource: %s %q is not a plain lower-case SQL identifier", f.name, f.v)
 		}
+	}
+	if s.Reads != nil && s.Stream == "" {
+		return fmt.Errorf("catchup: SQLSource: Stream is empty but Reads is set: name the stream in stream_positions")
 	}
 	if s.OrderColumn != "" && !s.Grouped {
 		return fmt.Errorf("catchup: SQLSource: OrderColumn %q is set but Grouped is false", s.OrderColumn)
@@ -153,16 +167,28 @@ func (s *SQLSource) StreamUpdates(ctx context.Context, writer string, from, to i
 	if from >= to {
 		return to, nil
 	}
-	args := make([]any, 0, 4)
-	if s.WriterColumn != "" {
-		args = append(args, writer)
+	var upto int64
+	read := func(q Querier, from, to int64) (more bool, err error) {
+		args := make([]any, 0, 4)
+		if s.WriterColumn != "" {
+			args = append(args, writer)
+		}
+		args = append(args, from, to, int64(limit)+1)
+		res, err := q.Query(ctx, s.query(), args...)
+		if err != nil {
+			return false, err
+		}
+		upto, err = streamRows(res, limit, to, emit)
+		// A page may end where the replica's rows end: the next one
+		// starts there.
+		return false, err
 	}
-	args = append(args, from, to, int64(limit)+1)
-	res, err := s.Pool.Query(ctx, s.query(), args...)
-	if err != nil {
-		return 0, fmt.Errorf("catchup: SQLSource %s: writer %s (%d, %d]: %w", s.Table, writer, from, to, err)
+	var err error
+	if s.Reads == nil {
+		_, err = read(s.Pool, from, to)
+	} else {
+		err = s.Reads.Read(ctx, s.Stream, writer, from, to, read)
 	}
-	upto, err := streamRows(res, limit, to, emit)
 	if err != nil {
 		return 0, fmt.Errorf("catchup: SQLSource %s: writer %s (%d, %d]: %w", s.Table, writer, from, to, err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/telemetry"
@@ -31,6 +32,7 @@ const maxBody = 64 << 10
 // Service serves the client API of one instance.
 type Service struct {
 	pool         *pgxpool.Pool
+	reads        *catchup.ReadRouter // nil: sync reads on pool
 	events       *streams.Generator
 	node         *fabric.Node
 	live         *Live
@@ -68,7 +70,10 @@ type Forwarder interface {
 
 // Config wires a Service.
 type Config struct {
-	Pool   *pgxpool.Pool
+	Pool *pgxpool.Pool
+	// Reads sends sync's range reads to a read replica once it holds them;
+	// nil reads them on Pool.
+	Reads  *catchup.ReadRouter
 	Events *streams.Generator // the events stream, as writer or reader
 	Node   *fabric.Node
 	Live   *Live // the node's Handler
@@ -95,7 +100,7 @@ func NewService(cfg Config) *Service {
 	if cfg.MaxLongPolls <= 0 {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}
-	s := &Service{pool: cfg.Pool, events: cfg.Events, node: cfg.Node, live: cfg.Live,
+	s := &Service{pool: cfg.Pool, reads: cfg.Reads, events: cfg.Events, node: cfg.Node, live: cfg.Live,
 		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters,
 		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())

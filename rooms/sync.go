@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/streams"
 )
@@ -264,9 +265,19 @@ func (s *Service) writeSync(w http.ResponseWriter, rooms []string, events map[st
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// roomEvent is one event row read by sync.
+type roomEvent struct {
+	pos  int64
+	room string
+	ev   json.RawMessage
+}
+
 // eventsBetween reads every event in (since, upto] per writer, in stream
 // order per writer, for the rooms (all when nil). A writer with more than a
-// page stops at its last event returned: next says where to go on.
+// page stops at its last event returned: next says where to go on. With a
+// read replica, a writer's range is read there as far as the replica
+// holds it and the rest on the primary (catchup.ReadRouter): to is this
+// instance's view, so every row in it has committed.
 func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, rooms []string) (map[string][]json.RawMessage, streams.Token, error) {
 	out := map[string][]json.RawMessage{}
 	next := map[streams.WriterID]int64{}
@@ -279,31 +290,43 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 		from, to := since.Get(id), upto.Get(id)
 		reached := max(from, to)
 		if to > from {
-			var rows pgx.Rows
-			if rooms == nil {
-				rows, err = s.pool.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
-					wname, from, to, syncPage)
-			} else {
-				rows, err = s.pool.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 AND room = ANY($5) ORDER BY stream_id LIMIT $4`,
-					wname, from, to, syncPage, rooms)
-			}
-			if err != nil {
-				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: %w", err)
-			}
-			var pos int64
-			var room string
-			var ev json.RawMessage
-			n := 0
-			_, err = pgx.ForEachRow(rows, []any{&pos, &room, &ev}, func() error {
-				out[room] = append(out[room], append(json.RawMessage(nil), ev...))
-				n++
-				if n == syncPage {
-					reached = pos
+			var got []roomEvent
+			read := func(q catchup.Querier, from, to int64) (more bool, err error) {
+				var rows pgx.Rows
+				if rooms == nil {
+					rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
+						wname, from, to, syncPage-len(got))
+				} else {
+					rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 AND room = ANY($5) ORDER BY stream_id LIMIT $4`,
+						wname, from, to, syncPage-len(got), rooms)
 				}
-				return nil
-			})
+				if err != nil {
+					return false, err
+				}
+				var e roomEvent
+				_, err = pgx.ForEachRow(rows, []any{&e.pos, &e.room, &e.ev}, func() error {
+					got = append(got, roomEvent{pos: e.pos, room: e.room, ev: append(json.RawMessage(nil), e.ev...)})
+					return nil
+				})
+				// Short of a page: the rest of the range, from the primary
+				// if the replica held only part of it. A long-poll must not
+				// stop at the replica's bound: nothing would wake it for
+				// rows already applied.
+				return len(got) < syncPage, err
+			}
+			if s.reads != nil {
+				err = s.reads.Read(ctx, EventsStream, wname, from, to, read)
+			} else {
+				_, err = read(s.pool, from, to)
+			}
 			if err != nil {
-				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: %w", err)
+				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: writer %s (%d, %d]: %w", wname, from, to, err)
+			}
+			for _, e := range got {
+				out[e.room] = append(out[e.room], e.ev)
+			}
+			if len(got) == syncPage {
+				reached = got[len(got)-1].pos
 			}
 		}
 		next[id] = reached

@@ -58,8 +58,15 @@ func (countReads) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDat
 
 func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 	t.Helper()
-	ctx := context.Background()
 	pool, dbURL := testenv.NewPool(t)
+	return newSyncEnvOn(t, pool, dbURL, maxLongPolls, nil)
+}
+
+// newSyncEnvOn is newSyncEnv on the database at dbURL (pool connects to
+// it), its sync reading through reads if not nil.
+func newSyncEnvOn(t *testing.T, pool *pgxpool.Pool, dbURL string, maxLongPolls int, reads func(primary *pgxpool.Pool) *catchup.ReadRouter) *syncEnv {
+	t.Helper()
+	ctx := context.Background()
 	if err := Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +115,11 @@ func newSyncEnv(t *testing.T, maxLongPolls int) *syncEnv {
 		}
 	})
 	testenv.Eventually(t, 10*time.Second, e.node.Ready, "node not ready")
-	e.svc = NewService(Config{Pool: readPool, Events: e.gen, Node: e.node, Live: e.live,
+	var router *catchup.ReadRouter
+	if reads != nil {
+		router = reads(readPool)
+	}
+	e.svc = NewService(Config{Pool: readPool, Reads: router, Events: e.gen, Node: e.node, Live: e.live,
 		EventWriters: []string{"p1"}, TypingWriter: "master", MaxLongPolls: maxLongPolls})
 	return e
 }

@@ -28,6 +28,7 @@ func configCases() []configCase {
 		{"redis-url", "http://127.0.0.1:6379"},
 		{"redis-url", "redis://"},
 		{"database-url", "mysql://127.0.0.1/weft"},
+		{"database-read-url", "mysql://127.0.0.1/weft"},
 		{"http-addr", "localhost"},
 		{"advertise-url", "ftp://example.test"},
 		{"name", "Bad-Name"},

@@ -7,7 +7,8 @@
 //     SharedRedisURL). Each test gets its own database via NewDatabase or
 //     NewPool, so tests never see each other's tables.
 //   - Private servers that a test starts, kills and restarts at will
-//     (StartRedis, StartPostgres), for fault tests that must never touch a
+//     (StartRedis, StartPostgres, and StartReplica for a streaming replica
+//     of such a PostgreSQL), for fault tests that must never touch a
 //     shared server; StartRedisCluster starts a private Redis Cluster of
 //     three masters and three replicas and does to it what a cluster does
 //     in production (failover, slot migration, dropped pub/sub clients).

@@ -32,6 +32,8 @@ type Postgres struct {
 	log  string
 	as   *runAs // nil unless the tests run as root
 	srv  server // the postmaster
+	// extra are more postgres arguments (a replica's recovery settings).
+	extra []string
 }
 
 // StartPostgres creates a cluster with initdb, starts it on a free port and
@@ -168,6 +170,7 @@ func (p *Postgres) launch(port int) (*process, error) {
 		"-c", "fsync=off",
 		"-c", "shared_buffers=16MB",
 	}
+	args = append(args, p.extra...)
 	deadline := time.Now().Add(pgStartTimeout)
 	for {
 		offset := logSize(p.log)

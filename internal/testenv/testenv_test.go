@@ -327,3 +327,40 @@ func TestWaitFor(t *testing.T) {
 		t.Errorf("after %d calls the failure is %q, want it to end with the last error %q", calls, f.fatal, want)
 	}
 }
+
+func TestStartReplicaAppliesAfterDelay(t *testing.T) {
+	p := StartPostgres(t)
+	u := p.NewDatabase(t)
+	const delay = time.Second
+	r := StartReplica(t, p, delay)
+	ctx := ctxT(t)
+	conn := mustConnect(t, u)
+	defer conn.Close(context.Background())
+	rconn := mustConnect(t, r.URL(DatabaseName(u)))
+	defer rconn.Close(context.Background())
+
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 30*time.Second, func() bool {
+		var n int
+		return rconn.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n) == nil
+	}, "table t on the replica")
+	if _, err := conn.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var n int
+	if err := rconn.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("replica right after the commit: %d rows, err %v; want 0 (applied %v later)", n, err, delay)
+	}
+	Eventually(t, 30*time.Second, func() bool {
+		return rconn.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n) == nil && n == 1
+	}, "the row on the replica")
+	if d := time.Since(start); d < delay/2 {
+		t.Errorf("row applied %v after the commit, want about %v", d, delay)
+	}
+	if _, err := rconn.Exec(ctx, "INSERT INTO t VALUES (2)"); err == nil {
+		t.Error("the replica took a write")
+	}
+}

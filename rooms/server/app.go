@@ -169,7 +169,15 @@ func (r *runner) run(ctx context.Context) error {
 		readGens = []*streams.Generator{gen}
 	}
 
-	sql := &catchup.SQLSource{Pool: pool, Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
+	reads, err := openReads(ctx, cfg, pool, reg, log)
+	if err != nil {
+		return err
+	}
+	if reads.replica != nil {
+		defer reads.replica.Close()
+	}
+	sql := &catchup.SQLSource{Pool: pool, Reads: reads.router, Stream: rooms.EventsStream,
+		Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
 	sources := map[string]catchup.Source{rooms.EventsStream: sql}
 	var typing *fabric.Ephemeral
 	var ephemerals []*fabric.Ephemeral
@@ -266,7 +274,7 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	defer typingFwd.Close()
-	svc := rooms.NewService(rooms.Config{Pool: pool, Events: gen, Node: node, Live: live,
+	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: reads.router, Events: gen, Node: node, Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriters: cfg.EventWriters, TypingWriter: cfg.TypingWriter,
 		MaxLongPolls: cfg.MaxLongPolls, Logger: log})
 	reg.MustRegister(
@@ -422,6 +430,42 @@ func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("app: database: %w", err)
 	}
 	return pool, nil
+}
+
+// reads is where readers' range reads go.
+type reads struct {
+	router  *catchup.ReadRouter
+	replica *pgxpool.Pool // nil without --database-read-url; the caller closes it
+}
+
+// openReads builds the read router, with a pool on the read replica if
+// one is configured. The pool connects lazily and refuses a server that is
+// not a streaming replica of the primary: a replica down or wrong sends
+// reads to the primary (counted, and said at WARN), it stops nothing.
+func openReads(ctx context.Context, cfg Config, primary *pgxpool.Pool, reg prometheus.Registerer, log *slog.Logger) (reads, error) {
+	var r reads
+	if cfg.DatabaseReadURL != "" {
+		pc, err := pgxpool.ParseConfig(cfg.DatabaseReadURL)
+		if err != nil {
+			return r, fmt.Errorf("app: --database-read-url: %w", err)
+		}
+		if pc.AfterConnect, err = catchup.VerifyReplica(ctx, primary, log); err != nil {
+			return r, fmt.Errorf("app: --database-read-url: %w", err)
+		}
+		if r.replica, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+			return r, fmt.Errorf("app: --database-read-url: %w", err)
+		}
+		log.Info("readers' range reads go to the read replica once it holds them", "replica", redact(cfg.DatabaseReadURL))
+	}
+	router, err := catchup.NewReadRouter(catchup.ReadRouterConfig{Primary: primary, Replica: r.replica, Registerer: reg, Logger: log})
+	if err != nil {
+		if r.replica != nil {
+			r.replica.Close()
+		}
+		return reads{}, err
+	}
+	r.router = router
+	return r, nil
 }
 
 func wrap(what string, err error) error {

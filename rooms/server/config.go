@@ -23,6 +23,7 @@ type Config struct {
 	Cluster           string        `help:"Cluster name; the Redis channels are weft:<cluster> and weft:<cluster>/<stream>." env:"WEFT_CLUSTER" default:"weft"`
 	RedisURL          string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH)." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
 	DatabaseURL       string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
+	DatabaseReadURL   string        `name:"database-read-url" help:"PostgreSQL streaming replica for readers' range reads (sync, catch-up); empty: the primary serves them." env:"WEFT_DATABASE_READ_URL"`
 	HTTPAddr          string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
 	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
@@ -65,6 +66,11 @@ func (c *Config) Validate() error {
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return bad("database-url", "WEFT_DATABASE_URL", "%q: want postgres://user@host:port/db", redact(c.DatabaseURL))
+	}
+	if c.DatabaseReadURL != "" {
+		if u, err := url.Parse(c.DatabaseReadURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+			return bad("database-read-url", "WEFT_DATABASE_READ_URL", "%q: want postgres://user@host:port/db", redact(c.DatabaseReadURL))
+		}
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		return bad("http-addr", "WEFT_HTTP_ADDR", "%q: %v", c.HTTPAddr, err)

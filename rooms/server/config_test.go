@@ -46,3 +46,22 @@ func TestMaxLongPollsFlag(t *testing.T) {
 		}
 	}
 }
+
+func TestDatabaseReadURLFlag(t *testing.T) {
+	if c := parse(t); c.DatabaseReadURL != "" || c.Validate() != nil {
+		t.Fatalf("default --database-read-url %q (%v), want empty and valid", c.DatabaseReadURL, c.Validate())
+	}
+	const u = "postgres://reader@10.0.0.7:5432/weft?sslmode=disable"
+	t.Setenv("WEFT_DATABASE_READ_URL", u)
+	if c := parse(t); c.DatabaseReadURL != u || c.Validate() != nil {
+		t.Fatalf("WEFT_DATABASE_READ_URL gave %q (%v)", c.DatabaseReadURL, c.Validate())
+	}
+	for _, v := range []string{"mysql://x@h/db", "postgres:///weft", "not a url"} {
+		c := parse(t, "--database-read-url="+v)
+		err := c.Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != "database-read-url" || ce.Env != "WEFT_DATABASE_READ_URL" {
+			t.Fatalf("--database-read-url=%s: %v, want a ConfigError naming the flag and its variable", v, err)
+		}
+	}
+}
