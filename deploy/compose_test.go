@@ -21,7 +21,7 @@ func weftServices() map[string]string {
 	return map[string]string{"master": "master", "persister1": "worker", "persister2": "worker", "worker": "worker"}
 }
 
-// eventWriters are the services that write room events, in shard order.
+// eventWriters are the services that write room events.
 func eventWriters() []string { return []string{"persister1", "persister2"} }
 
 // clusterWide are the settings every instance of one cluster must agree on.

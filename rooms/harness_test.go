@@ -80,7 +80,7 @@ func newWriters(t *testing.T) *writers {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, _ := instance.NewShardMap([]string{"w1"})
+	m, _ := shard.NewMap([]string{"w1"})
 	q, err := shard.NewQueue(shard.QueueConfig{Exec: OwnerExec(ew)})
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/backoff"
-	"github.com/weft-dev/weft/instance"
 )
 
 const testSecret = "0123456789abcdef-test-secret"
@@ -30,7 +29,7 @@ type owner struct {
 // cluster is a few owners under one shard map, and what callers need to
 // reach them.
 type cluster struct {
-	m      *instance.ShardMap
+	m      *Map
 	owners map[string]*owner
 
 	mu   sync.Mutex
@@ -41,7 +40,7 @@ type cluster struct {
 // per owner) on its queue.
 func newCluster(t testing.TB, writers []string, qcfg QueueConfig, exec func(name string) Exec) *cluster {
 	t.Helper()
-	m, err := instance.NewShardMap(writers)
+	m, err := NewMap(writers)
 	if err != nil {
 		t.Fatal(err)
 	}

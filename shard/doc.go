@@ -2,7 +2,10 @@
 // example) runs on the key's owner, one task at a time, in the order it was
 // submitted.
 //
-// The owner of a key is the writer name the instance.ShardMap gives it. Two
+// The owner of a key is the writer name [Owner] gives it: rendezvous hashing
+// over the set of writer names, so every process configured with the same
+// names (in any order) agrees on the owner without talking to anyone, and a
+// writer joining or leaving moves only the keys it wins or owned. Two
 // kinds of work for the same key (persisting an event and recomputing the
 // key's derived state, say) must never race on different code paths or
 // processes: a recompute that reads the log, then writes its result after a

@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/backoff"
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
 )
@@ -85,7 +84,7 @@ type ForwarderConfig struct {
 	// Self is this instance's writer name; "" if it owns no keys.
 	Self string
 	// Map says which writer name owns a key. Required.
-	Map *instance.ShardMap
+	Map *Map
 	// Holds, if set, reports whether this instance still holds Self (the
 	// writer registry says so): an instance that lost its name to a newer
 	// holder (two instances of a name during a rolling update) forwards

@@ -16,13 +16,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // recorder is an executor per owner that records what ran where.
 type recorder struct {
-	m *instance.ShardMap
+	m *Map
 
 	mu    sync.Mutex
 	runs  map[string]int // owner/kind/payload -> times run
@@ -33,7 +32,7 @@ type recorder struct {
 	blocked atomic.Int32
 }
 
-func newRecorder(m *instance.ShardMap) *recorder {
+func newRecorder(m *Map) *recorder {
 	return &recorder{m: m, runs: map[string]int{}, byOwn: map[string]int{}, gates: map[string]gate{}}
 }
 
@@ -84,7 +83,7 @@ func (r *recorder) gate(key string) gate {
 
 func twoOwners(t *testing.T, qcfg QueueConfig) (*cluster, *recorder) {
 	t.Helper()
-	m, _ := instance.NewShardMap([]string{"w1", "w2"})
+	m, _ := NewMap([]string{"w1", "w2"})
 	rec := newRecorder(m)
 	return newCluster(t, []string{"w1", "w2"}, qcfg, rec.exec), rec
 }
@@ -414,7 +413,7 @@ func TestServerAuth(t *testing.T) {
 }
 
 func TestServerConfig(t *testing.T) {
-	m, _ := instance.NewShardMap([]string{"w1", "w2"})
+	m, _ := NewMap([]string{"w1", "w2"})
 	q, _ := NewQueue(QueueConfig{Exec: func(context.Context, string, []Task) []Result { return nil }})
 	for _, tc := range []struct {
 		cfg  ServerConfig

@@ -16,8 +16,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/weft-dev/weft/instance"
 )
 
 // TestServerHeapBounded: 100,000 forwarded 60 KiB messages, each under its
@@ -29,7 +27,7 @@ func TestServerHeapBounded(t *testing.T) {
 		requests = DefaultIdempotencyEntries
 		limit    = 32 << 20
 	)
-	m, _ := instance.NewShardMap([]string{"w1"})
+	m, _ := NewMap([]string{"w1"})
 	var pos struct {
 		sync.Mutex
 		n int64

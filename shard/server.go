@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/fabric/wire"
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
 )
@@ -32,7 +31,7 @@ type ServerConfig struct {
 	// every request is answered 409).
 	Self string
 	// Map says which writer name owns a key. Required.
-	Map *instance.ShardMap
+	Map *Map
 	// Holds, if set, reports whether this instance still holds Self; when
 	// it does not, every request is answered 409 (not owner), so that the
 	// caller finds the name's current holder.

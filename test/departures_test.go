@@ -15,15 +15,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/faultproxy"
 	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/shard"
 )
 
 // roomOf returns a room the event writer owns (by the default shard map).
 func roomOf(t *testing.T, writer string) string {
 	t.Helper()
-	m, err := instance.NewShardMap([]string{"persister1", "persister2"})
+	m, err := shard.NewMap([]string{"persister1", "persister2"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/shard"
 )
 
 // The memory measurement: the real binaries (a master, two event writers,
@@ -43,7 +43,7 @@ func measureRSS(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	defer b.close()
 
 	// The load: messages to the owner of each room.
-	shards, err := instance.NewShardMap([]string{"persister1", "persister2"})
+	shards, err := shard.NewMap([]string{"persister1", "persister2"})
 	if err != nil {
 		return nil, err
 	}

@@ -223,8 +223,8 @@ func (r *runner) run(ctx context.Context) error {
 	// Sharded work: rooms on their event writer, typing on the typing
 	// writer, found through the writer registry.
 	hold := newHolders(pool, node, max(cfg.AnnounceInterval, 250*time.Millisecond))
-	eventsMap, _ := instance.NewShardMap(cfg.EventWriters)
-	typingMap, _ := instance.NewShardMap([]string{cfg.TypingWriter})
+	eventsMap, _ := shard.NewMap(cfg.EventWriters)
+	typingMap, _ := shard.NewMap([]string{cfg.TypingWriter})
 	var eventsQ, typingQ *shard.Queue
 	var tw *rooms.TypingWriter
 	if cfg.WritesEvents() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/shard"
 )
 
 // Config is what every weft process is configured with: each field is a
@@ -29,7 +30,7 @@ type Config struct {
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	Insecure          bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
-	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in shard order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
+	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in any order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
 	TypingWriter      string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
 	AnnounceInterval  time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
 	LeaseTTL          time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by the master." env:"WEFT_LEASE_TTL" default:"10s"`
@@ -89,7 +90,7 @@ func (c *Config) Validate() error {
 	if len(c.EventWriters) == 0 {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")
 	}
-	if _, err := instance.NewShardMap(c.EventWriters); err != nil {
+	if _, err := shard.NewMap(c.EventWriters); err != nil {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "%v", err)
 	}
 	if err := instance.ValidName(c.TypingWriter); err != nil {

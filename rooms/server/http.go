@@ -12,13 +12,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/shard"
 )
 
 // newShardServer is the owner end for one kind of sharded work; nil when
 // this instance owns none of it.
-func newShardServer(self string, holds func() bool, m *instance.ShardMap, q *shard.Queue, cfg Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
+func newShardServer(self string, holds func() bool, m *shard.Map, q *shard.Queue, cfg Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
 	if q == nil {
 		return nil, nil
 	}
