@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,6 +63,9 @@ var chaosNames = []string{"master", "persister1", "persister2", "sync1", "sync2"
 // chaosOpts shapes one scenario's cluster.
 type chaosOpts struct {
 	redisArgs []string
+	// redisCluster runs the instances on a private Redis Cluster (three
+	// masters, three replicas; --redis-cluster) instead of one Redis.
+	redisCluster bool
 	// env is added to every instance's environment.
 	env []string
 	// before runs once the servers are up and before any instance starts
@@ -72,7 +76,8 @@ type chaosOpts struct {
 // chaos is one scenario's cluster, workload and oracle.
 type chaos struct {
 	t     *testing.T
-	rds   *testenv.Redis
+	rds   *testenv.Redis        // nil with redisCluster
+	rcl   *testenv.RedisCluster // with redisCluster
 	pg    *testenv.Postgres
 	dbURL string
 	c     *cluster
@@ -94,10 +99,17 @@ type chaos struct {
 func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	t.Helper()
 	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, restarts: map[string]int{}}
-	ch.rds = testenv.StartRedis(t, opts.redisArgs...)
+	redisURL, env := "", opts.env
+	if opts.redisCluster {
+		ch.rcl = testenv.StartRedisCluster(t)
+		redisURL, env = ch.rcl.URL(), append(slices.Clone(env), "WEFT_REDIS_CLUSTER=1")
+	} else {
+		ch.rds = testenv.StartRedis(t, opts.redisArgs...)
+		redisURL = ch.rds.URL()
+	}
 	ch.pg = testenv.StartPostgres(t)
 	ch.dbURL = ch.pg.NewDatabase(t)
-	ch.c = newCluster(t, ch.rds.URL(), ch.dbURL, opts.env...)
+	ch.c = newCluster(t, redisURL, ch.dbURL, env...)
 	for _, name := range chaosNames {
 		bin := "worker"
 		if name == "master" {

@@ -49,6 +49,11 @@ func configCases() []configCase {
 			configCase{name: "--" + b.flag + "=" + b.value, args: []string{"--" + b.flag + "=" + b.value}, flag: b.flag},
 			configCase{name: envName(b.flag) + "=" + b.value, env: []string{envName(b.flag) + "=" + b.value}, flag: b.flag})
 	}
+	// A URL that is fine for one Redis but not a cluster's seed list.
+	const clusterURL = "redis://127.0.0.1:6379?bogus=1"
+	out = append(out,
+		configCase{name: "--redis-cluster --redis-url=" + clusterURL, args: []string{"--redis-cluster", "--redis-url=" + clusterURL}, flag: "redis-url"},
+		configCase{name: "WEFT_REDIS_CLUSTER=1 WEFT_REDIS_URL=" + clusterURL, env: []string{"WEFT_REDIS_CLUSTER=1", "WEFT_REDIS_URL=" + clusterURL}, flag: "redis-url"})
 	return out
 }
 

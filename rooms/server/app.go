@@ -201,6 +201,7 @@ func (r *runner) run(ctx context.Context) error {
 		Instance:          inst,
 		Cluster:           cfg.Cluster,
 		RedisURL:          cfg.RedisURL,
+		RedisCluster:      cfg.RedisCluster,
 		Secret:            cfg.Secret, // signs every command on the channel
 		Epoch:             uint64(epoch),
 		Hello:             wire.Hello{Name: cfg.Name, Role: r.role, URL: cfg.Advertise(), Version: Version},

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/shard"
 )
@@ -22,7 +24,8 @@ import (
 // at Redis and PostgreSQL on 127.0.0.1.
 type Config struct {
 	Cluster           string        `help:"Cluster name; the Redis channels are weft:<cluster> and weft:<cluster>/<stream>." env:"WEFT_CLUSTER" default:"weft"`
-	RedisURL          string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH)." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
+	RedisURL          string        `name:"redis-url" help:"Redis URL (redis:// or rediss://, with user:password for AUTH); with --redis-cluster, seed nodes: redis://host1:port?addr=host2:port&addr=..." env:"WEFT_REDIS_URL" default:"redis://127.0.0.1:6379/0"`
+	RedisCluster      bool          `name:"redis-cluster" help:"--redis-url is a Redis Cluster (7+): each stream's channel lives on the master of its slot (sharded pub/sub)." env:"WEFT_REDIS_CLUSTER"`
 	DatabaseURL       string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
 	DatabaseReadURL   string        `name:"database-read-url" help:"PostgreSQL streaming replica for readers' range reads (sync, catch-up); empty: the primary serves them." env:"WEFT_DATABASE_READ_URL"`
 	HTTPAddr          string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
@@ -64,6 +67,11 @@ func (c *Config) Validate() error {
 	}
 	if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
 		return bad("redis-url", "WEFT_REDIS_URL", "%q: want redis://host:port/db or rediss://...", redact(c.RedisURL))
+	}
+	if c.RedisCluster {
+		if _, err := redis.ParseClusterURL(c.RedisURL); err != nil {
+			return bad("redis-url", "WEFT_REDIS_URL", "%q with --redis-cluster: %v (want redis://host1:port?addr=host2:port&addr=...)", redact(c.RedisURL), err)
+		}
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return bad("database-url", "WEFT_DATABASE_URL", "%q: want postgres://user@host:port/db", redact(c.DatabaseURL))
