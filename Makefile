@@ -47,8 +47,10 @@ lint:
 
 # The benchmark harness: weft against raw Redis/PostgreSQL in one run,
 # median of 3; writes bench/results.json and regenerates BENCHMARKS.md.
+# bench/cluster.sh starts a private Redis Cluster beside it, for the
+# per-stream measurement's sharded pub/sub rows.
 bench:
-	$(GO) run ./cmd/weft-bench
+	bench/cluster.sh $(GO) run ./cmd/weft-bench
 
 # A short pass of the same harness (under 2 minutes); writes nothing.
 bench-quick:

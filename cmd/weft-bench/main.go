@@ -64,6 +64,8 @@ func main() {
 	flag.StringVar(&o.Chart, "chart", "bench/chart.png", "throughput and latency against the number of readers")
 	flag.StringVar(&o.Notes, "notes", "bench/notes.md", "hand-written analysis appended to the report")
 	flag.StringVar(&o.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "the shared Redis")
+	flag.StringVar(&o.ClusterURL, "redis-cluster-url", os.Getenv("WEFT_BENCH_REDIS_CLUSTER"),
+		"a Redis Cluster's seed URL (redis://a?addr=b&addr=c): the per-stream measurement runs there too (make bench starts one)")
 	flag.StringVar(&o.DatabaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
 		"a database on the PostgreSQL server to create each run's databases from")
 	flag.StringVar(&o.Only, "only", "", "comma-separated measurements to run ("+strings.Join(measurementNames(), ",")+")")
@@ -89,6 +91,7 @@ type options struct {
 	Runs                         int
 	JSON, Markdown, Chart, Notes string
 	RedisURL, DatabaseURL        string
+	ClusterURL                   string
 	Only, CPUProfile, Render     string
 	Verbose, SyncCommit          bool
 }
@@ -96,6 +99,7 @@ type options struct {
 // benchEnv is what every measurement gets.
 type benchEnv struct {
 	redisURL   string
+	clusterURL string // a Redis Cluster, or ""
 	adminURL   string
 	quick      bool
 	syncCommit bool
@@ -142,7 +146,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	env := &benchEnv{redisURL: o.RedisURL, adminURL: o.DatabaseURL, quick: o.Quick, syncCommit: o.SyncCommit, log: log, nodeLog: nodeLog(o.Verbose), binDir: filepath.Join(tmp, "bin")}
+	env := &benchEnv{redisURL: o.RedisURL, clusterURL: o.ClusterURL, adminURL: o.DatabaseURL, quick: o.Quick, syncCommit: o.SyncCommit, log: log, nodeLog: nodeLog(o.Verbose), binDir: filepath.Join(tmp, "bin")}
 	machine, err := describeMachine(ctx, o.RedisURL, o.DatabaseURL)
 	if err != nil {
 		return err

@@ -49,11 +49,14 @@ type readerArgs struct {
 	Stream   string // "durable", "ephemeral" or "ephemeral:<name>" (weft); raw: "" or a stream name
 	Secret   string
 	Record   bool // keep each row's latency
+	// Sharded: Redis is a Redis Cluster's seed URL; weft runs with
+	// RedisCluster, raw with SSUBSCRIBE.
+	Sharded bool
 }
 
 func (a readerArgs) flags() []string {
 	return []string{"reader", "-mode", a.Mode, "-redis", a.Redis, "-db", a.Database, "-cluster", a.Cluster,
-		"-stream", a.Stream, "-secret", a.Secret, fmt.Sprintf("-record=%v", a.Record)}
+		"-stream", a.Stream, "-secret", a.Secret, fmt.Sprintf("-record=%v", a.Record), fmt.Sprintf("-sharded=%v", a.Sharded)}
 }
 
 // ephemeralStream is the fan-out measurement's stream: written from the
@@ -71,6 +74,7 @@ func readerMain(ctx context.Context, args []string, log *slog.Logger) error {
 	fs.StringVar(&a.Stream, "stream", "durable", "durable, ephemeral or ephemeral:<name> (weft); a stream name (raw)")
 	fs.StringVar(&a.Secret, "secret", "", "cluster secret")
 	fs.BoolVar(&a.Record, "record", false, "record each row's latency")
+	fs.BoolVar(&a.Sharded, "sharded", false, "-redis is a Redis Cluster (sharded pub/sub)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -257,7 +261,7 @@ func (r *readerState) newNode(ctx context.Context, a readerArgs, log *slog.Logge
 		return nil, err
 	}
 	cfg := fabric.Config{
-		Instance: id, Cluster: a.Cluster, RedisURL: a.Redis, Secret: a.Secret,
+		Instance: id, Cluster: a.Cluster, RedisURL: a.Redis, RedisCluster: a.Sharded, Secret: a.Secret,
 		Hello: fabricHello("reader"), Handler: r, Logger: log,
 		ReplicateWait: 200 * time.Millisecond,
 	}
@@ -298,16 +302,19 @@ func (r *readerState) newNode(ctx context.Context, a readerArgs, log *slog.Logge
 // own Receive loop until ctx ends; ready closes once the subscription is
 // confirmed.
 func (r *readerState) runRaw(ctx context.Context, wg *sync.WaitGroup, a readerArgs) (<-chan struct{}, error) {
-	opts, err := redis.ParseURL(a.Redis)
+	c, err := rawClient(a.Redis, a.Sharded)
 	if err != nil {
 		return nil, fmt.Errorf("reader: %w", err)
 	}
-	c := redis.NewClient(opts)
 	ch := rawChannel(a.Cluster)
 	if a.Stream != "" && a.Stream != "durable" {
 		ch = rawStreamChannel(a.Cluster, a.Stream)
 	}
-	ps := c.Subscribe(ctx, ch)
+	subscribe := c.Subscribe
+	if a.Sharded {
+		subscribe = c.SSubscribe
+	}
+	ps := subscribe(ctx, ch)
 	if _, err := ps.ReceiveTimeout(ctx, 5*time.Second); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("reader: raw subscribe: %w", err)
@@ -333,6 +340,22 @@ func (r *readerState) runRaw(ctx context.Context, wg *sync.WaitGroup, a readerAr
 		}
 	})
 	return ready, nil
+}
+
+// rawClient is a client of one Redis, or of a Redis Cluster (sharded).
+func rawClient(url string, sharded bool) (redis.UniversalClient, error) {
+	if sharded {
+		opts, err := redis.ParseClusterURL(url)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClusterClient(opts), nil
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opts), nil
 }
 
 // rawChannel carries a cluster's raw baselines, so no node ever sees them.

@@ -20,6 +20,11 @@ import (
 // follows. Since each stream has its own channel a reader never receives
 // the other streams' lines; on one channel it read (and refused) four
 // times the lines it follows.
+//
+// With a Redis Cluster (-redis-cluster-url, or WEFT_BENCH_REDIS_CLUSTER,
+// which make bench sets: bench/cluster.sh starts three masters), the same
+// again on the cluster: weft with RedisCluster (sharded pub/sub) against
+// raw SPUBLISH/SSUBSCRIBE, in the same run.
 const (
 	streamsCount   = 4
 	streamsReaders = 16
@@ -28,22 +33,34 @@ const (
 func measureStreams(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	const group = "Per-stream channels: 4 streams, 16 readers each following one (fabric only, ephemeral)"
 	perStream := e.fanoutSizes().burst / streamsCount
-	raw, err := streamsRaw(ctx, e, perStream)
-	if err != nil {
-		return nil, fmt.Errorf("raw: %w", err)
+	var out []Sample
+	for _, r := range []struct {
+		id, name, url string
+		sharded       bool
+	}{
+		{"streams", "one Redis, raw PUBLISH/SUBSCRIBE", e.redisURL, false},
+		{"streams.cluster", "Redis Cluster of 3 masters, raw SPUBLISH/SSUBSCRIBE", e.clusterURL, true},
+	} {
+		if r.url == "" {
+			continue
+		}
+		raw, err := streamsRaw(ctx, e, r.url, r.sharded, perStream)
+		if err != nil {
+			return nil, fmt.Errorf("%s: raw: %w", r.id, err)
+		}
+		weft, err := streamsWeft(ctx, e, r.url, r.sharded, perStream)
+		if err != nil {
+			return nil, fmt.Errorf("%s: weft: %w", r.id, err)
+		}
+		e.log.Info("per-stream", "redis", r.name, "weft", weft, "raw", raw)
+		out = append(out,
+			Sample{ID: r.id + ".deliveries", Group: group, Readers: streamsReaders, Unit: "rows/s",
+				Name: r.name + ": deliveries/s (rows x readers of their stream)", Weft: weft.deliveries, Raw: raw.deliveries, HasRaw: true,
+				Goal: &Goal{GoalRatioAtLeast, 0.85}},
+			Sample{ID: r.id + ".cpu", Group: group, Readers: streamsReaders, Unit: "us",
+				Name: r.name + ": reader CPU per row of its stream (getrusage)", Weft: weft.cpuPerRow, Raw: raw.cpuPerRow, HasRaw: true})
 	}
-	weft, err := streamsWeft(ctx, e, perStream)
-	if err != nil {
-		return nil, fmt.Errorf("weft: %w", err)
-	}
-	e.log.Info("per-stream", "weft", weft, "raw", raw)
-	return []Sample{
-		{ID: "streams.deliveries", Group: group, Readers: streamsReaders, Unit: "rows/s",
-			Name: "deliveries/s (rows x readers of their stream)", Weft: weft.deliveries, Raw: raw.deliveries, HasRaw: true,
-			Goal: &Goal{GoalRatioAtLeast, 0.85}},
-		{ID: "streams.cpu", Group: group, Readers: streamsReaders, Unit: "us",
-			Name: "reader CPU per row of its stream (getrusage)", Weft: weft.cpuPerRow, Raw: raw.cpuPerRow, HasRaw: true},
-	}, nil
+	return out, nil
 }
 
 func streamName(i int) string { return fmt.Sprintf("fan%d", i) }
@@ -63,27 +80,32 @@ func streamsStart(ctx context.Context, args func(k int) readerArgs) ([]*readerPr
 	return procs, nil
 }
 
-func streamsRaw(ctx context.Context, e *benchEnv, perStream int) (fanoutResult, error) {
+func streamsRaw(ctx context.Context, e *benchEnv, url string, sharded bool, perStream int) (fanoutResult, error) {
 	cluster := e.cluster("streams")
 	readers, err := streamsStart(ctx, func(i int) readerArgs {
-		return readerArgs{Mode: "raw", Redis: e.redisURL, Cluster: cluster, Stream: streamName(i)}
+		return readerArgs{Mode: "raw", Redis: url, Sharded: sharded, Cluster: cluster, Stream: streamName(i)}
 	})
 	if err != nil {
 		return fanoutResult{}, err
 	}
 	defer closeReaders(readers)
-	opts, err := redis.ParseURL(e.redisURL)
+	pub, err := rawClient(url, sharded)
 	if err != nil {
 		return fanoutResult{}, err
 	}
-	opts.PoolSize = 1 // one connection, like the fabric's publisher
-	pub := redis.NewClient(opts)
 	defer pub.Close()
+	publish := func(ctx context.Context, pipe redis.Pipeliner, ch string, msg []byte) {
+		if sharded {
+			pipe.SPublish(ctx, ch, msg)
+		} else {
+			pipe.Publish(ctx, ch, msg)
+		}
+	}
 	return runStreams(ctx, readers, perStream, func(ctx context.Context, rows [][]byte, stream func(int) int) error {
 		for start := 0; start < len(rows); start += 512 { // the fabric's MaxBatch
 			pipe := pub.Pipeline()
 			for i := start; i < min(start+512, len(rows)); i++ {
-				pipe.Publish(ctx, rawStreamChannel(cluster, streamName(stream(i))), rows[i])
+				publish(ctx, pipe, rawStreamChannel(cluster, streamName(stream(i))), rows[i])
 			}
 			if _, err := pipe.Exec(ctx); err != nil {
 				return fmt.Errorf("raw publish: %w", err)
@@ -93,7 +115,7 @@ func streamsRaw(ctx context.Context, e *benchEnv, perStream int) (fanoutResult, 
 	})
 }
 
-func streamsWeft(ctx context.Context, e *benchEnv, perStream int) (fanoutResult, error) {
+func streamsWeft(ctx context.Context, e *benchEnv, url string, sharded bool, perStream int) (fanoutResult, error) {
 	cluster := e.cluster("streams")
 	id, err := instance.NewID("fanw")
 	if err != nil {
@@ -103,7 +125,7 @@ func streamsWeft(ctx context.Context, e *benchEnv, perStream int) (fanoutResult,
 	for i := range ephs {
 		ephs[i] = fabric.NewEphemeral(streamName(i))
 	}
-	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: e.redisURL, Secret: benchSecret,
+	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: url, RedisCluster: sharded, Secret: benchSecret,
 		Hello: fabricHello("fanw"), Ephemerals: ephs, Handler: nopHandler{},
 		ReplicateWait: 200 * time.Millisecond, Logger: e.nodeLog})
 	if err != nil {
@@ -112,7 +134,7 @@ func streamsWeft(ctx context.Context, e *benchEnv, perStream int) (fanoutResult,
 	stop := runNode(ctx, node)
 	defer stop()
 	readers, err := streamsStart(ctx, func(i int) readerArgs {
-		return readerArgs{Mode: "weft", Redis: e.redisURL, Cluster: cluster, Stream: "ephemeral:" + streamName(i),
+		return readerArgs{Mode: "weft", Redis: url, Sharded: sharded, Cluster: cluster, Stream: "ephemeral:" + streamName(i),
 			Secret: benchSecret}
 	})
 	if err != nil {
