@@ -195,3 +195,31 @@ func ExampleWriter_Write_concurrent() {
 		_ = json.NewEncoder(rw).Encode(map[string]int64{"stream_pos": ids[0]})
 	})
 }
+
+// A reader on a Redis Cluster (7 or later) follows one stream only: it
+// subscribes to the control channel and to weft:prod/typing, with sharded
+// pub/sub (each channel on the master of its slot), and never receives a
+// line of the cluster's other streams. A failover, a slot migration or a
+// lost node is a gap it repairs.
+func ExampleConfig_redisCluster() {
+	ctx := context.Background()
+	catchupClient, err := catchup.NewClient(catchup.ClientConfig{Secret: "s3cret"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	id, _ := instance.NewID("typing-reader")
+	node, err := fabric.New(fabric.Config{
+		Instance: id, Cluster: "prod", Secret: "s3cret",
+		// Seed nodes; the cluster's topology is read from them.
+		RedisURL:     "redis://10.0.0.1:7000?addr=10.0.0.2:7000&addr=10.0.0.3:7000",
+		RedisCluster: true,
+		Streams:      []core.StreamSpec{{Name: "typing", Ephemeral: true}},
+		Handler:      printer{},
+		Fetcher:      catchupClient,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("following %s", fabric.StreamChannel("prod", "typing")) // weft:prod/typing
+	_ = node.Run(ctx)
+}
