@@ -30,7 +30,12 @@ const recorder = "#!/bin/sh\nprintf '%s\\000' \"${0##*/}\" \"$@\" > \"$WEFT_ARGV
 // WEFT_ variable is one the binary reads, and the configuration they make
 // together passes validation (--check-config of the service's binary).
 func TestComposeCommandsAcceptedByBinaries(t *testing.T) {
-	p := loadProject(t)
+	for _, v := range variants() {
+		t.Run(v.name, func(t *testing.T) { checkCommands(t, loadFiles(t, v.files)) })
+	}
+}
+
+func checkCommands(t *testing.T, p *types.Project) {
 	for name, bin := range weftServices() {
 		t.Run(name, func(t *testing.T) {
 			s := service(t, p, name)

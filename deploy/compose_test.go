@@ -14,7 +14,29 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 )
 
-const composeFile = "docker-compose.yml"
+const (
+	composeFile = "docker-compose.yml"
+	// clusterFile overrides composeFile for a Redis Cluster.
+	clusterFile = "docker-compose.cluster.yml"
+)
+
+// variant is one way to run the deployment: the compose files given to
+// `docker compose -f ... -f ...`, in order.
+type variant struct {
+	name  string
+	files []string
+	// redis are the services a weft instance's WEFT_REDIS_URL names.
+	redis []string
+}
+
+// variants are the single-Redis deployment (the default) and the same on a
+// Redis Cluster; the tests of what both must do run on each.
+func variants() []variant {
+	return []variant{
+		{"single", []string{composeFile}, []string{"redis"}},
+		{"cluster", []string{composeFile, clusterFile}, clusterMasters()},
+	}
+}
 
 // weftServices maps each service that runs a weft binary to that binary.
 func weftServices() map[string]string {
@@ -34,11 +56,18 @@ func clusterWide() []string {
 // only environment so the result does not depend on the caller's shell.
 func loadProject(t *testing.T, env ...string) *types.Project {
 	t.Helper()
+	return loadFiles(t, []string{composeFile}, env...)
+}
+
+// loadFiles is loadProject for `docker compose -f files[0] -f files[1] ...`:
+// each file overrides the ones before it. No profile is active.
+func loadFiles(t *testing.T, files []string, env ...string) *types.Project {
+	t.Helper()
 	dir, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := cli.NewProjectOptions([]string{composeFile},
+	opts, err := cli.NewProjectOptions(files,
 		cli.WithWorkingDirectory(dir),
 		cli.WithEnv(env),
 		cli.WithInterpolation(true),
@@ -49,7 +78,7 @@ func loadProject(t *testing.T, env ...string) *types.Project {
 	}
 	p, err := opts.LoadProject(context.Background())
 	if err != nil {
-		t.Fatalf("load %s: %v", composeFile, err)
+		t.Fatalf("load %s: %v", strings.Join(files, " + "), err)
 	}
 	return p
 }
@@ -128,7 +157,12 @@ func TestComposeServices(t *testing.T) {
 // The configuration of every weft service names the compose services it
 // needs and agrees with the other instances.
 func TestComposeWeftEnvironment(t *testing.T) {
-	p := loadProject(t)
+	for _, v := range variants() {
+		t.Run(v.name, func(t *testing.T) { checkWeftEnvironment(t, v, loadFiles(t, v.files)) })
+	}
+}
+
+func checkWeftEnvironment(t *testing.T, v variant, p *types.Project) {
 	first := map[string]string{}
 	for _, name := range slices.Sorted(maps.Keys(weftServices())) {
 		env := environment(t, service(t, p, name))
@@ -137,16 +171,22 @@ func TestComposeWeftEnvironment(t *testing.T) {
 				t.Errorf("service %s: %s not set", name, k)
 			}
 		}
-		for _, k := range clusterWide() {
-			if v, ok := first[k]; ok && v != env[k] {
-				t.Errorf("service %s: %s=%q, other services have %q", name, k, env[k], v)
+		// WEFT_REDIS_CLUSTER too: unset everywhere, or the same everywhere.
+		for _, k := range append(clusterWide(), "WEFT_REDIS_CLUSTER") {
+			if other, ok := first[k]; ok && other != env[k] {
+				t.Errorf("service %s: %s=%q, other services have %q", name, k, env[k], other)
 			}
 			first[k] = env[k]
 		}
 		if got := env["WEFT_HTTP_ADDR"]; got != "0.0.0.0:8080" {
 			t.Errorf("service %s: WEFT_HTTP_ADDR=%q, want 0.0.0.0:8080 (reachable from other containers)", name, got)
 		}
-		hostIs(t, p, name, "WEFT_REDIS_URL", env["WEFT_REDIS_URL"], "redis")
+		if got := redisHosts(t, name, env); !slices.Equal(got, v.redis) {
+			t.Errorf("service %s: WEFT_REDIS_URL %q names %v, want %v", name, env["WEFT_REDIS_URL"], got, v.redis)
+		}
+		for _, h := range v.redis {
+			service(t, p, h)
+		}
 		hostIs(t, p, name, "WEFT_DATABASE_URL", env["WEFT_DATABASE_URL"], "postgres")
 		if u, err := url.Parse(env["WEFT_DATABASE_URL"]); err == nil && u.Path != "/weft" {
 			t.Errorf("service %s: WEFT_DATABASE_URL database %q, want /weft", name, u.Path)
@@ -181,17 +221,24 @@ func hostIs(t *testing.T, p *types.Project, svc, key, raw, want string) {
 
 // Variables set where compose runs reach every instance.
 func TestComposeInterpolatesEnvironment(t *testing.T) {
-	p := loadProject(t, "WEFT_SECRET=from-the-shell-0123456789", "WEFT_CLUSTER=staging")
-	for name := range weftServices() {
-		env := environment(t, service(t, p, name))
-		if env["WEFT_SECRET"] != "from-the-shell-0123456789" || env["WEFT_CLUSTER"] != "staging" {
-			t.Errorf("service %s: WEFT_SECRET=%q WEFT_CLUSTER=%q, want the values from the environment", name, env["WEFT_SECRET"], env["WEFT_CLUSTER"])
+	for _, v := range variants() {
+		p := loadFiles(t, v.files, "WEFT_SECRET=from-the-shell-0123456789", "WEFT_CLUSTER=staging")
+		for name := range weftServices() {
+			env := environment(t, service(t, p, name))
+			if env["WEFT_SECRET"] != "from-the-shell-0123456789" || env["WEFT_CLUSTER"] != "staging" {
+				t.Errorf("%s: service %s: WEFT_SECRET=%q WEFT_CLUSTER=%q, want the values from the environment", v.name, name, env["WEFT_SECRET"], env["WEFT_CLUSTER"])
+			}
 		}
 	}
 }
 
 func TestComposeHealthchecks(t *testing.T) {
-	p := loadProject(t)
+	for _, v := range variants() {
+		t.Run(v.name, func(t *testing.T) { checkHealthchecks(t, v, loadFiles(t, v.files)) })
+	}
+}
+
+func checkHealthchecks(t *testing.T, v variant, p *types.Project) {
 	for name := range weftServices() {
 		s := service(t, p, name)
 		hc := s.HealthCheck
@@ -208,7 +255,7 @@ func TestComposeHealthchecks(t *testing.T) {
 			t.Errorf("service %s: healthcheck %q, want it to fetch %s", name, hc.Test, want)
 		}
 	}
-	for _, name := range []string{"redis", "postgres"} {
+	for _, name := range append([]string{"postgres"}, v.redis...) {
 		if hc := service(t, p, name).HealthCheck; hc == nil || len(hc.Test) == 0 {
 			t.Errorf("service %s: no healthcheck (others wait for it to be healthy)", name)
 		}
@@ -216,10 +263,15 @@ func TestComposeHealthchecks(t *testing.T) {
 	// Start order: servers, then the master (it migrates), then the writers,
 	// then the readers; each waits for the previous to be ready.
 	needs := map[string][]string{
-		"master":     {"redis", "postgres"},
+		"master":     {"postgres"},
 		"persister1": {"master"},
 		"persister2": {"master"},
 		"worker":     {"persister1", "persister2"},
+	}
+	// On a cluster the instances wait for it to be formed instead
+	// (TestComposeClusterWeftEnvironment).
+	if v.name == "single" {
+		needs["master"] = append(needs["master"], "redis")
 	}
 	for name, deps := range needs {
 		s := service(t, p, name)
@@ -234,7 +286,12 @@ func TestComposeHealthchecks(t *testing.T) {
 // `docker compose up --scale worker=N` needs a worker service with nothing
 // that two replicas could not share.
 func TestComposeWorkerScalable(t *testing.T) {
-	p := loadProject(t)
+	for _, v := range variants() {
+		t.Run(v.name, func(t *testing.T) { checkWorkerScalable(t, loadFiles(t, v.files)) })
+	}
+}
+
+func checkWorkerScalable(t *testing.T, p *types.Project) {
 	s := service(t, p, "worker")
 	if s.ContainerName != "" {
 		t.Errorf("worker: container_name %q: replicas cannot share it", s.ContainerName)
@@ -254,7 +311,10 @@ func TestComposeWorkerScalable(t *testing.T) {
 	if slices.Contains(eventWriters(), env["WEFT_NAME"]) {
 		t.Errorf("worker: WEFT_NAME=%q is an event writer: two replicas would fight over its lease", env["WEFT_NAME"])
 	}
-	for _, name := range []string{"redis", "postgres", "master", "persister1", "persister2", "prometheus"} {
+	for name := range p.Services {
+		if name == "worker" {
+			continue
+		}
 		if p.Services[name].Scale != nil && *p.Services[name].Scale > 1 {
 			t.Errorf("service %s: scale %d, want one", name, *p.Services[name].Scale)
 		}

@@ -1,5 +1,6 @@
-// Package deploy holds the deployment files (docker-compose.yml,
-// Dockerfile, prometheus.yml) and the tests that check them without a
+// Package deploy holds the deployment files (docker-compose.yml, its
+// Redis Cluster override docker-compose.cluster.yml, Dockerfile,
+// prometheus.yml) and the tests that check them without a
 // Docker engine: the compose file is loaded with compose-go and every weft
 // service's command line and environment are run through the real
 // binaries' flag parsing and validation.
