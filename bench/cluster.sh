@@ -6,7 +6,8 @@
 #	bench/cluster.sh go run ./cmd/weft-bench
 #
 # make bench uses it so that the per-stream measurement runs on a cluster
-# too. Needs redis-server and redis-cli (Debian: redis-server, redis-tools).
+# too. Needs bash, redis-server and redis-cli (Debian: redis-server,
+# redis-tools).
 set -euo pipefail
 
 dir=$(mktemp -d /tmp/weft-bench-cluster.XXXXXX)
@@ -18,15 +19,29 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# free_port prints a TCP port nothing listens on (the kernel's choice).
+# free_port sets port to a random port in 20000-31999 (below Linux's
+# ephemeral range, so no outgoing connection takes it meanwhile) that
+# nothing listens on and that this script has not handed out yet (no
+# subshell: taken must persist).
+taken=" "
 free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+	while :; do
+		port=$((20000 + RANDOM % 12000))
+		case "$taken" in *" $port "*) continue ;; esac
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+			taken="$taken$port "
+			return
+		fi
+	done
 }
 
 addrs=()
 for i in 1 2 3; do
-	port=$(free_port)
-	bus=$(free_port)
+	free_port
+	node_port=$port
+	free_port
+	bus=$port
+	port=$node_port
 	mkdir -p "$dir/$i"
 	(cd "$dir/$i" && exec redis-server --port "$port" --cluster-port "$bus" --bind 127.0.0.1 \
 		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
@@ -34,11 +49,18 @@ for i in 1 2 3; do
 	pids+=($!)
 	addrs+=("127.0.0.1:$port")
 done
-for a in "${addrs[@]}"; do
+for i in 0 1 2; do
+	a=${addrs[$i]}
+	up=
 	for _ in $(seq 100); do
-		redis-cli -h "${a%:*}" -p "${a#*:}" ping >/dev/null 2>&1 && break
+		redis-cli -h "${a%:*}" -p "${a#*:}" ping >/dev/null 2>&1 && up=1 && break
 		sleep 0.05
 	done
+	if [ -z "$up" ]; then
+		echo "bench/cluster.sh: redis-server at $a did not start:" >&2
+		tail -5 "$dir/$((i + 1))/redis.log" >&2
+		exit 1
+	fi
 done
 redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log"
 for _ in $(seq 200); do
