@@ -120,7 +120,12 @@ func (c *Core) admit(sender, lane string, st wire.Stamp) bool {
 		case len(c.peers) >= c.cfg.MaxPeers:
 			return refuse(RefusedPeersFull)
 		}
-	} else if st.Seq <= p.lanes[lane] {
+	} else if last, seen := p.lanes[lane]; seen && st.Seq <= last {
+		return refuse(RefusedReplayed)
+	} else if !seen && (c.tooOld(st) || st.Seq+uint64(c.cfg.MaxClockSkew.Microseconds()) < p.seq) {
+		// A live sender's first line on a lane: lanes on other connections
+		// may lag each other, but not by more than MaxClockSkew; a line
+		// further behind the sender's newest is a recording.
 		return refuse(RefusedReplayed)
 	}
 	if st.Epoch > 0 {
