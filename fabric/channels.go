@@ -80,7 +80,7 @@ func (c *channels) subscriptions() []string {
 
 // of returns the channel cmd is published on.
 func (c *channels) of(cmd wire.Command) string {
-	s, ok := streamOf(cmd)
+	s, ok := wire.DataStream(cmd)
 	if !ok {
 		return c.control
 	}
@@ -92,24 +92,10 @@ func (c *channels) of(cmd wire.Command) string {
 
 // belongs reports whether cmd may arrive on channel.
 func (c *channels) belongs(cmd wire.Command, channel string) bool {
-	s, ok := streamOf(cmd)
+	s, ok := wire.DataStream(cmd)
 	if !ok {
 		return channel == c.control
 	}
 	got, subscribed := c.byName[channel]
 	return subscribed && got == s
-}
-
-// streamOf returns the stream of a data command; ok is false for the
-// commands of the control channel.
-func streamOf(cmd wire.Command) (stream string, ok bool) {
-	switch c := cmd.(type) {
-	case *wire.RData:
-		return c.Stream, true
-	case *wire.Position:
-		return c.Stream, true
-	case *wire.Sealed:
-		return c.Stream, true
-	}
-	return "", false
 }

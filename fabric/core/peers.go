@@ -51,15 +51,8 @@ const laneOther = "\x00other"
 // lane is the lane of cmd: its stream for a data command, "" (the control
 // channel) for the rest.
 func (c *Core) lane(cmd wire.Command) string {
-	var s string
-	switch cmd := cmd.(type) {
-	case *wire.RData:
-		s = cmd.Stream
-	case *wire.Position:
-		s = cmd.Stream
-	case *wire.Sealed:
-		s = cmd.Stream
-	default:
+	s, ok := wire.DataStream(cmd)
+	if !ok {
 		return ""
 	}
 	if _, ok := c.streams[s]; ok {

@@ -20,6 +20,21 @@ type Command interface {
 	Sender() string
 }
 
+// DataStream returns the stream of a stream's data command (RDATA,
+// POSITION, SEALED), which travels on that stream's channel; ok is false
+// for the commands of the control channel.
+func DataStream(cmd Command) (stream string, ok bool) {
+	switch c := cmd.(type) {
+	case *RData:
+		return c.Stream, true
+	case *Position:
+		return c.Stream, true
+	case *Sealed:
+		return c.Stream, true
+	}
+	return "", false
+}
+
 // Appender is implemented by application commands so that Encode can write
 // them. AppendArgs appends everything after "VERB ": at least the sender's
 // instance ID, one line, in the form the verb's registered decoder accepts.
