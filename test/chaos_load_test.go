@@ -52,11 +52,16 @@ func (w *workload) writer(ctx context.Context, t *testing.T, g int, targets func
 	}
 }
 
-// write sends one message (or, one time in ten, a state event) as txn
-// through random targets until it is acknowledged or ctx ends; it reports
-// false after a 4xx (a bug, already reported).
+// write sends one message (or, one time in ten, a state event) as txn to
+// a random room through random targets until it is acknowledged or ctx
+// ends; it reports false after a 4xx (a bug, already reported).
 func (w *workload) write(ctx context.Context, t *testing.T, rng *rand.Rand, sender, txn string, targets func() []*proc) bool {
-	room := url.PathEscape(fmt.Sprintf("!chaos%d:test", rng.IntN(chaosRooms)))
+	return w.writeRoom(ctx, t, rng, fmt.Sprintf("!chaos%d:test", rng.IntN(chaosRooms)), sender, txn, targets)
+}
+
+// writeRoom is write to the given room.
+func (w *workload) writeRoom(ctx context.Context, t *testing.T, rng *rand.Rand, roomID, sender, txn string, targets func() []*proc) bool {
+	room := url.PathEscape(roomID)
 	method, path := "POST", "/v1/rooms/"+room+"/messages"
 	var body any = map[string]string{"sender": sender, "body": txn, "txn_id": txn}
 	if rng.IntN(10) == 0 {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -161,39 +162,77 @@ func TestChaosLongOpenTransaction(t *testing.T) {
 	ch := newChaos(t, chaosOpts{})
 	ch.run("long-open-transaction", func(ch *chaos) {
 		ctx := context.Background()
-		for range pick(2, 5) {
-			conn, err := pgx.Connect(ctx, ch.dbURL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tx, err := conn.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// persister1's state writes block after their INSERT.
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM room_state WHERE room IN (SELECT room FROM events WHERE writer = 'persister1') FOR UPDATE`); err != nil {
-				t.Fatal(err)
-			}
-			var held int64
-			if err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(stream_id), 0) FROM events WHERE writer = 'persister2'`).Scan(&held); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(3 * time.Second) // hold the lock under load
-			var passed int64
-			if err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(stream_id), 0) FROM events WHERE writer = 'persister2'`).Scan(&passed); err != nil {
-				t.Fatal(err)
-			}
-			if passed <= held {
-				t.Fatalf("persister2 committed nothing while persister1 was held (at %d)", held)
-			}
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
-			conn.Close(ctx)
-			t.Logf("persister2 committed up to %d while persister1's transactions were held", passed)
+		conn, err := pgx.Connect(ctx, ch.dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		for cycle := range pick(2, 5) {
+			ch.holdPersister1(ctx, conn, cycle)
 			ch.loadFor(150)
 		}
 	})
+}
+
+// holdPersister1 blocks persister1's transactions on a row lock until
+// persister2 has committed an ID above every ID persister1 holds, then
+// keeps the lock for the rest of a 3 s fault. The random load alone cannot
+// be relied on for persister2's commits: its six closed-loop clients can
+// all be waiting on persister1's rooms, so persister2 gets writes of its
+// own rooms here.
+func (ch *chaos) holdPersister1(ctx context.Context, conn *pgx.Conn, cycle int) {
+	t := ch.t
+	start := time.Now()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM room_state WHERE room IN (SELECT room FROM events WHERE writer = 'persister1') FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for a persister1 transaction blocked on the lock: its ID is
+	// allocated and uncommitted.
+	blocked := func() bool {
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))`).Scan(&n)
+		return err == nil && n > 0
+	}
+	if !testenv.Poll(20*time.Second, blocked) {
+		t.Fatal("no persister1 transaction blocked on the held rows")
+	}
+	var held int64
+	if err := conn.QueryRow(ctx, `SELECT last_value FROM events_seq`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	var rooms []string
+	rows, _ := conn.Query(ctx, `SELECT DISTINCT room FROM events WHERE writer = 'persister2'`)
+	rooms, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(rooms) == 0 {
+		t.Fatalf("persister2's rooms: %v (%d)", err, len(rooms))
+	}
+	sideCtx, stopSide := context.WithCancel(ctx)
+	var side sync.WaitGroup
+	side.Go(func() {
+		rng := rand.New(rand.NewPCG(uint64(cycle), 7))
+		for i := 0; sideCtx.Err() == nil; i++ {
+			ch.w.writeRoom(sideCtx, t, rng, rooms[rng.IntN(len(rooms))], "@side:test", fmt.Sprintf("side%d-%d", cycle, i), ch.targets)
+		}
+	})
+	defer func() { stopSide(); side.Wait() }()
+	var passed int64
+	inverted := func() bool {
+		err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(stream_id), 0) FROM events WHERE writer = 'persister2'`).Scan(&passed)
+		return err == nil && passed > held
+	}
+	if !testenv.Poll(20*time.Second, inverted) {
+		t.Fatalf("persister2 committed nothing above %d while persister1 was held (at %d)", held, passed)
+	}
+	if !blocked() {
+		t.Fatal("persister1 was not held while persister2 committed past it")
+	}
+	t.Logf("persister2 committed up to %d while persister1's transactions (IDs up to %d) were held", passed, held)
+	time.Sleep(time.Until(start.Add(3 * time.Second))) // the rest of the fault
 }
 
 // Transactions rolled back after their nextval (a trigger refuses some
