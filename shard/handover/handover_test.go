@@ -1,0 +1,83 @@
+package handover
+
+import (
+	"os"
+	"strconv"
+	"testing"
+)
+
+// simSeeds is how many seeds TestSimulation runs: WEFT_SIM_SEEDS, else
+// 10,000 (make test runs it without -race; about 20 s on 2 cores), or
+// 1,000 under the race detector (which slows it about tenfold).
+func simSeeds(t *testing.T) uint64 {
+	if v := os.Getenv("WEFT_SIM_SEEDS"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("WEFT_SIM_SEEDS=%q: %v", v, err)
+		}
+		return n
+	}
+	if raceEnabled {
+		return 1000
+	}
+	return 10000
+}
+
+func TestSimulation(t *testing.T) {
+	first, n := uint64(1), simSeeds(t)
+	if v := os.Getenv("WEFT_SIM_SEED"); v != "" { // replay one seed
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("WEFT_SIM_SEED=%q: %v", v, err)
+		}
+		first, n = s, 1
+	}
+	var total simStats
+	for seed := first; seed < first+n; seed++ {
+		s := newSim(seed, defaultSim)
+		if fail := s.run(); len(fail) > 0 {
+			t.Fatalf("seed %d: %s\n(%s)\n%s\nreplay: WEFT_SIM_SEED=%d go test -run '^TestSimulation$' -v ./shard/handover/", seed, fail[0], s.stats, s.dump(), seed)
+		}
+		total.add(s.stats)
+	}
+	t.Logf("%d seeds: %s", n, total)
+	// The faults must have happened, or the seeds proved nothing.
+	if total.changes < int(n) || total.crashes == 0 || total.partitions == 0 || total.refused == 0 {
+		t.Fatalf("the seeds exercised too little: %s", total)
+	}
+}
+
+// Each part of the fence is needed: break any one and the simulation
+// finds a violation within the seeds make test runs.
+func TestSimulationCatchesBrokenFence(t *testing.T) {
+	for name, b := range map[string]breakage{
+		"no barrier":        noBarrier,
+		"fence vouches":     fenceVouches,
+		"release undrained": releaseUndrained,
+		"release ahead":     releaseAhead,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if raceEnabled {
+				t.Skip("thousands of seeds; make test runs this without -race")
+			}
+			cfg := defaultSim
+			cfg.broken = b
+			for seed := uint64(1); seed <= simSeeds(t); seed++ {
+				if fail := newSim(seed, cfg).run(); len(fail) > 0 {
+					t.Logf("seed %d caught it: %s", seed, fail[0])
+					return
+				}
+			}
+			t.Fatalf("%d seeds did not catch the broken fence", simSeeds(t))
+		})
+	}
+}
+
+func (st *simStats) add(o simStats) {
+	st.committed += o.committed
+	st.changes += o.changes
+	st.crashes += o.crashes
+	st.partitions += o.partitions
+	st.refused += o.refused
+	st.waits += o.waits
+}

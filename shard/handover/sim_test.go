@@ -1,0 +1,720 @@
+package handover
+
+import (
+	"container/heap"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/weft-dev/weft/shard"
+)
+
+// The simulation runs the handover of several writers in one process, on
+// simulated time: a database (map versions, releases, leases, seals,
+// commits), writer processes (a Node each, a per-key FIFO queue, one
+// transaction per key at a time), forwarders (clients that offer tasks to
+// the owner their own view of the map names, and retry), an operator who
+// adds and removes writers, and a network that delays, loses and
+// partitions. Writers crash and restart; the master seals a writer whose
+// lease expired. Everything random comes from the seed, and every map is
+// walked in sorted order, so a seed replays exactly.
+//
+// After every step it checks:
+//   - one owner per key: no transaction starts for a key while another
+//     writer's transaction on it is open;
+//   - per-key FIFO: a task commits only after every task of its key
+//     admitted before it in (epoch, time) order, and still alive (not on
+//     a crashed or sealed holder), has committed;
+//   - nothing runs twice: a task commits at most once;
+// and at the end, with faults stopped and the network healed, that every
+// task committed (nothing lost).
+
+// simConfig shapes one run.
+type simConfig struct {
+	writers    int      // writer names w0..w{n-1}; all run, the map holds some
+	keys       int      // distinct keys
+	forwarders int      // closed-loop clients, one task outstanding each
+	faultsFor  int64    // ms of map changes, crashes, partitions and loss
+	settleFor  int64    // ms after the faults for every task to commit
+	broken     breakage // a broken fence the simulation must catch
+}
+
+var defaultSim = simConfig{writers: 4, keys: 6, forwarders: 6, faultsFor: 1500, settleFor: 8000}
+
+const (
+	leaseTTL     = 300 // ms a writer's lease lasts without renewal
+	pollEvery    = 40  // ms between a writer's database polls
+	offerTimeout = 150 // ms a forwarder waits for an answer before retrying
+	doneTimeout  = 1500
+)
+
+type event struct {
+	at  int64
+	seq int64
+	fn  func()
+}
+
+type eventHeap []*event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+type simTask struct {
+	id       int
+	key      string
+	fwd      int
+	admitted map[string]admission // live admissions, by writer
+	commits  int
+}
+
+// admission is when, and under which epoch, a writer admitted a task.
+// Per key, tasks commit in (epoch, time) order: within an epoch one
+// writer owns the key and its queue keeps time order; across epochs, the
+// new owner runs nothing before the old one released the epoch, after
+// which the old one admits nothing more. (An old owner that has not yet
+// learned the change may admit a task after the new owner admitted one:
+// the old one's runs first, and no client can tell, since neither has
+// finished.)
+type admission struct {
+	epoch int64
+	at    int64
+}
+
+func (a admission) before(b admission) bool {
+	return a.epoch < b.epoch || a.epoch == b.epoch && a.at < b.at
+}
+
+type simWriter struct {
+	name        string
+	inc         int // incarnation; bumped on every start
+	alive       bool
+	cut         bool // partitioned from everything
+	node        *Node
+	queue       map[string][]int // admitted task IDs per key, FIFO
+	busy        map[string]bool  // a transaction is open for the key
+	releasing   bool
+	pollPending bool
+}
+
+type simFwd struct {
+	id      int
+	epoch   int64
+	writers []string
+	task    int // outstanding task, -1 none
+	attempt int // bumped per offer, so stale timers do nothing
+	state   string
+}
+
+type sim struct {
+	cfg    simConfig
+	rng    *rand.Rand
+	now    int64
+	seq    int64
+	events eventHeap
+	lossy  bool
+	faults bool
+	fail   []string
+
+	// the database
+	versions []Version // index epoch-1
+	released map[string]int64
+	fenced   map[string]int64
+	lease    map[string]int64
+	sealed   map[string]bool
+	holder   map[string]int    // incarnation holding the name
+	open     map[string]string // key -> writer with an open transaction
+	commits  map[string][]int  // key -> committed task IDs in order
+	tasks    map[int]*simTask
+	pending  map[string][]int // key -> uncommitted task IDs
+
+	writers []*simWriter
+	fwds    []*simFwd
+	nextID  int
+	stats   simStats
+}
+
+type simStats struct {
+	committed, changes, crashes, partitions, refused, waits int
+}
+
+func newSim(seed uint64, cfg simConfig) *sim {
+	s := &sim{
+		cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x7765667473696d)),
+		released: map[string]int64{}, fenced: map[string]int64{}, lease: map[string]int64{},
+		sealed: map[string]bool{}, holder: map[string]int{}, open: map[string]string{},
+		commits: map[string][]int{}, tasks: map[int]*simTask{}, pending: map[string][]int{},
+	}
+	s.versions = []Version{{Epoch: 1, Writers: []string{"w0", "w1"}}}
+	for i := range cfg.writers {
+		w := &simWriter{name: fmt.Sprintf("w%d", i)}
+		s.writers = append(s.writers, w)
+		s.start(w)
+	}
+	for i := range cfg.forwarders {
+		f := &simFwd{id: i, task: -1}
+		s.fwds = append(s.fwds, f)
+		s.after(int64(s.rng.IntN(20)), func() { s.nextTask(f) })
+	}
+	return s
+}
+
+func (s *sim) after(d int64, fn func()) {
+	s.seq++
+	heap.Push(&s.events, &event{at: s.now + d, seq: s.seq, fn: fn})
+}
+
+func (s *sim) failf(format string, args ...any) {
+	s.fail = append(s.fail, fmt.Sprintf("t=%dms: ", s.now)+fmt.Sprintf(format, args...))
+}
+
+// net delivers fn after a network delay unless either end is cut off or
+// the message is lost.
+func (s *sim) net(from, to *simWriter, fn func()) {
+	if from != nil && from.cut || to != nil && to.cut || s.lossy && s.rng.IntN(20) == 0 {
+		return
+	}
+	s.after(1+int64(s.rng.IntN(8)), func() {
+		if to != nil && to.cut {
+			return
+		}
+		fn()
+	})
+}
+
+func (s *sim) epoch() int64 { return int64(len(s.versions)) }
+
+// run drives the simulation to its end and returns the failures.
+func (s *sim) run() []string {
+	end := s.cfg.faultsFor + s.cfg.settleFor
+	s.faults = true
+	s.after(50+int64(s.rng.IntN(100)), s.operator)
+	s.after(100+int64(s.rng.IntN(300)), s.chaos)
+	s.after(0, s.master)
+	s.after(s.cfg.faultsFor, func() {
+		s.faults, s.lossy = false, false
+		for _, w := range s.writers {
+			w.cut = false
+		}
+	})
+	for len(s.events) > 0 && len(s.fail) == 0 {
+		e := heap.Pop(&s.events).(*event)
+		if e.at > end {
+			break
+		}
+		s.now = e.at
+		e.fn()
+		if !s.faults && s.allCommitted() {
+			break
+		}
+	}
+	if len(s.fail) == 0 {
+		for _, id := range slices.Sorted(maps.Keys(s.tasks)) {
+			if t := s.tasks[id]; t.commits != 1 {
+				s.failf("task %d (key %s) committed %d times by the end", id, t.key, t.commits)
+				break
+			}
+		}
+	}
+	return s.fail
+}
+
+func (s *sim) allCommitted() bool {
+	for _, f := range s.fwds {
+		if f.task >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// --- the operator and the faults
+
+func (s *sim) operator() {
+	if !s.faults {
+		return
+	}
+	cur := s.versions[len(s.versions)-1].Writers
+	var next []string
+	name := fmt.Sprintf("w%d", s.rng.IntN(s.cfg.writers))
+	switch {
+	case slices.Contains(cur, name) && len(cur) > 1:
+		next = slices.DeleteFunc(slices.Clone(cur), func(w string) bool { return w == name })
+	case !slices.Contains(cur, name):
+		next = append(slices.Clone(cur), name)
+		slices.Sort(next)
+	}
+	if next != nil {
+		v := Version{Epoch: s.epoch() + 1, Writers: next}
+		s.versions = append(s.versions, v)
+		s.stats.changes++
+		for _, w := range s.writers { // the announcement on the control channel
+			s.net(nil, w, func() { s.learn(w, v) })
+		}
+	}
+	s.after(60+int64(s.rng.IntN(250)), s.operator)
+}
+
+func (s *sim) chaos() {
+	if !s.faults {
+		return
+	}
+	w := s.writers[s.rng.IntN(len(s.writers))]
+	switch r := s.rng.IntN(10); {
+	case r < 4 && w.alive:
+		s.crash(w)
+		s.stats.crashes++
+		s.after(20+int64(s.rng.IntN(400)), func() { s.start(w) })
+	case r < 7 && !w.cut:
+		s.cutOff(w)
+		s.stats.partitions++
+		s.after(50+int64(s.rng.IntN(500)), func() { w.cut = false })
+	default:
+		s.lossy = !s.lossy
+	}
+	s.after(80+int64(s.rng.IntN(300)), s.chaos)
+}
+
+// master seals every writer whose lease expired, recording the epoch it
+// was sealed at: no holder from before can commit any more.
+func (s *sim) master() {
+	for _, w := range s.writers {
+		if !s.sealed[w.name] && s.lease[w.name] < s.now {
+			s.seal(w.name)
+		}
+	}
+	s.after(25, s.master)
+}
+
+func (s *sim) seal(name string) {
+	s.sealed[name] = true
+	s.fenced[name] = max(s.fenced[name], s.epoch())
+	// Admissions on the sealed holder die: they can never commit.
+	s.forget(name)
+}
+
+// forget ends the admissions a writer holds.
+func (s *sim) forget(name string) {
+	for _, ids := range s.pending {
+		for _, id := range ids {
+			delete(s.tasks[id].admitted, name)
+		}
+	}
+}
+
+func (s *sim) crash(w *simWriter) {
+	w.alive = false
+	s.abort(w)
+	s.forget(w.name)
+	w.queue, w.busy = nil, nil
+}
+
+func (s *sim) cutOff(w *simWriter) {
+	w.cut = true
+	s.abort(w) // its database connections break: open transactions roll back
+}
+
+// abort rolls back w's open transactions; their tasks are dropped.
+func (s *sim) abort(w *simWriter) {
+	for _, k := range slices.Sorted(maps.Keys(s.open)) {
+		if s.open[k] == w.name {
+			delete(s.open, k)
+			if w.alive && len(w.queue[k]) > 0 {
+				s.drop(w, k)
+			}
+		}
+	}
+}
+
+// start (re)starts w: it waits until its old lease is sealed, then claims
+// the name and builds its Node from the database.
+func (s *sim) start(w *simWriter) {
+	if w.alive {
+		return
+	}
+	if !s.sealed[w.name] && s.lease[w.name] >= s.now {
+		s.after(30, func() { s.start(w) })
+		return
+	}
+	if !s.sealed[w.name] && s.holder[w.name] > 0 {
+		s.seal(w.name)
+	}
+	w.inc++
+	w.alive, w.cut = true, false
+	s.holder[w.name], s.sealed[w.name], s.lease[w.name] = w.inc, false, s.now+leaseTTL
+	w.node = New(w.name, s.released[w.name], shard.Owner)
+	w.node.broken = s.cfg.broken
+	w.queue, w.busy, w.releasing, w.pollPending = map[string][]int{}, map[string]bool{}, false, false
+	s.snapshot(w)
+	inc := w.inc
+	var poll func()
+	poll = func() {
+		if !w.alive || w.inc != inc {
+			return
+		}
+		s.poll(w)
+		s.after(pollEvery+int64(s.rng.IntN(10)), poll)
+	}
+	s.after(int64(s.rng.IntN(pollEvery)), poll)
+}
+
+// snapshot feeds w the database's versions, releases and fences at once.
+func (s *sim) snapshot(w *simWriter) {
+	for _, v := range s.versions[max(0, len(s.versions)-KeepVersions):] {
+		w.node.Learn(v)
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.released)) {
+		w.node.Released(n, s.released[n])
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.fenced)) {
+		w.node.Fenced(n, s.fenced[n])
+	}
+}
+
+// poll is a writer's periodic database round trip: renew the lease (or
+// learn it was sealed, and exit), read the map, the releases and fences.
+func (s *sim) poll(w *simWriter) {
+	if w.cut || w.pollPending {
+		return
+	}
+	w.pollPending = true
+	inc := w.inc
+	s.net(w, nil, func() {
+		if s.holder[w.name] != inc || s.sealed[w.name] {
+			// The name was sealed under it: the process exits; its
+			// supervisor starts it again.
+			s.after(1, func() {
+				if w.alive && w.inc == inc {
+					s.crash(w)
+					s.after(10+int64(s.rng.IntN(100)), func() { s.start(w) })
+				}
+			})
+			return
+		}
+		s.lease[w.name] = s.now + leaseTTL
+		vs := slices.Clone(s.versions[max(0, len(s.versions)-KeepVersions):])
+		rel, fen := maps.Clone(s.released), maps.Clone(s.fenced)
+		s.net(nil, w, func() {
+			if !w.alive || w.inc != inc {
+				return
+			}
+			w.pollPending = false
+			for _, v := range vs {
+				w.node.Learn(v)
+			}
+			for _, n := range slices.Sorted(maps.Keys(rel)) {
+				w.node.Released(n, rel[n])
+			}
+			for _, n := range slices.Sorted(maps.Keys(fen)) {
+				w.node.Fenced(n, fen[n])
+			}
+			s.kick(w)
+		})
+	})
+	// A lost round trip is retried at the next poll.
+	s.after(pollEvery*3, func() {
+		if w.inc == inc {
+			w.pollPending = false
+		}
+	})
+}
+
+func (s *sim) learn(w *simWriter, v Version) {
+	if w.alive {
+		w.node.Learn(v)
+		s.kick(w)
+	}
+}
+
+// --- the writer: admit, run, release
+
+// offer is a forwarder's task arriving at writer w.
+func (s *sim) offer(w *simWriter, f *simFwd, attempt int, t *simTask, senderEpoch int64) {
+	if !w.alive {
+		return
+	}
+	reply := func(fn func()) { s.net(w, nil, fn) }
+	if slices.Contains(w.queue[t.key], t.id) { // a retry of an admitted task
+		reply(func() { s.accepted(f, attempt, t) })
+		return
+	}
+	d := w.node.Admit(t.key, senderEpoch)
+	switch d.Verdict {
+	case Behind:
+		// The server reads the map from the database, then decides.
+		s.net(w, nil, func() {
+			vs := slices.Clone(s.versions)
+			s.net(nil, w, func() {
+				if w.alive {
+					for _, v := range vs[max(0, len(vs)-KeepVersions):] {
+						w.node.Learn(v)
+					}
+					s.offer(w, f, attempt, t, min(senderEpoch, int64(len(vs))))
+				}
+			})
+		})
+	case Refuse:
+		s.stats.refused++
+		reply(func() { s.refused(f, attempt, d.Epoch) })
+	case Wait:
+		s.stats.waits++
+		reply(func() { s.retryLater(f, attempt, 20) })
+	case Accept:
+		w.queue[t.key] = append(w.queue[t.key], t.id)
+		if !s.sealed[w.name] && s.holder[w.name] == w.inc { // else it can never commit: not a live admission
+			t.admitted[w.name] = admission{epoch: d.Epoch, at: s.now}
+		}
+		reply(func() { s.accepted(f, attempt, t) })
+		s.kick(w)
+	}
+}
+
+// kick starts a transaction for every key whose tasks may run, and
+// records a release when one is due.
+func (s *sim) kick(w *simWriter) {
+	if !w.alive {
+		return
+	}
+	for _, k := range slices.Sorted(maps.Keys(w.queue)) {
+		if len(w.queue[k]) > 0 && !w.busy[k] && w.node.Runnable(k) {
+			s.begin(w, k)
+		}
+	}
+	if e, ok := w.node.Release(); ok && !w.releasing && !w.cut {
+		w.releasing = true
+		inc := w.inc
+		s.net(w, nil, func() {
+			if s.holder[w.name] == inc && !s.sealed[w.name] {
+				s.released[w.name] = max(s.released[w.name], e)
+			}
+			s.net(nil, w, func() {
+				if w.alive && w.inc == inc {
+					w.releasing = false
+					w.node.Released(w.name, e)
+					s.kick(w)
+				}
+			})
+		})
+		s.after(pollEvery*3, func() {
+			if w.inc == inc {
+				w.releasing = false
+			}
+		})
+	}
+}
+
+// begin opens a transaction for the head of key's queue. The database
+// refuses a sealed holder (its writer row is locked FOR UPDATE by the
+// seal) and one it cannot reach.
+func (s *sim) begin(w *simWriter, key string) {
+	id := w.queue[key][0]
+	t := s.tasks[id]
+	if w.cut || s.sealed[w.name] || s.holder[w.name] != w.inc {
+		s.drop(w, key)
+		return
+	}
+	if t.commits > 0 { // the retry of a committed task: its idempotency row answers
+		s.finish(w, key, t)
+		return
+	}
+	if other, busy := s.open[key]; busy {
+		s.failf("one owner per key: %s begins task %d of %s while %s has a transaction open on it", w.name, id, key, other)
+		return
+	}
+	s.open[key] = w.name
+	w.busy[key] = true
+	inc := w.inc
+	s.after(1+int64(s.rng.IntN(15)), func() {
+		if !w.alive || w.inc != inc || s.open[key] != w.name || !w.busy[key] {
+			return // rolled back
+		}
+		delete(s.open, key)
+		s.commit(w, key, t)
+	})
+}
+
+func (s *sim) commit(w *simWriter, key string, t *simTask) {
+	at := t.admitted[w.name]
+	for _, id := range s.pending[key] {
+		u := s.tasks[id]
+		if u.id == t.id {
+			continue
+		}
+		for _, holder := range slices.Sorted(maps.Keys(u.admitted)) {
+			if u.admitted[holder].before(at) {
+				s.failf("per-key FIFO: %s commits task %d of %s (admitted %+v) before task %d (admitted %+v by %s)",
+					w.name, t.id, key, at, u.id, u.admitted[holder], holder)
+				return
+			}
+		}
+	}
+	t.commits++
+	s.pending[key] = slices.DeleteFunc(s.pending[key], func(id int) bool { return id == t.id })
+	if t.commits > 1 {
+		s.failf("task %d ran twice", t.id)
+	}
+	s.commits[key] = append(s.commits[key], t.id)
+	s.stats.committed++
+	s.finish(w, key, t)
+}
+
+// finish ends the head task of key's queue on w and answers its forwarder.
+func (s *sim) finish(w *simWriter, key string, t *simTask) {
+	w.queue[key] = w.queue[key][1:]
+	w.busy[key] = false
+	delete(t.admitted, w.name)
+	w.node.Done(key)
+	s.net(w, nil, func() { s.done(t) })
+	s.kick(w)
+}
+
+// drop ends the head task of key's queue without running it (the holder
+// was sealed or cut off); its forwarder retries after its timeout.
+func (s *sim) drop(w *simWriter, key string) {
+	t := s.tasks[w.queue[key][0]]
+	w.queue[key] = w.queue[key][1:]
+	w.busy[key] = false
+	delete(t.admitted, w.name)
+	w.node.Done(key)
+}
+
+// --- the forwarders
+
+func (s *sim) nextTask(f *simFwd) {
+	if !s.faults {
+		f.task = -1
+		return
+	}
+	s.nextID++
+	t := &simTask{id: s.nextID, key: fmt.Sprintf("!k%d:test", s.rng.IntN(s.cfg.keys)), fwd: f.id, admitted: map[string]admission{}}
+	s.tasks[t.id] = t
+	s.pending[t.key] = append(s.pending[t.key], t.id)
+	f.task = t.id
+	s.send(f)
+}
+
+// send offers f's task to the owner f's view names.
+func (s *sim) send(f *simFwd) {
+	t := s.tasks[f.task]
+	f.attempt++
+	attempt := f.attempt
+	if f.epoch == 0 {
+		s.refresh(f, attempt)
+		return
+	}
+	owner := shard.Owner(t.key, f.writers)
+	var w *simWriter
+	for _, c := range s.writers {
+		if c.name == owner {
+			w = c
+		}
+	}
+	f.state = "offered"
+	s.net(nil, w, func() { s.offer(w, f, attempt, t, f.epoch) })
+	s.after(offerTimeout, func() {
+		if f.attempt == attempt && f.state == "offered" {
+			s.refresh(f, attempt)
+		}
+	})
+}
+
+// refresh reads the map from the database, then offers again.
+func (s *sim) refresh(f *simFwd, attempt int) {
+	f.state = "refreshing"
+	s.after(2+int64(s.rng.IntN(6)), func() {
+		if f.attempt != attempt {
+			return
+		}
+		v := s.versions[len(s.versions)-1]
+		f.epoch, f.writers = v.Epoch, v.Writers
+		s.send(f)
+	})
+}
+
+func (s *sim) refused(f *simFwd, attempt int, epoch int64) {
+	if f.attempt != attempt {
+		return
+	}
+	if epoch > f.epoch {
+		f.epoch = 0 // learn the newer map first
+	}
+	s.refresh(f, attempt)
+}
+
+func (s *sim) retryLater(f *simFwd, attempt int, d int64) {
+	if f.attempt != attempt {
+		return
+	}
+	f.state = "waiting"
+	s.after(d, func() {
+		if f.attempt == attempt {
+			s.send(f)
+		}
+	})
+}
+
+func (s *sim) accepted(f *simFwd, attempt int, t *simTask) {
+	if f.attempt != attempt || f.task != t.id {
+		return
+	}
+	f.state = "accepted"
+	s.after(doneTimeout, func() {
+		if f.attempt == attempt && f.task == t.id {
+			s.send(f) // no answer: offer again (the same task)
+		}
+	})
+}
+
+func (s *sim) done(t *simTask) {
+	f := s.fwds[t.fwd]
+	if f.task != t.id {
+		return
+	}
+	f.attempt++
+	f.task = -1
+	s.after(int64(s.rng.IntN(5)), func() { s.nextTask(f) })
+}
+
+func (st simStats) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d commits, %d map changes, %d crashes, %d partitions, %d refusals, %d waits",
+		st.committed, st.changes, st.crashes, st.partitions, st.refused, st.waits)
+	return b.String()
+}
+
+// dump describes the state, for a failing seed.
+func (s *sim) dump() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "database: epoch %d %v released %v fenced %v sealed %v open %v\n",
+		s.epoch(), s.versions[len(s.versions)-1].Writers, s.released, s.fenced, s.sealed, s.open)
+	for _, w := range s.writers {
+		if w.node == nil {
+			continue
+		}
+		rel := map[string]int64{}
+		for _, o := range s.writers {
+			rel[o.name] = w.node.ReleasedBy(o.name)
+		}
+		fmt.Fprintf(&b, "%s inc %d alive %v cut %v: epoch %d settled %d released %v queue %v busy %v\n",
+			w.name, w.inc, w.alive, w.cut, w.node.Epoch(), w.node.Settled(), rel, w.queue, w.busy)
+	}
+	for _, f := range s.fwds {
+		if f.task >= 0 {
+			t := s.tasks[f.task]
+			fmt.Fprintf(&b, "forwarder %d: task %d key %s owner %s at epoch %d, %s, admitted %v\n",
+				f.id, t.id, t.key, shard.Owner(t.key, f.writers), f.epoch, f.state, t.admitted)
+		}
+	}
+	return b.String()
+}
