@@ -121,8 +121,9 @@ func (s *Store) Add(ctx context.Context, mapName, writer string) (Version, error
 
 // Remove writes a new version of mapName (the next epoch) without writer.
 // If writer is not one, nothing is written and Remove returns the current
-// version with an error wrapping ErrUnchanged; if it is the only one, it
-// fails with an error wrapping ErrLastWriter. Otherwise as Add.
+// version with an error wrapping ErrUnchanged; if it is the only one,
+// nothing is written either and the error wraps ErrLastWriter. Otherwise
+// as Add.
 func (s *Store) Remove(ctx context.Context, mapName, writer string) (Version, error) {
 	return s.change(ctx, mapName, "remove", writer, func(cur Version) ([]string, error) {
 		switch {
@@ -137,8 +138,8 @@ func (s *Store) Remove(ctx context.Context, mapName, writer string) (Version, er
 
 // change writes the version after the current one of mapName, with the
 // writers next returns for it, and trims the versions beyond KeepVersions.
-// When next fails with ErrUnchanged, change returns the current version
-// with that error.
+// When next refuses the change (ErrUnchanged, ErrLastWriter), change
+// returns the current version with that error.
 func (s *Store) change(ctx context.Context, mapName, verb, writer string, next func(Version) ([]string, error)) (Version, error) {
 	if err := ValidMapName(mapName); err != nil {
 		return Version{}, err
@@ -174,7 +175,7 @@ func (s *Store) change(ctx context.Context, mapName, verb, writer string, next f
 		return nil
 	})
 	switch {
-	case errors.Is(err, ErrUnchanged):
+	case errors.Is(err, ErrUnchanged), errors.Is(err, ErrLastWriter):
 		return v, err
 	case err != nil:
 		return Version{}, err
