@@ -37,7 +37,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if err != nil || n != 0 {
 		t.Fatalf("Pending = %d, %v; want 0", n, err)
 	}
-	for _, table := range []string{"stream_positions", "weft_writers"} {
+	for _, table := range []string{"stream_positions", "weft_writers", "weft_shard_maps", "weft_shard_releases"} {
 		var ok bool
 		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&ok); err != nil || !ok {
 			t.Fatalf("table %s missing (%v)", table, err)

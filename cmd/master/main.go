@@ -5,6 +5,10 @@
 //	master migrate          apply schema migrations and exit
 //	master check [--repair] run the startup consistency checks (and fix them)
 //	master status [--watch] live instances, writers, positions and lag
+//	master writers list     a shard map's writers (--map, default events)
+//	                        at its current epoch, and their releases
+//	master writers add NAME | remove NAME
+//	                        change a shard map's writers: a new epoch
 //
 // Each command takes only the flags it uses. Exit status: 0 on success and
 // after SIGTERM or SIGINT, 1 after a runtime failure, 2 for a bad flag,
@@ -35,6 +39,7 @@ type cli struct {
 	Migrate migrateCmd `cmd:"" help:"Apply schema migrations and exit."`
 	Check   checkCmd   `cmd:"" help:"Run the startup consistency checks of every stream."`
 	Status  statusCmd  `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
+	Writers writersCmd `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
 }
 
 type runCmd struct {
@@ -72,6 +77,21 @@ func run(args []string, o out) int {
 			return server.UsageError(o.stderr, "master status", err)
 		}
 		err = c.Status.run(ctx, o)
+	case "writers list":
+		if err = c.Writers.List.validate(); err != nil {
+			return server.UsageError(o.stderr, "master writers list", err)
+		}
+		err = c.Writers.List.run(ctx, o)
+	case "writers add <name>":
+		if err = c.Writers.Add.validate(); err != nil {
+			return server.UsageError(o.stderr, "master writers add", err)
+		}
+		err = c.Writers.Add.add(ctx, o)
+	case "writers remove <name>":
+		if err = c.Writers.Remove.validate(); err != nil {
+			return server.UsageError(o.stderr, "master writers remove", err)
+		}
+		err = c.Writers.Remove.remove(ctx, o)
 	default:
 		return c.Run.run(ctx, o)
 	}
