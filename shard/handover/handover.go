@@ -269,23 +269,26 @@ func (n *Node) Done(key string) {
 func (n *Node) Admitted() int { return len(n.keys) }
 
 // Release returns the highest epoch self may now record as released, above
-// what it recorded: no admitted task of a key self does not own at that
-// epoch is left, and the barriers of every epoch below it hold. The
+// what it recorded: for it and every epoch between, no admitted task of a
+// key self did not own at that epoch is left (a release vouches for every
+// epoch below it: a task admitted before the key moved away and back must
+// finish first), and the barriers of every epoch below it hold. The
 // adapter records it durably, then calls [Node.Released] with it.
 func (n *Node) Release() (epoch int64, ok bool) {
 	top := min(n.cur, n.settled+1)
 	if n.broken == releaseAhead {
 		top = n.cur
 	}
-	for e := top; e > n.recorded; e-- {
-		if _, known := n.versions[e]; !known {
+	for e := n.recorded + 1; e <= top; e++ {
+		if _, known := n.versions[e]; !known && e >= n.oldest {
 			break
 		}
-		if n.drainedFor(e) || n.broken == releaseUndrained {
-			return e, true
+		if !n.drainedFor(e) && n.broken != releaseUndrained {
+			break
 		}
+		epoch, ok = e, true
 	}
-	return 0, false
+	return epoch, ok
 }
 
 // Settled is the epoch up to which every barrier holds at this node.
@@ -331,15 +334,16 @@ func (n *Node) barrier(e int64) bool {
 		return true
 	}
 	cur, ok := n.versions[e]
-	if !ok {
-		return false
+	prev, okPrev := n.versions[e-1]
+	if !ok || !okPrev && e-1 >= n.oldest {
+		return false // a version not learned yet (it came out of order): cannot judge
 	}
 	for _, w := range cur {
 		if w != n.self && !n.passed(w, e) {
 			return false
 		}
 	}
-	for _, w := range n.versions[e-1] {
+	for _, w := range prev {
 		if w != n.self && !n.passed(w, e) {
 			return false
 		}

@@ -1,6 +1,8 @@
 package handover
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"os"
 	"strconv"
 	"testing"
@@ -80,4 +82,19 @@ func (st *simStats) add(o simStats) {
 	st.partitions += o.partitions
 	st.refused += o.refused
 	st.waits += o.waits
+}
+
+// testOwner is rendezvous hashing as weft's shard.Owner does it, in short
+// (shard imports this package, so its tests cannot import shard): the
+// handover depends on an owner function, not on which one.
+func testOwner(key string, writers []string) string {
+	var best [sha256.Size]byte
+	owner := ""
+	for _, w := range writers {
+		s := sha256.Sum256([]byte(w + "\x00" + key))
+		if owner == "" || bytes.Compare(s[:], best[:]) > 0 {
+			best, owner = s, w
+		}
+	}
+	return owner
 }

@@ -3,8 +3,6 @@ package handover
 import (
 	"fmt"
 	"testing"
-
-	"github.com/weft-dev/weft/shard"
 )
 
 // keyOf finds a key that owner owns under writers and other owns under
@@ -13,7 +11,7 @@ func keyOf(t *testing.T, owner string, writers []string, other string, otherWrit
 	t.Helper()
 	for i := range 10000 {
 		k := fmt.Sprintf("!r%d:test", i)
-		if shard.Owner(k, writers) == owner && shard.Owner(k, otherWriters) == other {
+		if testOwner(k, writers) == owner && testOwner(k, otherWriters) == other {
 			return k
 		}
 	}
@@ -22,7 +20,7 @@ func keyOf(t *testing.T, owner string, writers []string, other string, otherWrit
 }
 
 func TestAdmitVerdicts(t *testing.T) {
-	a := New("a", 0, shard.Owner)
+	a := New("a", 0, testOwner)
 	if d := a.Admit("!x:test", 0); d.Verdict != Behind {
 		t.Fatalf("before any map: %v, want behind", d.Verdict)
 	}
@@ -50,7 +48,7 @@ func TestHandoverWaitsForRelease(t *testing.T) {
 	v1 := Version{Epoch: 1, Writers: []string{"a", "b"}}
 	v2 := Version{Epoch: 2, Writers: []string{"a", "b", "c"}}
 	k := keyOf(t, "a", v1.Writers, "c", v2.Writers)
-	a, c := New("a", 0, shard.Owner), New("c", 0, shard.Owner)
+	a, c := New("a", 0, testOwner), New("c", 0, testOwner)
 	a.Learn(v1)
 	if d := a.Admit(k, 1); d.Verdict != Accept {
 		t.Fatalf("a at 1: %v", d.Verdict)
@@ -96,7 +94,7 @@ func TestFenceNeedsEarlierBarrier(t *testing.T) {
 	v1 := Version{Epoch: 1, Writers: []string{"a", "b"}}
 	v2 := Version{Epoch: 2, Writers: []string{"b"}}
 	v3 := Version{Epoch: 3, Writers: []string{"b", "c"}}
-	c := New("c", 0, shard.Owner)
+	c := New("c", 0, testOwner)
 	for _, v := range []Version{v1, v2, v3} {
 		c.Learn(v)
 	}
@@ -121,7 +119,7 @@ func TestAdmitWaitsForEarlierOwnership(t *testing.T) {
 	v2 := Version{Epoch: 2, Writers: []string{"b"}}
 	v3 := Version{Epoch: 3, Writers: []string{"a", "b"}}
 	k := keyOf(t, "a", v1.Writers, "b", v2.Writers)
-	a := New("a", 0, shard.Owner)
+	a := New("a", 0, testOwner)
 	a.Learn(v1)
 	a.Admit(k, 1)
 	a.Learn(v2)
@@ -138,7 +136,7 @@ func TestAdmitWaitsForEarlierOwnership(t *testing.T) {
 // What a Node keeps is bounded: nothing per key once its tasks are done,
 // and at most KeepVersions versions.
 func TestNodeMemoryBounded(t *testing.T) {
-	a := New("a", 0, shard.Owner)
+	a := New("a", 0, testOwner)
 	for e := int64(1); e <= 3*KeepVersions; e++ {
 		a.Learn(Version{Epoch: e, Writers: []string{"a"}})
 		k := fmt.Sprintf("!r%d:test", e)

@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-
-	"github.com/weft-dev/weft/shard"
 )
 
 // The simulation runs the handover of several writers in one process, on
@@ -120,6 +118,7 @@ type simFwd struct {
 type sim struct {
 	cfg    simConfig
 	rng    *rand.Rand
+	owner  OwnerFunc // rendezvous hashing salted by the seed: keys move differently per seed
 	now    int64
 	seq    int64
 	events eventHeap
@@ -133,9 +132,9 @@ type sim struct {
 	fenced   map[string]int64
 	lease    map[string]int64
 	sealed   map[string]bool
-	holder   map[string]int    // incarnation holding the name
-	open     map[string]string // key -> writer with an open transaction
-	commits  map[string][]int  // key -> committed task IDs in order
+	holder   map[string]int   // incarnation holding the name
+	open     map[string]txn   // key -> the open transaction on it
+	commits  map[string][]int // key -> committed task IDs in order
 	tasks    map[int]*simTask
 	pending  map[string][]int // key -> uncommitted task IDs
 
@@ -143,6 +142,12 @@ type sim struct {
 	fwds    []*simFwd
 	nextID  int
 	stats   simStats
+}
+
+// txn is an open transaction: which writer runs which task.
+type txn struct {
+	writer string
+	task   int
 }
 
 type simStats struct {
@@ -153,9 +158,11 @@ func newSim(seed uint64, cfg simConfig) *sim {
 	s := &sim{
 		cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x7765667473696d)),
 		released: map[string]int64{}, fenced: map[string]int64{}, lease: map[string]int64{},
-		sealed: map[string]bool{}, holder: map[string]int{}, open: map[string]string{},
+		sealed: map[string]bool{}, holder: map[string]int{}, open: map[string]txn{},
 		commits: map[string][]int{}, tasks: map[int]*simTask{}, pending: map[string][]int{},
 	}
+	salt := fmt.Sprint(seed % 97)
+	s.owner = func(key string, writers []string) string { return testOwner(salt+key, writers) }
 	s.versions = []Version{{Epoch: 1, Writers: []string{"w0", "w1"}}}
 	for i := range cfg.writers {
 		w := &simWriter{name: fmt.Sprintf("w%d", i)}
@@ -328,7 +335,7 @@ func (s *sim) cutOff(w *simWriter) {
 // abort rolls back w's open transactions; their tasks are dropped.
 func (s *sim) abort(w *simWriter) {
 	for _, k := range slices.Sorted(maps.Keys(s.open)) {
-		if s.open[k] == w.name {
+		if s.open[k].writer == w.name {
 			delete(s.open, k)
 			if w.alive && len(w.queue[k]) > 0 {
 				s.drop(w, k)
@@ -353,7 +360,7 @@ func (s *sim) start(w *simWriter) {
 	w.inc++
 	w.alive, w.cut = true, false
 	s.holder[w.name], s.sealed[w.name], s.lease[w.name] = w.inc, false, s.now+leaseTTL
-	w.node = New(w.name, s.released[w.name], shard.Owner)
+	w.node = New(w.name, s.released[w.name], s.owner)
 	w.node.broken = s.cfg.broken
 	w.queue, w.busy, w.releasing, w.pollPending = map[string][]int{}, map[string]bool{}, false, false
 	s.snapshot(w)
@@ -529,14 +536,15 @@ func (s *sim) begin(w *simWriter, key string) {
 		return
 	}
 	if other, busy := s.open[key]; busy {
-		s.failf("one owner per key: %s begins task %d of %s while %s has a transaction open on it", w.name, id, key, other)
+		s.failf("one owner per key: %s begins task %d of %s while %s has a transaction open on it", w.name, id, key, other.writer)
 		return
 	}
-	s.open[key] = w.name
+	tx := txn{writer: w.name, task: id}
+	s.open[key] = tx
 	w.busy[key] = true
 	inc := w.inc
 	s.after(1+int64(s.rng.IntN(15)), func() {
-		if !w.alive || w.inc != inc || s.open[key] != w.name || !w.busy[key] {
+		if !w.alive || w.inc != inc || s.open[key] != tx || !w.busy[key] {
 			return // rolled back
 		}
 		delete(s.open, key)
@@ -613,7 +621,7 @@ func (s *sim) send(f *simFwd) {
 		s.refresh(f, attempt)
 		return
 	}
-	owner := shard.Owner(t.key, f.writers)
+	owner := s.owner(t.key, f.writers)
 	var w *simWriter
 	for _, c := range s.writers {
 		if c.name == owner {
@@ -713,7 +721,7 @@ func (s *sim) dump() string {
 		if f.task >= 0 {
 			t := s.tasks[f.task]
 			fmt.Fprintf(&b, "forwarder %d: task %d key %s owner %s at epoch %d, %s, admitted %v\n",
-				f.id, t.id, t.key, shard.Owner(t.key, f.writers), f.epoch, f.state, t.admitted)
+				f.id, t.id, t.key, s.owner(t.key, f.writers), f.epoch, f.state, t.admitted)
 		}
 	}
 	return b.String()
