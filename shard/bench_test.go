@@ -203,7 +203,7 @@ func queuePersistWindow(b *testing.B, q *Queue, keys, window, rows int) {
 					}
 					inflight = inflight[1:]
 				}
-				p, err := q.enqueue(key, Task{Kind: "persist", Batchable: true, Payload: json.RawMessage(strconv.Itoa(i))})
+				p, _, err := q.enqueue(key, Task{Kind: "persist", Batchable: true, Payload: json.RawMessage(strconv.Itoa(i))}, 0)
 				if err != nil {
 					b.Error(err)
 					return

@@ -24,6 +24,9 @@
 //     owns the key, else HTTP to the owner's current instance with retries
 //     under the same idempotency key. [DeriveIdempotencyKey] turns any
 //     client request ID into a valid idempotency key.
+//   - [Placement] lets the map change at runtime: the membership package's
+//     Follower reads it from the database and fences every key that moves
+//     (package handover), and Queue, Server and Forwarder consult it.
 //   - [WaitVisible] bounds the caller's wait until its own view reaches the
 //     position the owner returned (read your writes).
 //
@@ -33,25 +36,29 @@
 //
 //	POST /_weft/v1/shard/{key}             (key path-escaped)
 //	Authorization: Bearer <secret>
-//	{"kind": "persist", "payload": {...}, "idempotency_key": "...", "batchable": true}
+//	{"kind": "persist", "payload": {...}, "idempotency_key": "...", "batchable": true, "epoch": 3}
 //
 // kind is 1-128 of [A-Za-z0-9_.:-]; payload is any JSON value (optional);
 // idempotency_key is 1-256 printable ASCII bytes; batchable is optional
-// (false). The body is at most 1 MiB. The answers are
+// (false); epoch is the shard map epoch the sender forwarded by (optional,
+// with a [Placement]; an owner behind it reads the map before deciding). The body is at most 1 MiB. The answers are
 //
 //	200 {"value": <the task's value>}
 //	400 {"error": ..., "field": ...}  malformed input; field is one of key, body,
-//	    kind, payload, idempotency_key, batchable
+//	    kind, payload, idempotency_key, batchable, epoch
 //	401 missing or wrong bearer secret (WWW-Authenticate: Bearer)
 //	404 no such route
 //	405 not POST
-//	409 {"error": "not owner", "owner": "<writer name>"}  the shard map gives
-//	    the key to another writer name (or this instance owns none)
+//	409 {"error": "not owner", "owner": "<writer name>", "epoch": N}  the shard
+//	    map gives the key to another writer name (or this instance owns
+//	    none); epoch, with a Placement, is the map epoch that says so
 //	413 body above 1 MiB
 //	422 {"error": ..., "field": "idempotency_key"}  the idempotency key was
 //	    used for a different request on this key
 //	500 {"error": <the task's error>}  the task ran and failed
-//	503 the owner's queue is full or closed (Retry-After: 1)
+//	503 the owner's queue is full or closed, or (with a Placement) it has
+//	    not reached the sender's epoch, or the key still finishes tasks of
+//	    an earlier ownership here (Retry-After: 1)
 //
 // Only 200 answers are remembered (by a digest of the key and the
 // idempotency key, with a digest of the request, for IdempotencyTTL): a

@@ -17,11 +17,13 @@ import (
 	"strings"
 	"time"
 
+	cbackoff "github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
+	"github.com/weft-dev/weft/shard/handover"
 )
 
 // Forwarder defaults.
@@ -83,8 +85,15 @@ type Resolver func(writerName string) (url string, ok bool)
 type ForwarderConfig struct {
 	// Self is this instance's writer name; "" if it owns no keys.
 	Self string
-	// Map says which writer name owns a key. Required.
+	// Map says which writer name owns a key, when the map is static.
+	// Required unless Placement is set.
 	Map *Map
+	// Placement follows a map that changes at runtime
+	// (membership.Follower); it must be Local's Placement too. A task
+	// refused because the key moved is forwarded again to the new owner,
+	// after reading the map when the refusal names a newer epoch. Set Map
+	// or Placement, not both.
+	Placement Placement
 	// Holds, if set, reports whether this instance still holds Self (the
 	// writer registry says so): an instance that lost its name to a newer
 	// holder (two instances of a name during a rolling update) forwards
@@ -117,8 +126,12 @@ type ForwarderConfig struct {
 // Validate names the first invalid field.
 func (c *ForwarderConfig) Validate() error {
 	switch {
-	case c.Map == nil:
-		return errors.New("shard: forwarder config: Map is nil")
+	case c.Map == nil && c.Placement == nil:
+		return errors.New("shard: forwarder config: Map and Placement are both nil")
+	case c.Map != nil && c.Placement != nil:
+		return errors.New("shard: forwarder config: Map and Placement are both set")
+	case c.Placement != nil && c.Local != nil && c.Local.cfg.Placement != c.Placement:
+		return errors.New("shard: forwarder config: Local's Placement is not the forwarder's")
 	case c.Resolve == nil:
 		return errors.New("shard: forwarder config: Resolve is nil")
 	case c.Self != "" && c.Local == nil:
@@ -185,26 +198,99 @@ func (f *Forwarder) Close() {
 // reused key).
 func (f *Forwarder) Do(ctx context.Context, key string, t Task, idempotencyKey string) (Result, error) {
 	start := time.Now()
-	owner := f.cfg.Map.Owner(key)
-	if f.cfg.Self != "" && owner == f.cfg.Self && (f.cfg.Holds == nil || f.cfg.Holds()) {
-		f.m.requests.WithLabelValues(fwdLocal).Inc()
-		res, err := f.cfg.Local.Submit(ctx, key, t)
-		f.m.duration.WithLabelValues("local").Observe(time.Since(start).Seconds())
-		return res, err
-	}
 	if idempotencyKey == "" {
 		idempotencyKey = newIdempotencyKey()
 	} else if reason := idempotencyKeyProblem(idempotencyKey); reason != "" {
 		return Result{}, fmt.Errorf("shard: forward %s for key %q: idempotency key: %s", t.Kind, key, reason)
 	}
-	body, err := json.Marshal(request{Kind: t.Kind, Payload: t.Payload, IdempotencyKey: idempotencyKey, Batchable: t.Batchable})
-	if err != nil {
-		return Result{}, fmt.Errorf("shard: forward %s for key %q: payload: %w", t.Kind, key, err)
+	bo := f.cfg.Backoff.NewBackOff()
+	for moves := 0; ; moves++ {
+		owner, epoch := f.owner(key)
+		if f.cfg.Self != "" && owner == f.cfg.Self && (f.cfg.Holds == nil || f.cfg.Holds()) {
+			f.m.requests.WithLabelValues(fwdLocal).Inc()
+			res, d, err := f.cfg.Local.SubmitAt(ctx, key, t, epoch)
+			if err != nil || d.Verdict == handover.Accept {
+				f.m.duration.WithLabelValues("local").Observe(time.Since(start).Seconds())
+				return res, err
+			}
+			// The map moved under us between Owner and Admit, or the
+			// key still drains an earlier ownership here.
+			if err := f.moved(ctx, key, t.Kind, moves, d, bo); err != nil {
+				return Result{}, err
+			}
+			continue
+		}
+		body, err := json.Marshal(request{Kind: t.Kind, Payload: t.Payload, IdempotencyKey: idempotencyKey, Batchable: t.Batchable, Epoch: epoch})
+		if err != nil {
+			return Result{}, fmt.Errorf("shard: forward %s for key %q: payload: %w", t.Kind, key, err)
+		}
+		res, err := f.remote(ctx, owner, key, t.Kind, body)
+		var mv *movedError
+		if errors.As(err, &mv) {
+			if err := f.moved(ctx, key, t.Kind, moves, handover.Decision{Verdict: handover.Refuse, Owner: mv.owner, Epoch: mv.epoch}, bo); err != nil {
+				return Result{}, fmt.Errorf("%w (last: %w)", err, mv.err)
+			}
+			continue
+		}
+		f.m.duration.WithLabelValues("remote").Observe(time.Since(start).Seconds())
+		return res, err
 	}
-	res, err := f.remote(ctx, owner, key, t.Kind, body)
-	f.m.duration.WithLabelValues("remote").Observe(time.Since(start).Seconds())
-	return res, err
 }
+
+// maxMoves bounds how often one task follows a moving key: each move is a
+// map change that raced it, so a handful means the map is flapping.
+const maxMoves = 8
+
+// moved handles a refusal with a Placement: read the map (a newer epoch
+// was named, or ours is stale), or wait a little (the key still drains
+// tasks of an earlier ownership), then let Do try again.
+func (f *Forwarder) moved(ctx context.Context, key, kind string, moves int, d handover.Decision, bo cbackoff.BackOff) error {
+	if moves >= maxMoves {
+		return fmt.Errorf("shard: forward %s for key %q: %w: the key moved %d times (last: %s, owner %q at epoch %d)",
+			kind, key, ErrNotOwner, moves, d.Verdict, d.Owner, d.Epoch)
+	}
+	f.m.requests.WithLabelValues(fwdMoved).Inc()
+	if d.Verdict == handover.Wait {
+		return sleep(ctx, bo.NextBackOff())
+	}
+	if _, epoch := f.owner(key); d.Epoch >= epoch {
+		if err := f.cfg.Placement.Refresh(ctx); err != nil {
+			f.log.Debug("reading the shard map after a refusal failed", "key", key, "err", err)
+			return sleep(ctx, bo.NextBackOff())
+		}
+	}
+	return nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// owner is key's owner and the map epoch (0 for a static Map).
+func (f *Forwarder) owner(key string) (string, int64) {
+	if f.cfg.Placement != nil {
+		return f.cfg.Placement.Owner(key)
+	}
+	return f.cfg.Map.Owner(key), 0
+}
+
+// movedError is a 409 from an owner that names the map epoch: the key
+// moved at runtime. Do reads the map and forwards again.
+type movedError struct {
+	owner string
+	epoch int64
+	err   error
+}
+
+func (e *movedError) Error() string { return e.err.Error() }
 
 // remote sends body to owner with retries.
 func (f *Forwarder) remote(ctx context.Context, owner, key, kind string, body []byte) (Result, error) {
@@ -223,6 +309,10 @@ func (f *Forwarder) remote(ctx context.Context, owner, key, kind string, body []
 		case ctx.Err() != nil:
 			f.m.requests.WithLabelValues(fwdCanceled).Inc()
 			return Result{}, fmt.Errorf("shard: forward %s for key %q to %s at %s: %w", kind, key, owner, target, err)
+		case ae.notOwner != "" && f.cfg.Placement != nil && ae.epoch > 0:
+			f.m.requests.WithLabelValues(fwdNotOwner).Inc()
+			return Result{}, &movedError{owner: ae.notOwner, epoch: ae.epoch,
+				err: fmt.Errorf("shard: forward %s for key %q to %s at %s: %w", kind, key, owner, target, err)}
 		case ae.notOwner != "":
 			f.m.requests.WithLabelValues(fwdNotOwner).Inc()
 			if movedOnce {
@@ -260,6 +350,7 @@ type attemptError struct {
 	err      error
 	retry    bool
 	notOwner string // the owner a 409 named
+	epoch    int64  // the map epoch it named
 }
 
 func (e *attemptError) Error() string { return e.err.Error() }
@@ -314,7 +405,7 @@ func (f *Forwarder) attempt(ctx context.Context, owner, key string, body []byte)
 		f.m.requests.WithLabelValues(fwdTaskError).Inc()
 		return Result{Err: &TaskError{Owner: owner, Message: ab.Error}}, target, nil
 	case code == http.StatusConflict && jsonErr == nil && ab.Owner != "":
-		return Result{}, target, &attemptError{err: fmt.Errorf("409: %s", ab.Error), notOwner: ab.Owner}
+		return Result{}, target, &attemptError{err: fmt.Errorf("409: %s", ab.Error), notOwner: ab.Owner, epoch: ab.Epoch}
 	case code == http.StatusTooManyRequests || code >= 500:
 		return Result{}, target, &attemptError{err: fmt.Errorf("%d: %s", code, errorText(ab, data)), retry: true}
 	default:

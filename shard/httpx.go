@@ -29,6 +29,9 @@ type request struct {
 	Payload        json.RawMessage `json:"payload,omitempty"`
 	IdempotencyKey string          `json:"idempotency_key"`
 	Batchable      bool            `json:"batchable,omitempty"`
+	// Epoch is the shard map epoch the sender forwarded by (with a
+	// Placement); 0 means unknown.
+	Epoch int64 `json:"epoch,omitempty"`
 }
 
 // answerBody is the JSON of every answer: value on 200, error (and field or
@@ -38,6 +41,7 @@ type answerBody struct {
 	Error string          `json:"error,omitempty"`
 	Field string          `json:"field,omitempty"`
 	Owner string          `json:"owner,omitempty"`
+	Epoch int64           `json:"epoch,omitempty"` // with owner: the map epoch it is the owner at
 }
 
 // answer is a rendered response; a 200's body is what the idempotency

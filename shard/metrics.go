@@ -93,6 +93,7 @@ const (
 	fwdTaskError = "task_error" // the owner ran it and it failed
 	fwdRetry     = "retryable"  // an attempt failed and may be retried
 	fwdNotOwner  = "not_owner"  // 409
+	fwdMoved     = "moved"      // the key moved at runtime: forwarded again
 	fwdRejected  = "rejected"   // other 4xx: not retried
 	fwdCanceled  = "canceled"
 )
@@ -100,7 +101,7 @@ const (
 func newForwarderMetrics(reg prometheus.Registerer) *forwarderMetrics {
 	m := &forwarderMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
-			Name: "forward_attempts_total", Help: "Forwarding attempts, by outcome (local, ok, task_error, retryable, not_owner, rejected, canceled)."},
+			Name: "forward_attempts_total", Help: "Forwarding attempts, by outcome (local, ok, task_error, retryable, not_owner, moved, rejected, canceled)."},
 			[]string{"outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name: "forward_duration_seconds", Help: "Time of Forwarder.Do, retries included, by path (local or remote).",

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/internal/telemetry"
+	"github.com/weft-dev/weft/shard/handover"
 )
 
 // Queue defaults.
@@ -79,6 +80,12 @@ type QueueConfig struct {
 	MaxPending int
 	// Exec runs the tasks. Required.
 	Exec Exec
+	// Placement, if set, fences the keys while the shard map changes:
+	// SubmitAt admits a task only when Placement does, a key's tasks start
+	// only when Placement says they may run (a gained key waits for its
+	// old owner's release; Kick re-checks), and Placement hears of every
+	// admitted task's end. Nil admits and runs everything.
+	Placement Placement
 	// Registerer receives the metrics; nil means a private registry.
 	Registerer prometheus.Registerer
 	// Logger; nil discards.
@@ -122,15 +129,17 @@ type Queue struct {
 	closed   bool        // no more tasks are accepted (Drain, or Run's end)
 	stopping bool        // Run's context is done: workers exit
 	drained  chan struct{}
-	isDrain  bool // drained is closed
+	isDrain  bool                 // drained is closed
+	parked   map[string]*keyQueue // keys whose tasks Placement does not let run yet
 }
 
-// keyQueue is one key's waiting tasks. It is in Queue.ready exactly when it
-// has waiting tasks and no running batch.
+// keyQueue is one key's waiting tasks. It is in Queue.ready or Queue.parked
+// exactly when it has waiting tasks and no running batch.
 type keyQueue struct {
-	key   string
-	tasks []*pending
-	busy  bool // a worker is running a batch of it
+	key    string
+	tasks  []*pending
+	busy   bool // a worker is running a batch of it
+	parked bool // in Queue.parked: its tasks may not run yet
 }
 
 // pending is one accepted task and, once done is closed, its outcome.
@@ -153,7 +162,7 @@ func NewQueue(cfg QueueConfig) (*Queue, error) {
 	cfg.MaxPending = positive(cfg.MaxPending, DefaultMaxPending)
 	log := telemetry.Logger(cfg.Logger)
 	reg := telemetry.Registerer(cfg.Registerer)
-	q := &Queue{cfg: cfg, log: log, m: newQueueMetrics(reg), keys: map[string]*keyQueue{}, drained: make(chan struct{})}
+	q := &Queue{cfg: cfg, log: log, m: newQueueMetrics(reg), keys: map[string]*keyQueue{}, drained: make(chan struct{}), parked: map[string]*keyQueue{}}
 	q.cond = sync.NewCond(&q.mu)
 	return q, nil
 }
@@ -173,14 +182,36 @@ func positive[T int | time.Duration](v, def T) T {
 // task that was accepted still runs: the queue cannot know whether a half
 // served caller wants it undone. A caller that must know what happened
 // uses an idempotency key (see Server) or reads the result back.
+//
+// With a Placement, Submit is SubmitAt with no known epoch, and a task the
+// Placement does not admit fails with ErrNotOwner.
 func (q *Queue) Submit(ctx context.Context, key string, t Task) (Result, error) {
+	res, d, err := q.SubmitAt(ctx, key, t, 0)
+	if err == nil && d.Verdict != handover.Accept {
+		return Result{}, fmt.Errorf("%w: key %q: %s (owner %q at epoch %d)", ErrNotOwner, key, d.Verdict, d.Owner, d.Epoch)
+	}
+	return res, err
+}
+
+// SubmitAt is Submit for a sender that knows the shard map up to epoch
+// (0: unknown): the queue's Placement decides whether the task is admitted
+// here. When it is not, the task is not queued, the Decision says why
+// (another owner, a newer map to learn, or wait), and the error is nil.
+// Without a Placement every task is admitted.
+func (q *Queue) SubmitAt(ctx context.Context, key string, t Task, epoch int64) (Result, handover.Decision, error) {
 	if err := ctx.Err(); err != nil {
-		return Result{}, err
+		return Result{}, handover.Decision{}, err
 	}
-	p, err := q.enqueue(key, t)
-	if err != nil {
-		return Result{}, err
+	p, d, err := q.enqueue(key, t, epoch)
+	if err != nil || d.Verdict != handover.Accept {
+		return Result{}, d, err
 	}
+	res, err := q.wait(ctx, p)
+	return res, d, err
+}
+
+// wait waits for p's outcome or ctx's end.
+func (q *Queue) wait(ctx context.Context, p *pending) (Result, error) {
 	select {
 	case <-p.done:
 		return p.res, p.err
@@ -194,17 +225,24 @@ func (q *Queue) Submit(ctx context.Context, key string, t Task) (Result, error) 
 	}
 }
 
-// enqueue accepts t for key without waiting for it.
-func (q *Queue) enqueue(key string, t Task) (*pending, error) {
+// enqueue accepts t for key without waiting for it, if the Placement
+// admits it.
+func (q *Queue) enqueue(key string, t Task, epoch int64) (*pending, handover.Decision, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	accept := handover.Decision{Verdict: handover.Accept}
 	switch {
 	case q.closed:
 		q.m.tasks.WithLabelValues(q.m.kinds.label(t.Kind), outcomeClosed).Inc()
-		return nil, ErrClosed
+		return nil, accept, ErrClosed
 	case q.waiting >= q.cfg.MaxPending:
 		q.m.tasks.WithLabelValues(q.m.kinds.label(t.Kind), outcomeFull).Inc()
-		return nil, fmt.Errorf("%w: %d tasks waiting", ErrQueueFull, q.waiting)
+		return nil, accept, fmt.Errorf("%w: %d tasks waiting", ErrQueueFull, q.waiting)
+	}
+	if q.cfg.Placement != nil {
+		if d := q.cfg.Placement.Admit(key, epoch); d.Verdict != handover.Accept {
+			return nil, d, nil
+		}
 	}
 	p := &pending{task: t, at: time.Now(), done: make(chan struct{})}
 	kq := q.keys[key]
@@ -216,11 +254,30 @@ func (q *Queue) enqueue(key string, t Task) (*pending, error) {
 	q.waiting++
 	q.unfinish++
 	q.m.depth.Inc()
-	if !kq.busy && len(kq.tasks) == 1 {
+	if !kq.busy && !kq.parked && len(kq.tasks) == 1 {
 		q.ready = append(q.ready, kq)
 		q.cond.Signal()
 	}
-	return p, nil
+	return p, accept, nil
+}
+
+// Kick lets the parked keys whose tasks the Placement now lets run take
+// their turn. The Placement's owner calls it when the map or a release
+// changed.
+func (q *Queue) Kick() {
+	if q.cfg.Placement == nil {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for key, kq := range q.parked {
+		if q.cfg.Placement.Runnable(key) {
+			delete(q.parked, key)
+			kq.parked = false
+			q.ready = append(q.ready, kq)
+			q.cond.Signal()
+		}
+	}
 }
 
 // Depth returns the number of tasks waiting to start.
@@ -270,9 +327,11 @@ func (q *Queue) Run(ctx context.Context) error {
 			close(p.done)
 			q.m.tasks.WithLabelValues(q.m.kinds.label(p.task.Kind), outcomeDropped).Inc()
 		}
+		q.placed(key, len(kq.tasks))
 		dropped += len(kq.tasks)
 		delete(q.keys, key)
 	}
+	clear(q.parked)
 	q.m.depth.Sub(float64(q.waiting))
 	q.ready, q.waiting, q.unfinish = nil, 0, 0
 	q.checkDrained()
@@ -325,6 +384,11 @@ func (q *Queue) work(ctx context.Context) {
 		kq := q.ready[0]
 		q.ready[0] = nil
 		q.ready = q.ready[1:]
+		if q.cfg.Placement != nil && !q.cfg.Placement.Runnable(kq.key) {
+			kq.parked = true
+			q.parked[kq.key] = kq
+			continue
+		}
 		batch := q.take(kq)
 		kq.busy = true
 		q.waiting -= len(batch)
@@ -332,6 +396,7 @@ func (q *Queue) work(ctx context.Context) {
 
 		q.mu.Unlock()
 		q.execute(ctx, kq.key, batch)
+		q.placed(kq.key, len(batch))
 		q.mu.Lock()
 
 		kq.busy = false
@@ -342,6 +407,15 @@ func (q *Queue) work(ctx context.Context) {
 			delete(q.keys, kq.key)
 		}
 		q.checkDrained()
+	}
+}
+
+// placed tells the Placement that n admitted tasks of key ended.
+func (q *Queue) placed(key string, n int) {
+	if q.cfg.Placement != nil {
+		for range n {
+			q.cfg.Placement.Done(key)
+		}
 	}
 }
 

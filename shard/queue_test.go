@@ -57,7 +57,7 @@ func (p *pending) wait(t testing.TB) Result {
 
 func mustEnqueue(t testing.TB, q *Queue, key string, task Task) *pending {
 	t.Helper()
-	p, err := q.enqueue(key, task)
+	p, _, err := q.enqueue(key, task, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func enqueueUntilClosed(t *testing.T, q *Queue, key string, task Task, msg strin
 	t.Helper()
 	var accepted []*pending
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		p, err := q.enqueue(key, task)
+		p, _, err := q.enqueue(key, task, 0)
 		if p != nil {
 			accepted = append(accepted, p)
 		}

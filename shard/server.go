@@ -22,6 +22,7 @@ import (
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
+	"github.com/weft-dev/weft/shard/handover"
 )
 
 // ServerConfig configures a Server. Zero values mean the documented
@@ -30,8 +31,13 @@ type ServerConfig struct {
 	// Self is this instance's writer name; "" if it owns no keys (then
 	// every request is answered 409).
 	Self string
-	// Map says which writer name owns a key. Required.
+	// Map says which writer name owns a key, when the map is static.
+	// Required unless Placement is set.
 	Map *Map
+	// Placement follows a map that changes at runtime and fences the
+	// handover of keys (membership.Follower); it must be the Queue's
+	// Placement too. Set Map or Placement, not both.
+	Placement Placement
 	// Holds, if set, reports whether this instance still holds Self; when
 	// it does not, every request is answered 409 (not owner), so that the
 	// caller finds the name's current holder.
@@ -64,8 +70,12 @@ type ServerConfig struct {
 // Validate names the first invalid field.
 func (c *ServerConfig) Validate() error {
 	switch {
-	case c.Map == nil:
-		return errors.New("shard: server config: Map is nil")
+	case c.Map == nil && c.Placement == nil:
+		return errors.New("shard: server config: Map and Placement are both nil")
+	case c.Map != nil && c.Placement != nil:
+		return errors.New("shard: server config: Map and Placement are both set")
+	case c.Placement != nil && c.Queue != nil && c.Queue.cfg.Placement != c.Placement:
+		return errors.New("shard: server config: the Queue's Placement is not the server's")
 	case c.Queue == nil:
 		return errors.New("shard: server config: Queue is nil")
 	case c.Secret == "" && !c.Insecure:
@@ -75,7 +85,7 @@ func (c *ServerConfig) Validate() error {
 	case c.IdempotencyTTL < 0:
 		return fmt.Errorf("shard: server config: IdempotencyTTL %v is negative", c.IdempotencyTTL)
 	}
-	if c.Self != "" && !slices.Contains(c.Map.Writers(), c.Self) {
+	if c.Map != nil && c.Self != "" && !slices.Contains(c.Map.Writers(), c.Self) {
 		return fmt.Errorf("shard: server config: Self %q is not a writer of the shard map %v", c.Self, c.Map.Writers())
 	}
 	return nil
@@ -143,8 +153,8 @@ func (s *Server) serve(r *http.Request) (a answer, ok bool) {
 	if bad != "" {
 		return badInput("key", bad), true
 	}
-	if owner := s.cfg.Map.Owner(key); owner != s.cfg.Self || s.cfg.Self == "" || (s.cfg.Holds != nil && !s.cfg.Holds()) {
-		return errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: owner}), true
+	if owner, epoch := s.owner(key); (s.cfg.Placement == nil && owner != s.cfg.Self) || s.cfg.Self == "" || (s.cfg.Holds != nil && !s.cfg.Holds()) {
+		return errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: owner, Epoch: epoch}), true
 	}
 	req, errAns := readRequest(r)
 	if errAns != nil {
@@ -216,6 +226,10 @@ func readRequest(r *http.Request) (request, *answer) {
 		a := badInput("idempotency_key", reason)
 		return request{}, &a
 	}
+	if req.Epoch < 0 {
+		a := badInput("epoch", "negative")
+		return request{}, &a
+	}
 	return req, nil
 }
 
@@ -266,8 +280,11 @@ func (s *Server) run(ctx context.Context, key string, req request) (answer, bool
 			s.dedup.finish(dk, f, errorAnswer(http.StatusInternalServerError, answerBody{Error: "internal error"}), false)
 		}
 	}()
-	res, err := s.cfg.Queue.Submit(context.WithoutCancel(ctx), key, Task{Kind: req.Kind, Payload: req.Payload, Batchable: req.Batchable})
-	a := s.render(key, req, res, err)
+	a, refused := s.submit(context.WithoutCancel(ctx), key, req)
+	if !refused {
+		res, err := a.res, a.err
+		a.answer = s.render(key, req, res, err)
+	}
 	// Only a success is remembered. A task that did not run (queue full or
 	// closed) must run on the retry; one that ran and failed is run again
 	// too, so the retry that is surely coming gets its chance to succeed,
@@ -275,9 +292,51 @@ func (s *Server) run(ctx context.Context, key string, req request) (answer, bool
 	// owner's own writes never pass through this table). An executor's
 	// failure must therefore leave nothing a second run would repeat (roll
 	// back, or deduplicate on its own, as rooms does per (sender, txn_id)).
-	s.dedup.finish(dk, f, a, a.code == http.StatusOK)
+	s.dedup.finish(dk, f, a.answer, a.code == http.StatusOK)
 	finished = true
-	return a, true
+	return a.answer, true
+}
+
+// owner is key's owner and the map epoch it is the owner at (0 for a
+// static Map).
+func (s *Server) owner(key string) (string, int64) {
+	if s.cfg.Placement != nil {
+		return s.cfg.Placement.Owner(key)
+	}
+	return s.cfg.Map.Owner(key), 0
+}
+
+// submitted is a task's outcome, or the answer that refused it.
+type submitted struct {
+	answer
+	res Result
+	err error
+}
+
+// submit queues the task when the Placement admits it. A sender ahead of
+// this owner's map makes it read the map first; a key that is not this
+// owner's any more is a 409 naming the owner and epoch; a key still
+// draining tasks of an earlier ownership here is a 503 (retry).
+func (s *Server) submit(ctx context.Context, key string, req request) (submitted, bool) {
+	t := Task{Kind: req.Kind, Payload: req.Payload, Batchable: req.Batchable}
+	for refreshed := false; ; refreshed = true {
+		res, d, err := s.cfg.Queue.SubmitAt(ctx, key, t, req.Epoch)
+		switch {
+		case err != nil || d.Verdict == handover.Accept:
+			return submitted{res: res, err: err}, false
+		case d.Verdict == handover.Behind && !refreshed:
+			if rerr := s.cfg.Placement.Refresh(ctx); rerr != nil {
+				s.log.Warn("shard: reading the map for a sender ahead of it failed", "key", key, "epoch", req.Epoch, "err", rerr)
+			}
+			continue
+		case d.Verdict == handover.Refuse:
+			return submitted{answer: errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: d.Owner, Epoch: d.Epoch})}, true
+		case d.Verdict == handover.Wait:
+			return submitted{answer: errorAnswer(http.StatusServiceUnavailable, answerBody{Error: "the key's earlier tasks are still finishing here; retry"})}, true
+		default: // still behind after reading the map
+			return submitted{answer: errorAnswer(http.StatusServiceUnavailable, answerBody{Error: fmt.Sprintf("this owner has not reached map epoch %d yet; retry", d.Epoch)})}, true
+		}
+	}
 }
 
 // render turns a task's outcome into an answer.
