@@ -1,0 +1,239 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/weft-dev/weft/internal/telemetry"
+	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/shard/handover"
+)
+
+// DefaultPoll is how often a Follower reads the map, the releases and the
+// fences: a handover takes about two polls (the old owner learns the
+// change and releases, the new owner sees the release).
+const DefaultPoll = 100 * time.Millisecond
+
+// FollowerConfig configures a Follower.
+type FollowerConfig struct {
+	// Store is the database. Required.
+	Store *Store
+	// Map is the map's name ("events"). Required.
+	Map string
+	// Initial is the map's first version when the database has none
+	// (Init); after that the database is the truth. Required.
+	Initial []string
+	// Self is this instance's writer name, "" when it owns no keys.
+	Self string
+	// Instance is this instance's ID, recorded with its releases.
+	// Required with Self.
+	Instance string
+	// Poll is the interval between reads [DefaultPoll].
+	Poll time.Duration
+	// Kick is called after every read that may have let parked tasks run
+	// (the owner's shard.Queue.Kick). Optional.
+	Kick func()
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Follower follows a shard map in the database and fences this instance's
+// keys through their handover: it is the shard.Placement of a map that
+// changes at runtime (master writers add/remove). Every instance runs one
+// per map, writers and readers alike (readers only to forward to the
+// right owner). It polls one statement per interval: the newest epoch,
+// every writer's release, and the writers whose lease is sealed (fenced
+// out at that epoch: they can never commit again); it fetches a version
+// only when a new one appears, and records this writer's release when its
+// handover.Node says one is due.
+type Follower struct {
+	cfg FollowerConfig
+	log *slog.Logger
+
+	mu   sync.Mutex
+	node *handover.Node
+	ever map[string]bool // every writer name seen in a version or a release
+
+	refresh sync.Mutex // one read at a time
+}
+
+// NewFollower initialises the map (Init with cfg.Initial) and reads it,
+// with the releases and fences, so the Follower answers at once.
+func NewFollower(ctx context.Context, cfg FollowerConfig) (*Follower, error) {
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.New("membership: follower config: Store is nil")
+	case cfg.Self != "" && cfg.Instance == "":
+		return nil, errors.New("membership: follower config: Instance is empty but Self is set")
+	case cfg.Poll < 0:
+		return nil, fmt.Errorf("membership: follower config: Poll %v is negative", cfg.Poll)
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = DefaultPoll
+	}
+	if _, err := cfg.Store.Init(ctx, cfg.Map, cfg.Initial); err != nil {
+		return nil, err
+	}
+	f := &Follower{cfg: cfg, log: telemetry.Logger(cfg.Logger), ever: map[string]bool{}}
+	for _, w := range cfg.Initial {
+		f.ever[w] = true
+	}
+	var recorded int64
+	if cfg.Self != "" {
+		rel, err := cfg.Store.Releases(ctx, cfg.Map)
+		if err != nil {
+			return nil, err
+		}
+		recorded = rel[cfg.Self]
+	}
+	f.node = handover.New(cfg.Self, recorded, shard.Owner)
+	if err := f.Refresh(ctx); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Run reads the map every Poll until ctx ends. A failed read is logged
+// and retried at the next interval: the last known map stays in force.
+func (f *Follower) Run(ctx context.Context) error {
+	t := time.NewTicker(f.cfg.Poll)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		err := f.Refresh(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			f.log.Warn("membership: reading the shard map failed; keeping the last one", "map", f.cfg.Map, "err", err)
+			failing = true
+		case err == nil && failing:
+			f.log.Info("membership: reading the shard map again", "map", f.cfg.Map)
+			failing = false
+		}
+	}
+}
+
+// Refresh reads the map, the releases and the fences now, records this
+// writer's release when one is due, and kicks the queue.
+func (f *Follower) Refresh(ctx context.Context) error {
+	f.refresh.Lock()
+	defer f.refresh.Unlock()
+	snap, err := f.cfg.Store.snapshot(ctx, f.cfg.Map)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	known := f.node.Epoch()
+	f.mu.Unlock()
+	// Only new versions; the first read takes every stored one (at most
+	// KeepVersions): a barrier compares an epoch with the one before it.
+	var learned []Version
+	if snap.epoch > known {
+		if learned, err = f.cfg.Store.since(ctx, f.cfg.Map, known+1); err != nil {
+			return err
+		}
+	}
+	f.mu.Lock()
+	for _, v := range learned {
+		if v.Epoch > known && known > 0 {
+			f.log.Info("membership: shard map changed", "map", f.cfg.Map, "epoch", v.Epoch, "writers", v.Writers)
+		}
+		f.node.Learn(handover.Version{Epoch: v.Epoch, Writers: v.Writers})
+		for _, w := range v.Writers {
+			f.ever[w] = true
+		}
+	}
+	for w, e := range snap.released {
+		f.node.Released(w, e)
+		f.ever[w] = true
+	}
+	for w, e := range snap.fenced {
+		f.node.Fenced(w, e)
+	}
+	due, ok := f.node.Release()
+	f.mu.Unlock()
+	if ok && f.cfg.Self != "" {
+		held, err := f.cfg.Store.releaseAsHolder(ctx, f.cfg.Map, f.cfg.Self, f.cfg.Instance, due)
+		if err != nil {
+			return err
+		}
+		if held {
+			f.mu.Lock()
+			f.node.Released(f.cfg.Self, due)
+			f.mu.Unlock()
+			f.log.Debug("membership: released", "map", f.cfg.Map, "epoch", due)
+		}
+	}
+	if f.cfg.Kick != nil {
+		f.cfg.Kick()
+	}
+	return nil
+}
+
+// Owner is key's owner at the newest known epoch, and that epoch.
+func (f *Follower) Owner(key string) (string, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.node.Owner(key), f.node.Epoch()
+}
+
+// Admit implements shard.Placement.
+func (f *Follower) Admit(key string, senderEpoch int64) handover.Decision {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cfg.Self == "" {
+		return handover.Decision{Verdict: handover.Refuse, Owner: f.node.Owner(key), Epoch: f.node.Epoch()}
+	}
+	return f.node.Admit(key, senderEpoch)
+}
+
+// Runnable implements shard.Placement.
+func (f *Follower) Runnable(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.node.Runnable(key)
+}
+
+// Done implements shard.Placement.
+func (f *Follower) Done(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.node.Done(key)
+}
+
+// Version is the newest version the Follower knows.
+func (f *Follower) Version() Version {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Version{Map: f.cfg.Map, Epoch: f.node.Epoch(), Writers: f.node.Writers()}
+}
+
+// Writers is every writer name the map has had as far as this Follower
+// knows (its initial list, the stored versions, every writer that
+// released), sorted: the writers whose rows a reader of the stream must
+// cover, members or not. It grows only with names ever used.
+func (f *Follower) Writers() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Sorted(maps.Keys(f.ever))
+}
+
+// Settled is the epoch up to which every handover has finished, as far as
+// this instance knows.
+func (f *Follower) Settled() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.node.Settled()
+}
+
+var _ shard.Placement = (*Follower)(nil)
