@@ -39,6 +39,7 @@ type Service struct {
 	eventsFwd    Forwarder
 	typingFwd    Forwarder
 	eventWriters []string
+	writerNames  func() []string
 	typingWriter string
 	log          *slog.Logger
 	visible      time.Duration
@@ -80,8 +81,12 @@ type Config struct {
 	// EventsForwarder sends room tasks to the room's event writer;
 	// TypingForwarder sends typing to the typing writer.
 	EventsForwarder, TypingForwarder Forwarder
-	EventWriters                     []string
-	TypingWriter                     string
+	// EventWriters are the events stream's writer names, when they are
+	// fixed; EventWriterNames, if set, is called instead on every sync
+	// (the shard map changes at runtime: membership.Follower.Writers).
+	EventWriters     []string
+	EventWriterNames func() []string
+	TypingWriter     string
 	// VisibleTimeout bounds read-your-writes [5 s].
 	VisibleTimeout time.Duration
 	Logger         *slog.Logger
@@ -101,7 +106,7 @@ func NewService(cfg Config) *Service {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}
 	s := &Service{pool: cfg.Pool, reads: cfg.Reads, events: cfg.Events, node: cfg.Node, live: cfg.Live,
-		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters,
+		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters, writerNames: cfg.EventWriterNames,
 		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())
 	s.polls.max = int64(cfg.MaxLongPolls)
@@ -484,4 +489,12 @@ func hasNULEscape(b []byte) bool {
 		i++ // the escaped byte: \\ must not start another escape
 	}
 	return false
+}
+
+// writers are the events stream's writer names a token covers.
+func (s *Service) writers() []string {
+	if s.writerNames != nil {
+		return s.writerNames()
+	}
+	return s.eventWriters
 }

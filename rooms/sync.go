@@ -34,9 +34,10 @@ type roomEvents struct {
 // every writer's delivered position. Everything at or below it is
 // committed, so the database answers exactly for it.
 func (s *Service) currentToken(ctx context.Context) (streams.Token, error) {
-	views := make(map[streams.WriterID]int64, len(s.eventWriters))
+	writers := s.writers()
+	views := make(map[streams.WriterID]int64, len(writers))
 	low := int64(-1)
-	for _, w := range s.eventWriters {
+	for _, w := range writers {
 		id, err := s.events.WriterID(ctx, w)
 		if err != nil {
 			return streams.Token{}, err
@@ -282,7 +283,7 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 	out := map[string][]json.RawMessage{}
 	next := map[streams.WriterID]int64{}
 	low := int64(-1)
-	for _, wname := range s.eventWriters {
+	for _, wname := range s.writers() {
 		id, err := s.events.WriterID(ctx, wname)
 		if err != nil {
 			return nil, streams.Token{}, err

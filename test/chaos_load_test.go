@@ -34,10 +34,15 @@ type workload struct {
 	attempted map[string]bool
 	failures  atomic.Int64
 	statuses  sync.Map // "503" -> *atomic.Int64
+	rooms     int
+	// slowest is the longest a write took from its first attempt to its
+	// acknowledgement, in nanoseconds (retries included): the longest
+	// stall a client saw.
+	slowest atomic.Int64
 }
 
-func newWorkload(o *oracle) *workload {
-	return &workload{o: o, acked: map[string]ack{}, attempted: map[string]bool{}}
+func newWorkload(o *oracle, rooms int) *workload {
+	return &workload{o: o, acked: map[string]ack{}, attempted: map[string]bool{}, rooms: rooms}
 }
 
 const chaosRooms = 30
@@ -56,7 +61,7 @@ func (w *workload) writer(ctx context.Context, t *testing.T, g int, targets func
 // a random room through random targets until it is acknowledged or ctx
 // ends; it reports false after a 4xx (a bug, already reported).
 func (w *workload) write(ctx context.Context, t *testing.T, rng *rand.Rand, sender, txn string, targets func() []*proc) bool {
-	return w.writeRoom(ctx, t, rng, fmt.Sprintf("!chaos%d:test", rng.IntN(chaosRooms)), sender, txn, targets)
+	return w.writeRoom(ctx, t, rng, fmt.Sprintf("!chaos%d:test", rng.IntN(w.rooms)), sender, txn, targets)
 }
 
 // writeRoom is write to the given room.
@@ -71,6 +76,7 @@ func (w *workload) writeRoom(ctx context.Context, t *testing.T, rng *rand.Rand, 
 	w.mu.Lock()
 	w.attempted[txn] = false
 	w.mu.Unlock()
+	start := time.Now()
 	for ctx.Err() == nil {
 		procs := targets()
 		p := procs[rng.IntN(len(procs))]
@@ -84,11 +90,17 @@ func (w *workload) writeRoom(ctx context.Context, t *testing.T, rng *rand.Rand, 
 			w.attempted[txn] = true
 			w.mu.Unlock()
 			w.o.acked(resp.Writer, resp.StreamPos)
+			took := int64(time.Since(start))
+			for s := w.slowest.Load(); took > s && !w.slowest.CompareAndSwap(s, took); s = w.slowest.Load() {
+			}
 			break
 		}
 		if code/100 == 4 {
 			t.Errorf("write %s to %s answered %d: %v", txn, p.name, code, err)
 			return false
+		}
+		if ctx.Err() != nil {
+			break // the load stopped: not a failure of the cluster
 		}
 		w.failures.Add(1)
 		c, _ := w.statuses.LoadOrStore(fmt.Sprint(code), new(atomic.Int64))

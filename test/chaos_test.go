@@ -1,6 +1,7 @@
 package test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -71,6 +72,10 @@ type chaosOpts struct {
 	// before runs once the servers are up and before any instance starts
 	// (to install proxies, say); it may set proc.env.
 	before func(ch *chaos)
+	// extra instances (workers) beside chaosNames, with their own flags.
+	extra map[string][]string
+	// rooms the load writes to [chaosRooms].
+	rooms int
 }
 
 // chaos is one scenario's cluster, workload and oracle.
@@ -89,8 +94,9 @@ type chaos struct {
 	paused   map[string]bool // SIGSTOPped: no load sent there
 	restarts map[string]int
 
-	w *workload
-	o *oracle
+	w     *workload
+	o     *oracle
+	rooms int
 
 	stop func() // stops supervisor, load, syncs and samplers
 	wg   sync.WaitGroup
@@ -98,7 +104,7 @@ type chaos struct {
 
 func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	t.Helper()
-	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, restarts: map[string]int{}}
+	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
 	redisURL, env := "", opts.env
 	if opts.redisCluster {
 		ch.rcl = testenv.StartRedisCluster(t)
@@ -110,14 +116,14 @@ func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	ch.pg = testenv.StartPostgres(t)
 	ch.dbURL = ch.pg.NewDatabase(t)
 	ch.c = newCluster(t, redisURL, ch.dbURL, env...)
-	for _, name := range chaosNames {
+	for _, name := range append(slices.Clone(chaosNames), slices.Sorted(maps.Keys(opts.extra))...) {
 		bin := "worker"
 		if name == "master" {
 			bin = "master"
 		}
 		port := testenv.FreePort(t)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		p := &proc{name: name, bin: bin, url: "http://" + addr, args: []string{"--name", name, "--http-addr", addr}}
+		p := &proc{name: name, bin: bin, url: "http://" + addr, args: append([]string{"--name", name, "--http-addr", addr}, opts.extra[name]...)}
 		ch.c.procs[name] = p
 		ch.procs = append(ch.procs, p)
 		ch.by[name] = p
@@ -141,7 +147,7 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	t := ch.t
 	ctx, cancel := context.WithCancel(context.Background())
 	ch.o = newOracle(ch.procs)
-	ch.w = newWorkload(ch.o)
+	ch.w = newWorkload(ch.o, ch.rooms)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	ch.stop = cancel
 	defer func() {

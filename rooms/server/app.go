@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,8 @@ import (
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/rooms"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/streams"
@@ -103,6 +106,15 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 	return err
 }
 
+// ownerSelf is the writer name an owner of sharded work answers for: its
+// name when it owns the work, "" when not.
+func (r *runner) ownerSelfName(owns bool) string {
+	if owns {
+		return r.cfg.Name
+	}
+	return ""
+}
+
 // switchHandler serves the waiting page until the instance runs.
 type switchHandler struct{ h atomic.Pointer[http.Handler] }
 
@@ -144,7 +156,17 @@ func (r *runner) run(ctx context.Context) error {
 	var readGens []*streams.Generator
 	var gen *streams.Generator
 	var epoch int64
-	if cfg.WritesEvents() {
+	// The rooms' writers are a shard map in the database (master writers
+	// add/remove change it at runtime); --event-writers is its first
+	// version only. An instance holds an events writer when it is listed
+	// in either, or asked to (--event-writer, to be added later).
+	members := membership.NewStore(pool)
+	initial, err := members.Init(ctx, rooms.EventsStream, cfg.EventWriters)
+	if err != nil {
+		return err
+	}
+	writesEvents := cfg.WritesEvents() || slices.Contains(initial.Writers, cfg.Name)
+	if writesEvents {
 		log.Info("claiming writer name", "name", cfg.Name)
 		writer, err = r.openWriter(ctx, pool)
 		if err != nil {
@@ -224,12 +246,23 @@ func (r *runner) run(ctx context.Context) error {
 	// Sharded work: rooms on their event writer, typing on the typing
 	// writer, found through the writer registry.
 	hold := newHolders(pool, node, max(cfg.AnnounceInterval, 250*time.Millisecond))
-	eventsMap, _ := shard.NewMap(cfg.EventWriters)
 	typingMap, _ := shard.NewMap([]string{cfg.TypingWriter})
 	var eventsQ, typingQ *shard.Queue
 	var tw *rooms.TypingWriter
-	if cfg.WritesEvents() {
-		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(writer), Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log}); err != nil {
+	// Only the lease holder follows the map as a writer: it records
+	// releases for its name, which a predecessor still draining must not.
+	follower, err := membership.NewFollower(ctx, membership.FollowerConfig{Store: members, Map: rooms.EventsStream,
+		Initial: cfg.EventWriters, Self: r.ownerSelfName(writesEvents), Instance: inst, Logger: log,
+		Kick: func() {
+			if eventsQ != nil {
+				eventsQ.Kick()
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	if writesEvents {
+		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(writer), Placement: follower, Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log}); err != nil {
 			return err
 		}
 	}
@@ -242,41 +275,35 @@ func (r *runner) run(ctx context.Context) error {
 			return err
 		}
 	}
-	ownerSelf := func(owns bool) string {
-		if owns {
-			return cfg.Name
-		}
-		return ""
-	}
 	// The typing writer's name has no lease: a newer holder (a second
 	// master in a rolling update) takes it over, and this one then sends
 	// typing there. An event writer's lease fences it instead.
 	var typingHolds func() bool
-	if cfg.WritesTyping() && !cfg.WritesEvents() {
+	if cfg.WritesTyping() && !writesEvents {
 		typingHolds = func() bool { return hold.holds(cfg.TypingWriter, inst) }
 	}
-	eventsSrv, err := newShardServer(ownerSelf(cfg.WritesEvents()), nil, eventsMap, eventsQ, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), log)
+	eventsSrv, err := newShardServer(shard.ServerConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Queue: eventsQ}, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), log)
 	if err != nil {
 		return err
 	}
-	typingSrv, err := newShardServer(ownerSelf(cfg.WritesTyping()), typingHolds, typingMap, typingQ, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), log)
+	typingSrv, err := newShardServer(shard.ServerConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Queue: typingQ}, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), log)
 	if err != nil {
 		return err
 	}
-	eventsFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesEvents()), Map: eventsMap, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
+	eventsFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log})
 	if err != nil {
 		return err
 	}
 	defer eventsFwd.Close()
-	typingFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: ownerSelf(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
+	typingFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log})
 	if err != nil {
 		return err
 	}
 	defer typingFwd.Close()
 	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: reads.router, Events: gen, Node: node, Live: live,
-		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriters: cfg.EventWriters, TypingWriter: cfg.TypingWriter,
+		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriterNames: follower.Writers, TypingWriter: cfg.TypingWriter,
 		MaxLongPolls: cfg.MaxLongPolls, Logger: log})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls",
@@ -284,7 +311,7 @@ func (r *runner) run(ctx context.Context) error {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls_rejected_total",
 			Help: "Syncs answered 503 because --max-long-polls were waiting already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
 
-	status := &statusPage{cfg: cfg, inst: inst, role: r.role, node: node, pool: pool, gen: gen, queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}}
+	status := &statusPage{cfg: cfg, inst: inst, role: r.role, node: node, pool: pool, gen: gen, queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}
 	mux := http.NewServeMux()
 	svc.Routes(mux)
 	mux.Handle("/_weft/v1/streams/", cuServer)
@@ -294,6 +321,9 @@ func (r *runner) run(ctx context.Context) error {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", status.readyz)
 	mux.HandleFunc("GET /status", status.serve)
+	if r.role == RoleMaster {
+		(&writersAPI{store: members, secret: httpx.NewSecret(cfg.Secret), log: log}).routes(mux)
+	}
 
 	// Everything below runs until ctx ends; the node outlives the rest so
 	// the last positions, the seal and the BYE go out.
@@ -318,9 +348,10 @@ func (r *runner) run(ctx context.Context) error {
 		wg.Go(func() { tw.Expire(workCtx, 100*time.Millisecond) })
 	}
 	wg.Go(func() { refreshHolders(workCtx, hold, cfg.AnnounceInterval) })
+	wg.Go(func() { errs <- wrap("membership", follower.Run(workCtx)) })
 	r.handler.set(instrument(mux, reg))
 	log.Info("instance started", "role", r.role, "name", cfg.Name, "http", r.cfg.HTTPAddr, "advertise", cfg.Advertise(),
-		"writes_events", cfg.WritesEvents(), "writes_typing", cfg.WritesTyping(), "epoch", epoch)
+		"writes_events", writesEvents, "writes_typing", cfg.WritesTyping(), "epoch", epoch, "event_writers", follower.Version().Writers)
 
 	var runErr error
 	select {

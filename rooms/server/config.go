@@ -33,7 +33,8 @@ type Config struct {
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	Insecure          bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
-	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in any order." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
+	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in any order: the shard map's first version (after that, master writers add/remove change it in the database)." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
+	EventWriter       bool          `name:"event-writer" help:"Hold an events writer under --name although the shard map does not list it (yet), so that master writers add can give it rooms at runtime." env:"WEFT_EVENT_WRITER"`
 	TypingWriter      string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
 	AnnounceInterval  time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
 	LeaseTTL          time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by the master." env:"WEFT_LEASE_TTL" default:"10s"`
@@ -139,8 +140,10 @@ func (c *Config) Advertise() string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
-// WritesEvents reports whether this instance is one of the event writers.
-func (c *Config) WritesEvents() bool { return slices.Contains(c.EventWriters, c.Name) }
+// WritesEvents reports whether this instance holds an events writer by
+// its configuration: --event-writer, or its name in --event-writers. (It
+// also does when the shard map in the database lists it.)
+func (c *Config) WritesEvents() bool { return c.EventWriter || slices.Contains(c.EventWriters, c.Name) }
 
 // WritesTyping reports whether this instance is the typing writer.
 func (c *Config) WritesTyping() bool { return c.TypingWriter == c.Name }

@@ -17,11 +17,12 @@ import (
 
 // newShardServer is the owner end for one kind of sharded work; nil when
 // this instance owns none of it.
-func newShardServer(self string, holds func() bool, m *shard.Map, q *shard.Queue, cfg Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
-	if q == nil {
+func newShardServer(sc shard.ServerConfig, cfg Config, reg prometheus.Registerer, log *slog.Logger) (http.Handler, error) {
+	if sc.Queue == nil {
 		return nil, nil
 	}
-	return shard.NewServer(shard.ServerConfig{Self: self, Holds: holds, Map: m, Queue: q, Secret: cfg.Secret, Insecure: cfg.Insecure, Registerer: reg, Logger: log})
+	sc.Secret, sc.Insecure, sc.Registerer, sc.Logger = cfg.Secret, cfg.Insecure, reg, log
+	return shard.NewServer(sc)
 }
 
 // shardDispatch routes forwarded work: keys under typingPrefix to the

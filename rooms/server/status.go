@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/streams"
 )
@@ -24,6 +25,7 @@ type statusPage struct {
 	pool   *pgxpool.Pool
 	gen    *streams.Generator
 	queues map[string]*shard.Queue
+	shards *membership.Follower
 }
 
 func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
@@ -64,8 +66,19 @@ type Status struct {
 	Peers         map[string]fabric.Peer `json:"peers"`
 	Writers       []WriterStatus         `json:"writers,omitempty"`
 	QueueDepth    map[string]int         `json:"queue_depth"`
+	// ShardMap is the rooms' writer map this instance follows.
+	ShardMap *ShardMapStatus `json:"shard_map,omitempty"`
 	// Waiting is set while the instance waits for its writer name.
 	Waiting *WaitingStatus `json:"waiting,omitempty"`
+}
+
+// ShardMapStatus is the shard map as one instance follows it.
+type ShardMapStatus struct {
+	Epoch   int64    `json:"epoch"`
+	Writers []string `json:"writers"`
+	// Settled: every handover up to this epoch has finished, as far as
+	// this instance knows (Settled == Epoch: none in progress).
+	Settled int64 `json:"settled"`
 }
 
 // StreamView is one writer of one stream as this instance sees it.
@@ -103,6 +116,10 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
 	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
 		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: notReady(ns), PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
 		Peers: ns.Peers, QueueDepth: map[string]int{}}
+	if s.shards != nil {
+		v := s.shards.Version()
+		st.ShardMap = &ShardMapStatus{Epoch: v.Epoch, Writers: v.Writers, Settled: s.shards.Settled()}
+	}
 	for _, v := range ns.Views {
 		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
 			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, Catching: v.Catching})
