@@ -2,11 +2,14 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -24,11 +27,13 @@ import (
 func TestWritersJoinAndLeave(t *testing.T) {
 	ch := newChaos(t, chaosOpts{rooms: 200, extra: map[string][]string{"persister3": {"--event-writer"}}})
 	ch.run("writers-join-leave", func(ch *chaos) {
-		for _, step := range [][2]string{{"add", "persister3"}, {"remove", "persister1"}, {"add", "persister1"}} {
-			epoch := ch.changeWriters(step[0], step[1])
-			ch.awaitHandover(epoch)
+		for _, step := range [][2]string{{"add", "persister3"}, {"remove", "persister1"}} {
+			ch.awaitHandover(ch.changeWriters(step[0], step[1]))
 			ch.loadFor(300)
 		}
+		// The master's HTTP form of the same command.
+		ch.awaitHandover(ch.addWriterHTTP("persister1"))
+		ch.loadFor(300)
 	})
 	if n := ch.w.failures.Load(); n > 0 {
 		t.Errorf("%d client writes failed during the handovers", n)
@@ -83,6 +88,34 @@ func (ch *chaos) changeWriters(verb, name string) int64 {
 	epoch, _ := strconv.ParseInt(string(m[1]), 10, 64)
 	t.Logf("master writers %s %s: %s", verb, name, out)
 	return epoch
+}
+
+// addWriterHTTP adds a writer through the master's /_weft/v1/writers
+// (refused without the bearer secret) and returns the new epoch.
+func (ch *chaos) addWriterHTTP(name string) int64 {
+	t := ch.t
+	t.Helper()
+	u := ch.get("master").url + "/_weft/v1/writers/" + name
+	req, _ := http.NewRequest(http.MethodPost, u, nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("POST %s without the secret: %v %v, want 401", u, resp, err)
+	}
+	req, _ = http.NewRequest(http.MethodPost, u, nil)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Epoch   int64    `json:"epoch"`
+		Writers []string `json:"writers"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != http.StatusOK || !slices.Contains(v.Writers, name) {
+		t.Fatalf("POST %s: %d %+v %v", u, resp.StatusCode, v, err)
+	}
+	t.Logf("POST /_weft/v1/writers/%s: epoch %d: %v", name, v.Epoch, v.Writers)
+	return v.Epoch
 }
 
 // awaitHandover waits until every running instance follows the map at
