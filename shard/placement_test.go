@@ -133,3 +133,42 @@ func TestQueuePlacementParksGainedKeys(t *testing.T) {
 		t.Fatalf("Done heard %d times, %d keys still admitted; want 1 and 0", pl.done, pl.node.Admitted())
 	}
 }
+
+// The cost of fencing on the queue's hot path: tasks of settled keys
+// through a Placement (a handover.Node behind a mutex, as
+// membership.Follower keeps it) against the same queue without one. The
+// executor does nothing, so only the queue's own work is measured.
+func BenchmarkQueuePlacement(b *testing.B) {
+	writers := []string{"a"}
+	for _, placed := range []bool{false, true} {
+		b.Run(fmt.Sprintf("placement=%v", placed), func(b *testing.B) {
+			cfg := QueueConfig{MaxPending: 1 << 20, Exec: func(_ context.Context, _ string, tasks []Task) []Result {
+				return make([]Result, len(tasks))
+			}}
+			if placed {
+				pl := &nodePlacement{node: handover.New("a", 0, Owner)}
+				pl.with(func(n *handover.Node) { n.Learn(handover.Version{Epoch: 1, Writers: writers}) })
+				cfg.Placement = pl
+			}
+			q := startQueue(b, cfg)
+			keys := make([]string, 256)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("!b%d:test", i)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for i := range b.N {
+				wg.Go(func() {
+					if _, err := q.Submit(context.Background(), keys[i%len(keys)], Task{Kind: "persist", Batchable: true}); err != nil {
+						b.Error(err)
+					}
+				})
+				if i%1024 == 1023 {
+					wg.Wait()
+				}
+			}
+			wg.Wait()
+		})
+	}
+}
