@@ -92,3 +92,15 @@ func (s *Store) releaseAsHolder(ctx context.Context, mapName, writer, inst strin
 	}
 	return held, nil
 }
+
+// Held reports whether a running instance holds writer's lease: the writer
+// registry names a holder whose lease has not expired and was not sealed.
+// Adding a writer nobody holds parks its keys until one does.
+func (s *Store) Held(ctx context.Context, writer string) (bool, error) {
+	var held bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM weft_writers WHERE name = $1 AND NOT sealed AND lease_until > now())`, writer).Scan(&held)
+	if err != nil {
+		return false, fmt.Errorf("membership: is writer %s held: %w", writer, err)
+	}
+	return held, nil
+}

@@ -91,7 +91,8 @@ func (ch *chaos) changeWriters(verb, name string) int64 {
 }
 
 // addWriterHTTP adds a writer through the master's /_weft/v1/writers
-// (refused without the bearer secret) and returns the new epoch.
+// (refused without the bearer secret, and for a name no instance holds)
+// and returns the new epoch.
 func (ch *chaos) addWriterHTTP(name string) int64 {
 	t := ch.t
 	t.Helper()
@@ -99,6 +100,12 @@ func (ch *chaos) addWriterHTTP(name string) int64 {
 	req, _ := http.NewRequest(http.MethodPost, u, nil)
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("POST %s without the secret: %v %v, want 401", u, resp, err)
+	}
+	// A name no instance holds would own rooms nobody runs: refused.
+	req, _ = http.NewRequest(http.MethodPost, ch.get("master").url+"/_weft/v1/writers/persister9", nil)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusConflict {
+		t.Fatalf("POST persister9 (held by nobody): %v %v, want 409", resp, err)
 	}
 	req, _ = http.NewRequest(http.MethodPost, u, nil)
 	req.Header.Set("Authorization", "Bearer "+secret)

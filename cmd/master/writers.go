@@ -22,7 +22,7 @@ import (
 // PostgreSQL (package membership). Each change is a new epoch.
 type writersCmd struct {
 	List   writersListCmd   `cmd:"" help:"Show a map's writers at its current epoch and the epoch each writer has released."`
-	Add    writersChangeCmd `cmd:"" help:"Add a writer name to a map (a new epoch)."`
+	Add    writersAddCmd    `cmd:"" help:"Add a writer name to a map (a new epoch); a running instance must hold the name (--event-writer)."`
 	Remove writersChangeCmd `cmd:"" help:"Remove a writer name from a map (a new epoch)."`
 }
 
@@ -47,6 +47,11 @@ type writersChangeCmd struct {
 	databaseURL
 	mapFlag
 	Name string `arg:"" help:"The writer name."`
+}
+
+type writersAddCmd struct {
+	writersChangeCmd
+	Force bool `help:"Add the name although no running instance holds it: its rooms then wait until one does."`
 }
 
 func (c writersChangeCmd) validate() error {
@@ -129,12 +134,24 @@ func printWriters(w io.Writer, v membership.Version, released map[string]int64) 
 	}
 }
 
-func (c writersChangeCmd) add(ctx context.Context, o out) error {
+func (c writersAddCmd) add(ctx context.Context, o out) error {
 	store, pool, err := c.store(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	// A name nobody holds would own rooms nobody runs: say so first,
+	// unless it already is a writer (then nothing changes anyway).
+	if cur, err := store.Current(ctx, c.Map); err == nil && !slices.Contains(cur.Writers, c.Name) && !c.Force {
+		held, err := store.Held(ctx, c.Name)
+		if err != nil {
+			return explainWritersError(pool, err)
+		}
+		if !held {
+			return fmt.Errorf("%s: no running instance holds writer name %s: start one with --name %s --event-writer first, or add it with --force (its rooms then wait until one does)",
+				c.Map, c.Name, c.Name)
+		}
+	}
 	v, err := store.Add(ctx, c.Map, c.Name)
 	switch {
 	case errors.Is(err, membership.ErrUnchanged):

@@ -47,6 +47,12 @@ func TestWritersCommands(t *testing.T) {
 	if _, err := store.Init(ctx, "events", []string{"persister1"}); err != nil {
 		t.Fatal(err)
 	}
+	// Nobody holds persister2 yet: refused, unless forced.
+	expect(t, url, []string{"writers", "add", "persister2"}, server.ExitFailure, "",
+		"master: events: no running instance holds writer name persister2: start one with --name persister2 --event-writer first")
+	if _, err := pool.Exec(ctx, `INSERT INTO weft_writers (name, instance, lease_until) VALUES ('persister2', 'persister2-x', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
 	expect(t, url, []string{"writers", "add", "persister2"}, server.ExitOK,
 		"events: epoch 2: added persister2 (writers: persister1, persister2)\n", "")
 	expect(t, url, []string{"writers", "add", "persister2", "--map", "events"}, server.ExitOK,
@@ -57,7 +63,7 @@ func TestWritersCommands(t *testing.T) {
 		"events: persister1 is not a writer (epoch 3: persister2)\n", "")
 	expect(t, url, []string{"writers", "remove", "persister2"}, server.ExitFailure, "",
 		"master: events: cannot remove persister2: it is the only writer (epoch 3)")
-	expect(t, url, []string{"writers", "add", "persister3"}, server.ExitOK,
+	expect(t, url, []string{"writers", "add", "persister3", "--force"}, server.ExitOK,
 		"events: epoch 4: added persister3 (writers: persister2, persister3)\n", "")
 
 	if err := store.Release(ctx, "events", "persister1", "persister1-aaaaaaaa", 3); err != nil {

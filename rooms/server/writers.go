@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
@@ -15,13 +16,13 @@ import (
 // WritersPath is the master's HTTP form of master writers list|add|remove:
 //
 //	GET    /_weft/v1/writers          the rooms' shard map
-//	POST   /_weft/v1/writers/{name}   add a writer
+//	POST   /_weft/v1/writers/{name}   add a writer (?force=true: though no instance holds it)
 //	DELETE /_weft/v1/writers/{name}   remove a writer
 //
 // with the bearer secret of every /_weft/ endpoint. A change answers the
 // new version (200), or the current one with "unchanged": true when the
-// name already was (or was not) a writer; removing the last writer is a
-// 409. Every instance follows the change within a poll (100 ms) and hands
+// name already was (or was not) a writer; removing the last writer, or
+// adding a name no running instance holds (without force), is a 409. Every instance follows the change within a poll (100 ms) and hands
 // the moved rooms over fenced.
 const WritersPath = "/_weft/v1/writers"
 
@@ -72,6 +73,20 @@ func (a *writersAPI) change(w http.ResponseWriter, r *http.Request) {
 	change, verb := a.store.Add, "added"
 	if r.Method == http.MethodDelete {
 		change, verb = a.store.Remove, "removed"
+	} else if r.URL.Query().Get("force") != "true" {
+		cur, err := a.store.Current(r.Context(), rooms.EventsStream)
+		if err == nil && !slices.Contains(cur.Writers, name) {
+			held, herr := a.store.Held(r.Context(), name)
+			switch {
+			case herr != nil:
+				httpx.WriteError(w, http.StatusServiceUnavailable, herr.Error(), "")
+				return
+			case !held:
+				httpx.WriteError(w, http.StatusConflict, "no running instance holds writer name "+name+
+					": start one with --event-writer first, or add it with ?force=true (its rooms then wait until one does)", "name")
+				return
+			}
+		}
 	}
 	v, err := change(r.Context(), rooms.EventsStream, name)
 	switch {
