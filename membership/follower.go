@@ -10,15 +10,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/internal/telemetry"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/shard/handover"
 )
 
 // DefaultPoll is how often a Follower reads the map, the releases and the
-// fences: a handover takes about two polls (the old owner learns the
-// change and releases, the new owner sees the release).
-const DefaultPoll = 100 * time.Millisecond
+// fences when nothing woke it: changes and releases are announced (NOTIFY
+// on NotifyChannel) and read at once; the poll catches what a lost
+// listening connection missed, and seals, which are not announced.
+const DefaultPoll = 250 * time.Millisecond
 
 // FollowerConfig configures a Follower.
 type FollowerConfig struct {
@@ -47,11 +49,13 @@ type FollowerConfig struct {
 // keys through their handover: it is the shard.Placement of a map that
 // changes at runtime (master writers add/remove). Every instance runs one
 // per map, writers and readers alike (readers only to forward to the
-// right owner). It polls one statement per interval: the newest epoch,
-// every writer's release, and the writers whose lease is sealed (fenced
-// out at that epoch: they can never commit again); it fetches a version
-// only when a new one appears, and records this writer's release when its
-// handover.Node says one is due.
+// right owner). It reads one statement when a change or a release is
+// announced (NOTIFY) and every Poll: the newest epoch, every writer's
+// release, and the writers whose lease is sealed (fenced out at that
+// epoch: they can never commit again); it fetches a version only when a
+// new one appears, and records this writer's release when its
+// handover.Node says one is due. Run holds one PostgreSQL connection of
+// its own, LISTENing.
 type Follower struct {
 	cfg FollowerConfig
 	log *slog.Logger
@@ -99,9 +103,17 @@ func NewFollower(ctx context.Context, cfg FollowerConfig) (*Follower, error) {
 	return f, nil
 }
 
-// Run reads the map every Poll until ctx ends. A failed read is logged
-// and retried at the next interval: the last known map stays in force.
+// Run reads the map every Poll, and at once when a change or a release of
+// the map is announced, until ctx ends. A failed read is logged and
+// retried at the next wake: the last known map stays in force. The
+// listening connection is held beside the pool and reopened with backoff.
 func (f *Follower) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Go(func() { f.listen(ctx, wake) })
 	t := time.NewTicker(f.cfg.Poll)
 	defer t.Stop()
 	failing := false
@@ -110,6 +122,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-wake:
 		}
 		err := f.Refresh(ctx)
 		switch {
@@ -119,6 +132,28 @@ func (f *Follower) Run(ctx context.Context) error {
 		case err == nil && failing:
 			f.log.Info("membership: reading the shard map again", "map", f.cfg.Map)
 			failing = false
+		}
+	}
+}
+
+// listen keeps a LISTEN session open, reopening it with backoff; each time
+// it opens, the map is read (what was announced meanwhile was missed).
+func (f *Follower) listen(ctx context.Context, wake chan<- struct{}) {
+	delay := backoff.Config{}.Delays()
+	for attempt := 1; ; attempt++ {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+		err := f.cfg.Store.listen(ctx, f.cfg.Map, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		f.log.Debug("membership: listening for shard map changes failed; polling meanwhile", "map", f.cfg.Map, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay(attempt)):
 		}
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/shard/handover"
@@ -129,4 +132,47 @@ func TestFollowerReleasesOnlyAsHolder(t *testing.T) {
 	if c.Settled() != 2 {
 		t.Fatalf("c's settled epoch %d with a and b sealed, want 2", c.Settled())
 	}
+}
+
+// A change is announced (NOTIFY) and a running Follower reads it at once:
+// with an hour between polls, only the announcement can bring epoch 2.
+// A release is announced the same way.
+func TestFollowerHearsChanges(t *testing.T) {
+	s, pool := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	holdName(t, pool, "a", "inst-a")
+	start := func(self string) *membership.Follower {
+		f, err := membership.NewFollower(ctx, membership.FollowerConfig{Store: s, Map: "events", Initial: []string{"a", "b"},
+			Self: self, Instance: "inst-" + self, Poll: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	a, c := start("a"), start("c")
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { _ = a.Run(ctx) })
+	wg.Go(func() { _ = c.Run(ctx) })
+	holdName(t, pool, "c", "inst-c")
+	// Wait until both listen: the first read of Run follows LISTEN.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN `+membership.NotifyChannel+`'`).Scan(&n)
+		return n == 2
+	}, "the followers never listened")
+	must(t)(s.Add(ctx, "events", "c"))
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.Version().Epoch == 2 && c.Version().Epoch == 2 },
+		"the change was not heard (epochs %d, %d)", a.Version().Epoch, c.Version().Epoch)
+	// a releases epoch 2 (it admitted nothing); b never does, so c's
+	// barrier waits for b alone, and hears a's release without polling.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		rel, _ := s.Releases(ctx, "events")
+		return rel["a"] == 2
+	}, "a did not release epoch 2")
+	if _, err := pool.Exec(ctx, `INSERT INTO weft_writers (name, instance, sealed) VALUES ('b', 'inst-b', true)`); err != nil {
+		t.Fatal(err)
+	}
+	must(t)(s.Add(ctx, "events", "d")) // an announced change makes c read the seal too
+	testenv.Eventually(t, 10*time.Second, func() bool { return c.Settled() >= 2 }, "c never settled epoch 2 (settled %d)", c.Settled())
 }

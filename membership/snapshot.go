@@ -85,8 +85,10 @@ func (s *Store) releaseAsHolder(ctx context.Context, mapName, writer, inst strin
 			SELECT $1, $2::text, $3, $4::text FROM cur WHERE $3 <= cur.epoch AND EXISTS (SELECT 1 FROM holder)
 			ON CONFLICT (map, writer) DO UPDATE
 				SET epoch = EXCLUDED.epoch, instance = EXCLUDED.instance, released_at = now()
-				WHERE r.epoch < EXCLUDED.epoch)
-		SELECT EXISTS (SELECT 1 FROM holder)`, mapName, writer, epoch, inst).Scan(&held)
+				WHERE r.epoch < EXCLUDED.epoch
+			RETURNING 1),
+		notified AS (SELECT pg_notify($5, $1) FROM up)
+		SELECT EXISTS (SELECT 1 FROM holder), (SELECT count(*) FROM notified)`, mapName, writer, epoch, inst, NotifyChannel).Scan(&held, new(int64))
 	if err != nil {
 		return false, fmt.Errorf("membership: map %s: release writer %s (instance %s) up to epoch %d: %w", mapName, writer, inst, epoch, err)
 	}
@@ -103,4 +105,38 @@ func (s *Store) Held(ctx context.Context, writer string) (bool, error) {
 		return false, fmt.Errorf("membership: is writer %s held: %w", writer, err)
 	}
 	return held, nil
+}
+
+// NotifyChannel is the PostgreSQL NOTIFY channel a change of a map and a
+// new release are announced on (the payload is the map's name), in the
+// transaction that writes them: a Follower that listens reads the map at
+// once instead of at its next poll.
+const NotifyChannel = "weft_shard_maps"
+
+// listen holds one connection that LISTENs on NotifyChannel and signals
+// wake (without blocking) for every notification about mapName, until
+// ctx ends or the connection fails.
+func (s *Store) listen(ctx context.Context, mapName string, wake chan<- struct{}) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("membership: listen: %w", err)
+	}
+	// The session is LISTENing: it must not go back to the pool.
+	pc := conn.Hijack()
+	defer pc.Close(context.WithoutCancel(ctx))
+	if _, err := pc.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return fmt.Errorf("membership: listen: %w", err)
+	}
+	for {
+		n, err := pc.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("membership: listen: %w", err)
+		}
+		if n.Payload == mapName {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 }

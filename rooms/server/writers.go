@@ -22,8 +22,9 @@ import (
 // with the bearer secret of every /_weft/ endpoint. A change answers the
 // new version (200), or the current one with "unchanged": true when the
 // name already was (or was not) a writer; removing the last writer, or
-// adding a name no running instance holds (without force), is a 409. Every instance follows the change within a poll (100 ms) and hands
-// the moved rooms over fenced.
+// adding a name no running instance holds (without force), is a 409.
+// Every instance hears of the change (NOTIFY) and hands the moved rooms
+// over fenced.
 const WritersPath = "/_weft/v1/writers"
 
 // writersAPI serves WritersPath on the master.
