@@ -158,7 +158,7 @@ func TestFollowerHearsChanges(t *testing.T) {
 	// Wait until both listen: the first read of Run follows LISTEN.
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN `+membership.NotifyChannel+`'`).Scan(&n)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN `+membership.NotifyChannel+`'`).Scan(&n)
 		return n == 2
 	}, "the followers never listened")
 	must(t)(s.Add(ctx, "events", "c"))
