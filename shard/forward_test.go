@@ -341,6 +341,8 @@ func TestServerBadInput(t *testing.T) {
 		{"idempotency key too long", "POST", target, `{"kind":"persist","idempotency_key":"` + strings.Repeat("i", 257) + `"}`, 400, "idempotency_key"},
 		{"idempotency key a number", "POST", target, `{"kind":"persist","idempotency_key":1}`, 400, "idempotency_key"},
 		{"batchable a string", "POST", target, `{"kind":"persist","idempotency_key":"a","batchable":"yes"}`, 400, "batchable"},
+		{"epoch negative", "POST", target, `{"kind":"persist","idempotency_key":"a","epoch":-1}`, 400, "epoch"},
+		{"epoch a string", "POST", target, `{"kind":"persist","idempotency_key":"a","epoch":"3"}`, 400, "epoch"},
 		{"empty key", "POST", PathPrefix, `{"kind":"persist","idempotency_key":"a"}`, 400, "key"},
 		{"key too long", "POST", PathPrefix + strings.Repeat("k", MaxKeyLen+1), `{"kind":"persist","idempotency_key":"a"}`, 400, "key"},
 		{"key not UTF-8", "POST", PathPrefix + "%ff", `{"kind":"persist","idempotency_key":"a"}`, 400, "key"},
