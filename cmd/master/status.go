@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -171,11 +172,15 @@ func askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
 // the views of the asked instance, and the writer registry.
 func printCluster(out io.Writer, asked string, st server.Status, peers map[string]peerStatus) error {
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "asked %s: %s (%s), persisted-upto %d, token %s\n\n", asked, st.Instance, st.Role, st.PersistedUpto, st.Token)
-	fmt.Fprintln(w, "INSTANCE\tNAME\tROLE\tREADY\tDEGRADED\tMAX LAG\tQUEUE\tPERSISTED-UPTO\tVERSION\tURL")
+	fmt.Fprintf(w, "asked %s: %s (%s), persisted-upto %d, token %s\n", asked, st.Instance, st.Role, st.PersistedUpto, st.Token)
+	if m := st.ShardMap; m != nil {
+		fmt.Fprintf(w, "event writers: epoch %d: %s\n", m.Epoch, strings.Join(m.Writers, ", "))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "INSTANCE\tNAME\tROLE\tREADY\tDEGRADED\tMAX LAG\tQUEUE\tPERSISTED-UPTO\tVERSION\tURL\tMAP EPOCH")
 	row := func(s server.Status) {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Instance, s.Name, s.Role, yesNo(s.Ready), yesNo(s.Degraded),
-			maxLag(s), queueDepth(s), s.PersistedUpto, s.Version, s.URL)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Instance, s.Name, s.Role, yesNo(s.Ready), yesNo(s.Degraded),
+			maxLag(s), queueDepth(s), s.PersistedUpto, s.Version, s.URL, mapEpoch(s))
 	}
 	row(st)
 	for _, id := range slices.Sorted(maps.Keys(st.Peers)) {
@@ -208,6 +213,19 @@ func printCluster(out io.Writer, asked string, st server.Status, peers map[strin
 		}
 	}
 	return w.Flush()
+}
+
+// mapEpoch is the shard map epoch an instance follows, and whether a
+// handover to it is still going on there.
+func mapEpoch(s server.Status) string {
+	switch m := s.ShardMap; {
+	case m == nil:
+		return "-"
+	case m.Settled < m.Epoch:
+		return fmt.Sprintf("%d (handing over)", m.Epoch)
+	default:
+		return strconv.FormatInt(m.Epoch, 10)
+	}
 }
 
 func maxLag(s server.Status) int64 {

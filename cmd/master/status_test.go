@@ -28,6 +28,7 @@ func TestDefaultStatusURL(t *testing.T) {
 // reports itself, or why it could not be asked.
 func TestPrintCluster(t *testing.T) {
 	st := server.Status{Instance: "master-aaaaaaaa", Name: "master", Role: "master", Ready: true, Version: "v1", URL: "http://m",
+		ShardMap:   &server.ShardMapStatus{Epoch: 3, Writers: []string{"persister1", "persister2"}, Settled: 3},
 		Streams:    []server.StreamView{{Stream: "events", Writer: "persister1", Instance: "persister1-bbbbbbbb", Position: 7, Announced: 9, Lag: 2, Catching: true}},
 		QueueDepth: map[string]int{"typing": 1},
 		Peers: map[string]fabric.Peer{
@@ -37,7 +38,8 @@ func TestPrintCluster(t *testing.T) {
 		}}
 	peers := map[string]peerStatus{
 		"persister1-bbbbbbbb": {st: server.Status{Instance: "persister1-bbbbbbbb", Name: "persister1", Role: "worker", Degraded: true,
-			Streams: []server.StreamView{{Lag: 4}}, QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1"}},
+			Streams: []server.StreamView{{Lag: 4}}, QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1",
+			ShardMap: &server.ShardMapStatus{Epoch: 3, Writers: []string{"persister1", "persister2"}, Settled: 2}}},
 		"sync1-cccccccc": {err: errors.New("Get: dial: connection refused")},
 	}
 	var b bytes.Buffer
@@ -53,8 +55,9 @@ func TestPrintCluster(t *testing.T) {
 	}
 	out := squeeze(b.String())
 	for _, want := range []string{
-		"master-aaaaaaaa      master      master  yes    no        2        1      0               v1       http://m",
-		"persister1-bbbbbbbb  persister1  worker  no     yes       4        3      5               v1       http://p1",
+		"event writers: epoch 3: persister1, persister2",
+		"master-aaaaaaaa      master      master  yes    no        2        1      0               v1       http://m   3",
+		"persister1-bbbbbbbb  persister1  worker  no     yes       4        3      5               v1       http://p1  3 (handing over)",
 		"sync1-cccccccc       sync1       worker  unreachable",
 		"connection refused",
 		"odd-dddddddd         odd         worker  -",
