@@ -425,16 +425,16 @@ func TestOperatorStatusWatch(t *testing.T) {
 		if !strings.HasPrefix(r, fmt.Sprintf("--- refresh %d ", i+1)) {
 			t.Errorf("refresh %d starts %q", i+1, r[:min(len(r), 40)])
 		}
-		for _, want := range []string{"INSTANCE", "READY", "DEGRADED", "MAX LAG", "QUEUE", "STREAM", "POSITION", "WRITER", "HOLDER"} {
+		for _, want := range []string{"INSTANCE", "READY", "DEGRADED", "MAX LAG", "QUEUE", "MAP EPOCH", "event writers: epoch 1: persister1, persister2", "STREAM", "POSITION", "WRITER", "HOLDER"} {
 			if !strings.Contains(r, want) {
 				t.Errorf("refresh %d has no %s column:\n%s", i+1, want, r)
 			}
 		}
 		for _, p := range []*proc{master, p1, p2, sync1} {
 			// Readiness may flicker while a cluster settles: yes or no.
-			re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(p.name) + `-\S+\s+` + regexp.QuoteMeta(p.name) + `\s+\w+\s+(yes|no)\s+(yes|no)\s+\d+\s+\d+\s+\d+\s+\S+\s+` + regexp.QuoteMeta(p.url) + `$`)
+			re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(p.name) + `-\S+\s+` + regexp.QuoteMeta(p.name) + `\s+\w+\s+(yes|no)\s+(yes|no)\s+\d+\s+\d+\s+\d+\s+\S+\s+` + regexp.QuoteMeta(p.url) + `\s+\d+( \(handing over\))?$`)
 			if !re.MatchString(r) {
-				t.Errorf("refresh %d: no row for %s with ready, degraded, lag, queue, persisted-upto, version and URL:\n%s", i+1, p.name, r)
+				t.Errorf("refresh %d: no row for %s with ready, degraded, lag, queue, persisted-upto, version, URL and map epoch:\n%s", i+1, p.name, r)
 			}
 		}
 	}
