@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weft-dev/weft/backoff"
@@ -60,11 +61,13 @@ type Follower struct {
 	cfg FollowerConfig
 	log *slog.Logger
 
+	*handover.Shared // Owner, Admit, Runnable and Done: the shard.Placement
+
 	mu   sync.Mutex
-	node *handover.Node
 	ever map[string]bool // every writer name seen in a version or a release
 
 	refresh sync.Mutex // one read at a time
+	reads   atomic.Uint64
 }
 
 // NewFollower initialises the map (Init with cfg.Initial) and reads it,
@@ -96,7 +99,8 @@ func NewFollower(ctx context.Context, cfg FollowerConfig) (*Follower, error) {
 		}
 		recorded = rel[cfg.Self]
 	}
-	f.node = handover.New(cfg.Self, recorded, shard.Owner)
+	// With no Self the node owns nothing and refuses every key.
+	f.Shared = handover.NewShared(handover.New(cfg.Self, recorded, shard.Owner))
 	if err := f.Refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -138,6 +142,7 @@ func (f *Follower) Run(ctx context.Context) error {
 
 // listen keeps a LISTEN session open, reopening it with backoff; each time
 // it opens, the map is read (what was announced meanwhile was missed).
+// The backoff starts over after a session that lasted a minute.
 func (f *Follower) listen(ctx context.Context, wake chan<- struct{}) {
 	delay := backoff.Config{}.Delays()
 	for attempt := 1; ; attempt++ {
@@ -145,9 +150,13 @@ func (f *Follower) listen(ctx context.Context, wake chan<- struct{}) {
 		case wake <- struct{}{}:
 		default:
 		}
+		began := time.Now()
 		err := f.cfg.Store.listen(ctx, f.cfg.Map, wake)
 		if ctx.Err() != nil {
 			return
+		}
+		if time.Since(began) > time.Minute {
+			attempt = 1 // it listened a while: a new failure, not the same one
 		}
 		f.log.Debug("membership: listening for shard map changes failed; polling meanwhile", "map", f.cfg.Map, "err", err)
 		select {
@@ -159,17 +168,28 @@ func (f *Follower) listen(ctx context.Context, wake chan<- struct{}) {
 }
 
 // Refresh reads the map, the releases and the fences now, records this
-// writer's release when one is due, and kicks the queue.
+// writer's release when one is due, and kicks the queue. Callers that
+// arrive while a read is under way share the next one: a burst of
+// refusals after a change costs one read, not one each.
 func (f *Follower) Refresh(ctx context.Context) error {
+	asked := f.reads.Load()
 	f.refresh.Lock()
 	defer f.refresh.Unlock()
+	if f.reads.Load() > asked+1 {
+		return nil // a read that began after this call finished meanwhile
+	}
+	defer f.reads.Add(1)
+	return f.read(ctx)
+}
+
+// read is one Refresh; f.refresh is held.
+func (f *Follower) read(ctx context.Context) error {
 	snap, err := f.cfg.Store.snapshot(ctx, f.cfg.Map)
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
-	known := f.node.Epoch()
-	f.mu.Unlock()
+	var known int64
+	f.Update(func(n *handover.Node) { known = n.Epoch() })
 	// Only new versions; the first read takes every stored one (at most
 	// KeepVersions): a barrier compares an epoch with the one before it.
 	var learned []Version
@@ -178,24 +198,34 @@ func (f *Follower) Refresh(ctx context.Context) error {
 			return err
 		}
 	}
-	f.mu.Lock()
 	for _, v := range learned {
-		if v.Epoch > known && known > 0 {
+		if known > 0 {
 			f.log.Info("membership: shard map changed", "map", f.cfg.Map, "epoch", v.Epoch, "writers", v.Writers)
 		}
-		f.node.Learn(handover.Version{Epoch: v.Epoch, Writers: v.Writers})
+	}
+	var due int64
+	var ok bool
+	f.Update(func(n *handover.Node) {
+		for _, v := range learned {
+			n.Learn(handover.Version{Epoch: v.Epoch, Writers: v.Writers})
+		}
+		for w, e := range snap.released {
+			n.Released(w, e)
+		}
+		for w, e := range snap.fenced {
+			n.Fenced(w, e)
+		}
+		due, ok = n.Release()
+	})
+	f.mu.Lock()
+	for _, v := range learned {
 		for _, w := range v.Writers {
 			f.ever[w] = true
 		}
 	}
-	for w, e := range snap.released {
-		f.node.Released(w, e)
+	for w := range snap.released {
 		f.ever[w] = true
 	}
-	for w, e := range snap.fenced {
-		f.node.Fenced(w, e)
-	}
-	due, ok := f.node.Release()
 	f.mu.Unlock()
 	if ok && f.cfg.Self != "" {
 		held, err := f.cfg.Store.releaseAsHolder(ctx, f.cfg.Map, f.cfg.Self, f.cfg.Instance, due)
@@ -203,9 +233,7 @@ func (f *Follower) Refresh(ctx context.Context) error {
 			return err
 		}
 		if held {
-			f.mu.Lock()
-			f.node.Released(f.cfg.Self, due)
-			f.mu.Unlock()
+			f.Update(func(n *handover.Node) { n.Released(f.cfg.Self, due) })
 			f.log.Debug("membership: released", "map", f.cfg.Map, "epoch", due)
 		}
 	}
@@ -215,42 +243,11 @@ func (f *Follower) Refresh(ctx context.Context) error {
 	return nil
 }
 
-// Owner is key's owner at the newest known epoch, and that epoch.
-func (f *Follower) Owner(key string) (string, int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.node.Owner(key), f.node.Epoch()
-}
-
-// Admit implements shard.Placement.
-func (f *Follower) Admit(key string, senderEpoch int64) handover.Decision {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.cfg.Self == "" {
-		return handover.Decision{Verdict: handover.Refuse, Owner: f.node.Owner(key), Epoch: f.node.Epoch()}
-	}
-	return f.node.Admit(key, senderEpoch)
-}
-
-// Runnable implements shard.Placement.
-func (f *Follower) Runnable(key string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.node.Runnable(key)
-}
-
-// Done implements shard.Placement.
-func (f *Follower) Done(key string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.node.Done(key)
-}
-
 // Version is the newest version the Follower knows.
 func (f *Follower) Version() Version {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return Version{Map: f.cfg.Map, Epoch: f.node.Epoch(), Writers: f.node.Writers()}
+	v := Version{Map: f.cfg.Map}
+	f.Update(func(n *handover.Node) { v.Epoch, v.Writers = n.Epoch(), n.Writers() })
+	return v
 }
 
 // Writers is every writer name the map has had as far as this Follower
@@ -265,10 +262,9 @@ func (f *Follower) Writers() []string {
 
 // Settled is the epoch up to which every handover has finished, as far as
 // this instance knows.
-func (f *Follower) Settled() int64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.node.Settled()
+func (f *Follower) Settled() (settled int64) {
+	f.Update(func(n *handover.Node) { settled = n.Settled() })
+	return settled
 }
 
 var _ shard.Placement = (*Follower)(nil)

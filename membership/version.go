@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/shard"
 )
 
 // KeepVersions is how many versions of a map are kept: every change deletes
@@ -62,22 +62,14 @@ func ValidMapName(name string) error {
 	return nil
 }
 
-// writerSet returns writers sorted, after checking what shard.NewMap
-// checks: at least one name, each valid, none twice. (It does not call
-// shard.NewMap so that shard may depend on this package.)
+// writerSet returns writers sorted, after the checks of shard.NewMap: at
+// least one name, each valid, none twice.
 func writerSet(writers []string) ([]string, error) {
 	if len(writers) == 0 {
 		return nil, errors.New("no writers: a map needs at least one")
 	}
-	seen := make(map[string]int, len(writers))
-	for i, w := range writers {
-		if err := instance.ValidName(w); err != nil {
-			return nil, fmt.Errorf("writer %d: %w", i, err)
-		}
-		if j, dup := seen[w]; dup {
-			return nil, fmt.Errorf("writer %q listed twice (at %d and %d)", w, j, i)
-		}
-		seen[w] = i
+	if _, err := shard.NewMap(writers); err != nil {
+		return nil, err
 	}
 	out := slices.Clone(writers)
 	slices.Sort(out)

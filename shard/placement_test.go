@@ -5,52 +5,36 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/weft-dev/weft/shard/handover"
 )
 
-// nodePlacement is a Placement over a handover.Node fed by the test: the
-// real state machine, with the test playing the database.
+// nodePlacement is a Placement over the real handover state machine,
+// with the test playing the database; it counts the tasks that ended.
 type nodePlacement struct {
-	mu   sync.Mutex
-	node *handover.Node
-	done int
+	*handover.Shared
+	done atomic.Int64
 }
 
-func (p *nodePlacement) Owner(key string) (string, int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.node.Owner(key), p.node.Epoch()
-}
-
-func (p *nodePlacement) Admit(key string, epoch int64) handover.Decision {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.node.Admit(key, epoch)
-}
-
-func (p *nodePlacement) Runnable(key string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.node.Runnable(key)
+func newNodePlacement(self string, versions ...[]string) *nodePlacement {
+	p := &nodePlacement{Shared: handover.NewShared(handover.New(self, 0, Owner))}
+	p.Update(func(n *handover.Node) {
+		for i, w := range versions {
+			n.Learn(handover.Version{Epoch: int64(i + 1), Writers: w})
+		}
+	})
+	return p
 }
 
 func (p *nodePlacement) Done(key string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.node.Done(key)
-	p.done++
+	p.Shared.Done(key)
+	p.done.Add(1)
 }
 
 func (p *nodePlacement) Refresh(context.Context) error { return nil }
-
-func (p *nodePlacement) with(f func(n *handover.Node)) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	f(p.node)
-}
 
 // movingKey finds a key owned by from at v1 and by to at v2.
 func movingKey(t *testing.T, from string, v1 []string, to string, v2 []string) string {
@@ -73,11 +57,7 @@ func TestQueuePlacementParksGainedKeys(t *testing.T) {
 	v1, v2 := []string{"a", "b"}, []string{"a", "b", "c"}
 	gained := movingKey(t, "a", v1, "c", v2)
 	other := movingKey(t, "b", v1, "b", v2)
-	pl := &nodePlacement{node: handover.New("c", 0, Owner)}
-	pl.with(func(n *handover.Node) {
-		n.Learn(handover.Version{Epoch: 1, Writers: v1})
-		n.Learn(handover.Version{Epoch: 2, Writers: v2})
-	})
+	pl := newNodePlacement("c", v1, v2)
 	ran := make(chan string, 4)
 	q := startQueue(t, QueueConfig{Placement: pl, Exec: func(_ context.Context, key string, tasks []Task) []Result {
 		ran <- key
@@ -116,7 +96,7 @@ func TestQueuePlacementParksGainedKeys(t *testing.T) {
 		t.Fatalf("%s ran after a Kick with the barrier still closed", k)
 	case <-time.After(20 * time.Millisecond): // a window for a wrong start; the success path below does not wait on it
 	}
-	pl.with(func(n *handover.Node) {
+	pl.Update(func(n *handover.Node) {
 		n.Released("a", 2)
 		n.Released("b", 2)
 	})
@@ -127,10 +107,10 @@ func TestQueuePlacementParksGainedKeys(t *testing.T) {
 	if k := <-ran; k != gained {
 		t.Fatalf("ran %s, want %s", k, gained)
 	}
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	if pl.done != 1 || pl.node.Admitted() != 0 {
-		t.Fatalf("Done heard %d times, %d keys still admitted; want 1 and 0", pl.done, pl.node.Admitted())
+	var admitted int
+	pl.Update(func(n *handover.Node) { admitted = n.Admitted() })
+	if pl.done.Load() != 1 || admitted != 0 {
+		t.Fatalf("Done heard %d times, %d keys still admitted; want 1 and 0", pl.done.Load(), admitted)
 	}
 }
 
@@ -146,9 +126,7 @@ func BenchmarkQueuePlacement(b *testing.B) {
 				return make([]Result, len(tasks))
 			}}
 			if placed {
-				pl := &nodePlacement{node: handover.New("a", 0, Owner)}
-				pl.with(func(n *handover.Node) { n.Learn(handover.Version{Epoch: 1, Writers: writers}) })
-				cfg.Placement = pl
+				cfg.Placement = newNodePlacement("a", writers)
 			}
 			q := startQueue(b, cfg)
 			keys := make([]string, 256)

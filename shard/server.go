@@ -280,11 +280,7 @@ func (s *Server) run(ctx context.Context, key string, req request) (answer, bool
 			s.dedup.finish(dk, f, errorAnswer(http.StatusInternalServerError, answerBody{Error: "internal error"}), false)
 		}
 	}()
-	a, refused := s.submit(context.WithoutCancel(ctx), key, req)
-	if !refused {
-		res, err := a.res, a.err
-		a.answer = s.render(key, req, res, err)
-	}
+	a := s.submit(context.WithoutCancel(ctx), key, req)
 	// Only a success is remembered. A task that did not run (queue full or
 	// closed) must run on the retry; one that ran and failed is run again
 	// too, so the retry that is surely coming gets its chance to succeed,
@@ -292,9 +288,9 @@ func (s *Server) run(ctx context.Context, key string, req request) (answer, bool
 	// owner's own writes never pass through this table). An executor's
 	// failure must therefore leave nothing a second run would repeat (roll
 	// back, or deduplicate on its own, as rooms does per (sender, txn_id)).
-	s.dedup.finish(dk, f, a.answer, a.code == http.StatusOK)
+	s.dedup.finish(dk, f, a, a.code == http.StatusOK)
 	finished = true
-	return a.answer, true
+	return a, true
 }
 
 // owner is key's owner and the map epoch it is the owner at (0 for a
@@ -306,35 +302,28 @@ func (s *Server) owner(key string) (string, int64) {
 	return s.cfg.Map.Owner(key), 0
 }
 
-// submitted is a task's outcome, or the answer that refused it.
-type submitted struct {
-	answer
-	res Result
-	err error
-}
-
-// submit queues the task when the Placement admits it. A sender ahead of
-// this owner's map makes it read the map first; a key that is not this
-// owner's any more is a 409 naming the owner and epoch; a key still
-// draining tasks of an earlier ownership here is a 503 (retry).
-func (s *Server) submit(ctx context.Context, key string, req request) (submitted, bool) {
+// submit runs the task when the queue admits it, and renders the
+// outcome. With a Placement, a sender ahead of this owner's map makes it
+// read the map first; a key that is not this owner's any more is a 409
+// naming the owner and epoch; a key still draining tasks of an earlier
+// ownership here is a 503 (retry).
+func (s *Server) submit(ctx context.Context, key string, req request) answer {
 	t := Task{Kind: req.Kind, Payload: req.Payload, Batchable: req.Batchable}
 	for refreshed := false; ; refreshed = true {
 		res, d, err := s.cfg.Queue.SubmitAt(ctx, key, t, req.Epoch)
 		switch {
 		case err != nil || d.Verdict == handover.Accept:
-			return submitted{res: res, err: err}, false
+			return s.render(key, req, res, err)
 		case d.Verdict == handover.Behind && !refreshed:
 			if rerr := s.cfg.Placement.Refresh(ctx); rerr != nil {
 				s.log.Warn("shard: reading the map for a sender ahead of it failed", "key", key, "epoch", req.Epoch, "err", rerr)
 			}
-			continue
 		case d.Verdict == handover.Refuse:
-			return submitted{answer: errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: d.Owner, Epoch: d.Epoch})}, true
+			return errorAnswer(http.StatusConflict, answerBody{Error: "not owner", Owner: d.Owner, Epoch: d.Epoch})
 		case d.Verdict == handover.Wait:
-			return submitted{answer: errorAnswer(http.StatusServiceUnavailable, answerBody{Error: "the key's earlier tasks are still finishing here; retry"})}, true
+			return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: "the key's earlier tasks are still finishing here; retry"})
 		default: // still behind after reading the map
-			return submitted{answer: errorAnswer(http.StatusServiceUnavailable, answerBody{Error: fmt.Sprintf("this owner has not reached map epoch %d yet; retry", d.Epoch)})}, true
+			return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: fmt.Sprintf("this owner has not reached map epoch %d yet; retry", d.Epoch)})
 		}
 	}
 }
