@@ -117,6 +117,7 @@ func BenchmarkPublishApply(b *testing.B) {
 		b.ReportMetric(us(cpu)/float64(b.N*rows), "cpu-µs/row")
 		after := pair.writer.link.stats()
 		b.ReportMetric(float64(after.Published-before.Published)/float64(after.PublishBatches-before.PublishBatches), "lines/batch")
+		b.ReportMetric(float64(after.Published-before.Published)/float64(after.PublishFrames-before.PublishFrames), "lines/frame")
 		if raw, ok := rawRate.median(); ok {
 			b.ReportMetric(100*rate/raw, "%raw")
 		}

@@ -106,8 +106,10 @@ func TestNodeFollowsOnlyItsStreams(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.HasPrefix(msg.Payload, "RDATA typing ") {
-			seen++
+		for line := range strings.SplitSeq(msg.Payload, "\n") { // a frame
+			if strings.HasPrefix(line, "RDATA typing ") {
+				seen++
+			}
 		}
 	}
 	converged(t, pool, reader, "persister1")

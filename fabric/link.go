@@ -89,6 +89,10 @@ type linkConfig struct {
 	Logger *slog.Logger
 	// OnAttempt, if set, is called before every connection attempt.
 	OnAttempt func()
+	// Barrier is the channel whose lines keep their place relative to the
+	// lines of every channel as they are framed (the control channel);
+	// lines of other channels keep their order per channel only.
+	Barrier string
 	// Seal, if set, stamps (and signs) each line as it is sent to channel:
 	// it appends to line and returns it. Stamping at send time, in send order,
 	// makes a line's stamp the time it reached Redis, however long it
@@ -162,7 +166,8 @@ type linkEvents interface {
 	// the node publish REPLICATE: anything answering it is sure to reach us.
 	// No line sent before since can arrive on this subscription.
 	linkUp(since time.Time)
-	// linkMessage is one message on a subscribed channel.
+	// linkMessage is one message on a subscribed channel: a frame of one
+	// or more lines joined by '\n'.
 	linkMessage(channel, payload string)
 	// linkDown: the subscription is lost (error, missing PONG, silent
 	// resubscribe, Redis run_id changed); messages may have been missed.
@@ -181,6 +186,7 @@ type linkStats struct {
 	PublishErrors  uint64 // lines whose PUBLISH failed (lost, not retried)
 	PublishDropped uint64 // lines dropped because the queue was full
 	PublishBatches uint64 // pipeline round trips
+	PublishFrames  uint64 // PUBLISHes (frames of lines)
 	QueuedLines    int    // lines waiting to be published
 	QueuedBytes    int64  // their bytes
 	Connected      bool   // between linkUp and linkDown
@@ -192,8 +198,10 @@ type linkStats struct {
 // re-establishes with backoff, and one ordered publisher connection. It
 // moves lines and knows nothing of the protocol. On one Redis, lines one
 // publisher connection sends reach a subscriber connection in the order
-// sent, whatever their channels: the node relies on that order, so the
-// link keeps a single connection of each kind.
+// sent, whatever their channels: the node relies on that order for the
+// barrier (control) channel's lines, so the link keeps a single connection
+// of each kind. A message is a frame of one or more lines of its channel
+// (see framer); linkMessage gets the frame.
 //
 // go-redis's PubSub reconnects and resubscribes on its own after an error;
 // the link never lets that pass silently: any receive error, and any second
@@ -219,10 +227,10 @@ type link struct {
 	published      atomic.Uint64
 	publishErrors  atomic.Uint64
 	publishDropped atomic.Uint64
-	arena          []byte // the sealed lines of the batch being sent (publisher only)
+	framer         framer // the publisher's only
 	subscribed     map[string]bool
-	scratch        []byte
 	publishBatches atomic.Uint64
+	publishFrames  atomic.Uint64
 	queuedBytes    atomic.Int64
 	// finalFlush is what the last flush of run's end did: nil when every
 	// queued line was published. Read it after run returned.
@@ -304,6 +312,7 @@ func newLinkOf(cfg linkConfig, addr string, pub redis.UniversalClient) *link {
 		queue:      make(chan outLine, cfg.PublishQueue),
 		kick:       make(chan struct{}, 1),
 		subscribed: subscribed,
+		framer:     framer{barrier: cfg.Barrier, seal: cfg.Seal},
 	}
 }
 
@@ -337,6 +346,7 @@ func (l *link) stats() linkStats {
 		PublishErrors:  l.publishErrors.Load(),
 		PublishDropped: l.publishDropped.Load(),
 		PublishBatches: l.publishBatches.Load(),
+		PublishFrames:  l.publishFrames.Load(),
 		QueuedLines:    len(l.queue),
 		QueuedBytes:    l.queuedBytes.Load(),
 		Connected:      connected,
@@ -364,10 +374,10 @@ var errPublishDropped = errors.New("fabric: publish queue full: line dropped")
 type outLine struct{ channel, line string }
 
 // publish queues one line for the publisher, to go out on channel. Lines
-// are PUBLISHed in the order queued, on one connection, in pipelines of up
-// to MaxBatch. It
-// never blocks: a line that does not fit the queue (PublishQueue lines,
-// QueueBytes bytes) is dropped, counted and reported as errPublishDropped.
+// are PUBLISHed in the order queued (per channel; see framer), on one
+// connection, in pipelines of up to MaxBatch lines. It never blocks: a
+// line that does not fit the queue (PublishQueue lines, QueueBytes bytes)
+// is dropped, counted and reported as errPublishDropped.
 // Queued lines go out only while run runs; a failed batch is logged and
 // counted, not retried. The line is copied.
 func (l *link) publish(channel string, line []byte) error {
@@ -512,35 +522,20 @@ func (l *link) flush(ctx context.Context) {
 	}
 }
 
-// send PUBLISHes batch in one pipeline round trip.
+// send PUBLISHes batch in one pipeline round trip, as frames (see framer).
 func (l *link) send(ctx context.Context, batch []outLine) error {
+	frames := l.framer.pack(batch, time.Now())
 	pipe := l.pub.Pipeline()
-	if l.cfg.Seal == nil {
-		for _, o := range batch {
-			l.publishOn(ctx, pipe, o.channel, o.line)
-		}
-	} else {
-		// Sealed lines go into one reused arena: no allocation per line.
-		now := time.Now()
-		ends := make([]int, len(batch))
-		l.arena = l.arena[:0]
-		for i, o := range batch {
-			l.scratch = l.cfg.Seal(o.channel, append(l.scratch[:0], o.line...), now)
-			l.arena = append(l.arena, l.scratch...)
-			ends[i] = len(l.arena)
-		}
-		start := 0
-		for i, end := range ends {
-			l.publishOn(ctx, pipe, batch[i].channel, l.arena[start:end:end])
-			start = end
-		}
+	for _, fr := range frames {
+		l.publishOn(ctx, pipe, fr.channel, l.framer.payload(fr))
 	}
 	cmds, err := pipe.Exec(ctx)
 	l.publishBatches.Add(1)
+	l.publishFrames.Add(uint64(len(frames)))
 	failed := 0
-	for _, cmd := range cmds {
-		if cmd.Err() != nil {
-			failed++
+	for i, cmd := range cmds {
+		if cmd.Err() != nil && i < len(frames) {
+			failed += frames[i].lines
 		}
 	}
 	if err != nil && failed == 0 {

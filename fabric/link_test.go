@@ -43,19 +43,24 @@ type linkEvent struct {
 type linkRecorder struct {
 	mu     sync.Mutex
 	events []linkEvent
-	msgs   []string
+	msgs   []string // lines, taken out of their frames
 	chans  []string // the channel of each of msgs
+	frames int      // messages
 }
 
 func (r *linkRecorder) linkUp(time.Time)    { r.add(linkEvent{kind: "up"}) }
 func (r *linkRecorder) linkDown(err error)  { r.add(linkEvent{kind: "down", err: err}) }
 func (r *linkRecorder) linkFresh(time.Time) {}
 
+// linkMessage records each line of the frame.
 func (r *linkRecorder) linkMessage(channel, payload string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, payload)
-	r.chans = append(r.chans, channel)
+	for line := range strings.SplitSeq(payload, "\n") {
+		r.msgs = append(r.msgs, line)
+		r.chans = append(r.chans, channel)
+	}
+	r.frames++
 }
 
 func (r *linkRecorder) add(e linkEvent) {
@@ -259,24 +264,31 @@ func TestLinkPublishDropsWhenFull(t *testing.T) {
 }
 
 // TestLinkOrder: 20,000 lines published by one link arrive at another, all
-// of them, in order, in pipelines of at most MaxBatch.
+// of them, each on its channel, in pipelines of at most MaxBatch and
+// frames: per channel in order, and the control (barrier) channel's lines
+// in their place among all lines.
 func TestLinkOrder(t *testing.T) {
 	defer goleak.VerifyNone(t, linkLeakOptions()...)
 	r := testenv.StartRedis(t)
 	const lines = 20000
-	sender := startTestLink(t, r.URL(), nil)
+	chans := []string{"weft:" + t.Name(), "weft:" + t.Name() + "/events", "weft:" + t.Name() + "/typing"}
+	tune := func(c *linkConfig) { c.Channels, c.Barrier = chans, chans[0] }
+	sender := startTestLink(t, r.URL(), tune)
 	defer sender.stop()
-	receiver := startTestLink(t, r.URL(), nil)
+	receiver := startTestLink(t, r.URL(), tune)
 	defer receiver.stop()
 	sender.rec.waitEvents(t, 1, 10*time.Second)
 	receiver.rec.waitEvents(t, 1, 10*time.Second)
 
-	// Lines alternate between the two channels: one subscriber connection
-	// gets them in the order sent, whatever their channel (the node
-	// relies on it), each with its own channel.
+	chanOf := func(i int) string {
+		if i%10 == 9 {
+			return chans[0]
+		}
+		return chans[1+i%2]
+	}
 	start := time.Now()
 	for i := range lines {
-		if err := sender.publish(sender.cfg.Channels[i%2], []byte(strconv.Itoa(i))); err != nil {
+		if err := sender.publish(chanOf(i), []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -293,16 +305,30 @@ func TestLinkOrder(t *testing.T) {
 		t.Fatalf("received %d lines, want %d", len(got), lines)
 	}
 	receiver.rec.mu.Lock()
-	chans := slices.Clone(receiver.rec.chans)
+	gotChans := slices.Clone(receiver.rec.chans)
+	frames := receiver.rec.frames
 	receiver.rec.mu.Unlock()
-	for i, m := range got {
-		if m != strconv.Itoa(i) {
-			t.Fatalf("line %d is %q, want %q (order broken)", i, m, strconv.Itoa(i))
+	last := map[string]int{}
+	for k, m := range got {
+		i, err := strconv.Atoi(m)
+		if err != nil {
+			t.Fatalf("line %d is %q", k, m)
 		}
-		if chans[i] != receiver.cfg.Channels[i%2] {
-			t.Fatalf("line %d arrived on %q, was published on %q", i, chans[i], receiver.cfg.Channels[i%2])
+		if gotChans[k] != chanOf(i) {
+			t.Fatalf("line %d arrived on %q, was published on %q", i, gotChans[k], chanOf(i))
+		}
+		if prev, ok := last[gotChans[k]]; ok && prev >= i {
+			t.Fatalf("on %s, line %d after %d (order broken)", gotChans[k], i, prev)
+		}
+		last[gotChans[k]] = i
+		if gotChans[k] == chans[0] && i != k {
+			t.Fatalf("control line %d arrived %d-th (out of its place)", i, k)
 		}
 	}
+	if st := sender.stats(); st.PublishFrames != uint64(frames) {
+		t.Errorf("sender published %d frames, receiver got %d", st.PublishFrames, frames)
+	}
+	t.Logf("%d lines in %d frames", lines, frames)
 	st := sender.stats()
 	if st.Published != lines || st.PublishErrors != 0 {
 		t.Errorf("sender stats: published %d, errors %d; want %d, 0", st.Published, st.PublishErrors, lines)

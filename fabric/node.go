@@ -97,6 +97,7 @@ type (
 		cmd wire.Command
 		st  wire.Stamp
 	}
+	inCmds []inCmd // the commands of one frame, in order
 	inRows struct {
 		stream string
 		pos    int64
@@ -245,7 +246,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	slices.Sort(subscribed)
 	n.chans = newChannels(cfg.Cluster, slices.Compact(subscribed), slices.Collect(maps.Keys(n.gens)), m.linesIn)
-	lc := linkConfig{Options: opts, Cluster: copts, Channels: n.chans.subscriptions(), Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
+	lc := linkConfig{Options: opts, Cluster: copts, Channels: n.chans.subscriptions(),
+		Barrier: ControlChannel(cfg.Cluster), Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
 	if cfg.linkTune != nil {
 		cfg.linkTune(&lc)
 	}
@@ -431,6 +433,10 @@ func (n *Node) step(ctx context.Context, in input) {
 		n.exec(ctx, n.core.Disconnected())
 	case inCmd:
 		n.exec(ctx, n.core.Receive(in.cmd, in.st))
+	case inCmds:
+		for _, c := range in {
+			n.exec(ctx, n.core.Receive(c.cmd, c.st))
+		}
 	case inRows:
 		n.exec(ctx, n.core.LocalRows(in.stream, in.pos, in.rows))
 	case inPosition:

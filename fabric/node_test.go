@@ -378,11 +378,21 @@ func TestNodeSaysBye(t *testing.T) {
 			if err != nil {
 				t.Fatalf("stop %d: no BYE on the channel: %v", i, err)
 			}
-			if m, ok := msg.(*redis.Message); ok && strings.HasPrefix(m.Payload, "BYE reader-aaaaaaaa ") {
+			if m, ok := msg.(*redis.Message); ok && hasLine(m.Payload, "BYE reader-aaaaaaaa ") {
 				break
 			}
 		}
 	}
+}
+
+// hasLine reports whether a line of frame starts with prefix.
+func hasLine(frame, prefix string) bool {
+	for line := range strings.SplitSeq(frame, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // WaitForToken: a writer's token is covered once the reader has its rows

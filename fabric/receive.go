@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"bytes"
 	"context"
 	"time"
 	"unsafe"
@@ -24,24 +25,71 @@ func (e nodeEvents) linkDown(err error)     { e.n.send(e.ctx, inDown{err}) }
 // linkFresh goes through the loop, so it counts only once every message
 // read before the PONG has been handled.
 func (e nodeEvents) linkFresh(sent time.Time) { e.n.send(e.ctx, inFresh{sent}) }
+
+// linkMessage takes a frame apart: each line is opened, checked and decoded
+// on its own, and the frame's commands reach the loop in one handoff.
 func (e nodeEvents) linkMessage(channel, payload string) {
-	// The line is only read while decoding (Decode keeps nothing of it),
-	// so it is viewed without a copy.
-	raw := unsafe.Slice(unsafe.StringData(payload), len(payload))
+	// Lines are only read while decoding (Decode keeps nothing of them), so
+	// the frame is viewed without a copy.
+	frame := unsafe.Slice(unsafe.StringData(payload), len(payload))
 	n := e.n
+	var (
+		first inCmd
+		more  inCmds // from the second command on
+		got   int
+		lines float64
+	)
+	for {
+		line, rest, cut := bytes.Cut(frame, newline)
+		lines++
+		if in, ok := e.line(channel, line); ok {
+			switch got {
+			case 0:
+				first = in
+			case 1:
+				more = make(inCmds, 2, bytes.Count(rest, newline)+2)
+				more[0], more[1] = first, in
+			default:
+				more = append(more, in)
+			}
+			got++
+		}
+		if !cut {
+			break
+		}
+		frame = rest
+	}
 	if c := n.chans.lines[channel]; c != nil {
-		c.Inc()
+		c.Add(lines)
+	}
+	switch got {
+	case 0:
+	case 1:
+		n.send(e.ctx, first)
+	default:
+		n.send(e.ctx, more)
+	}
+}
+
+var newline = []byte{'\n'}
+
+// line opens and decodes one line of a frame received on channel: a
+// command for the loop, or false when it is refused, an echo or handled
+// here (application verbs).
+func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
+	n := e.n
+	// Our own echo (half the lines a writer receives) is dropped before
+	// paying for its MAC: a forgery naming us would be dropped all the same.
+	if string(wire.PeekSender(raw)) == n.cfg.Instance {
+		n.m.echoes.Inc()
+		return inCmd{}, false
 	}
 	line, st, reason := n.env.open(channel, raw)
 	if reason != "" {
 		n.m.invalid.WithLabelValues(reason).Inc()
 		n.lastUnopened.Store(int64(time.Since(n.born)))
 		n.logUnopened(reason, raw)
-		return
-	}
-	if string(wire.PeekSender(line)) == n.cfg.Instance {
-		n.m.echoes.Inc() // our own echo: half the lines a writer receives
-		return
+		return inCmd{}, false
 	}
 	n.lastOpened.Store(int64(time.Since(n.born)))
 	decode := n.codec.Decode
@@ -52,22 +100,22 @@ func (e nodeEvents) linkMessage(channel, payload string) {
 	if err != nil {
 		n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
 		n.log.Debug("skipping invalid command", "err", err)
-		return
+		return inCmd{}, false
 	}
 	if !n.chans.belongs(cmd, channel) {
 		n.m.invalid.WithLabelValues(reasonWrongChannel).Inc()
 		n.log.Debug("skipping a command on the wrong channel", "verb", cmd.Verb(), "channel", channel)
-		return
+		return inCmd{}, false
 	}
 	n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()
 	switch cmd.(type) {
 	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye, *wire.Sealed:
-		n.send(e.ctx, inCmd{cmd, st})
-	default:
-		if n.cfg.OnCommand != nil {
-			n.cfg.OnCommand(cmd)
-		}
+		return inCmd{cmd, st}, true
 	}
+	if n.cfg.OnCommand != nil {
+		n.cfg.OnCommand(cmd)
+	}
+	return inCmd{}, false
 }
 
 // logUnopened says, at most once per refusedLogEvery and reason, that

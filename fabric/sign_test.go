@@ -73,20 +73,23 @@ func TestNodeRejectsForgedCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 10 {
-			for _, forged := range []string{
+			forged := []string{
 				`POSITION events persister1-aaaaaaaa 1000000 1000000`,
 				`RDATA events persister1-aaaaaaaa 999999 1000000 [{"forged":true}]`,
 				string(newEnvelope("wrong-secret", 0).seal(eventsChannel, []byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`), time.Now())),
-			} {
-				if err := rc.Publish(ctx, eventsChannel, forged).Err(); err != nil {
+			}
+			// Each alone, then all three as one frame: its lines are
+			// judged one by one.
+			for _, msg := range append(forged, strings.Join(forged, "\n")) {
+				if err := rc.Publish(ctx, eventsChannel, msg).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
 		}
 	}
 	converged(t, pool, reader, "persister1")
-	if v := metricSum(reader.node.m.invalid.WithLabelValues("bad_signature")); v < 3 {
-		t.Fatalf("%v forged lines counted, want 3", v)
+	if v := metricSum(reader.node.m.invalid.WithLabelValues("bad_signature")); v < 6 {
+		t.Fatalf("%v forged lines counted, want 6", v)
 	}
 	if got := reader.node.View(eventsKey("persister1")); got >= 1000000 {
 		t.Fatalf("view jumped to the forged position %d", got)

@@ -91,8 +91,10 @@ func recordChannel(ctx context.Context, t *testing.T, addr string, wg *sync.Wait
 				continue
 			}
 			l.mu.Lock()
-			l.lines = append(l.lines, msg.Payload)
-			l.chans = append(l.chans, msg.Channel)
+			for line := range strings.SplitSeq(msg.Payload, "\n") { // a frame
+				l.lines = append(l.lines, line)
+				l.chans = append(l.chans, msg.Channel)
+			}
 			l.mu.Unlock()
 		}
 	})

@@ -4,7 +4,9 @@
 // package-level state; the application's own verbs and a small intern table
 // live on a Codec.
 //
-// One command per PUBLISH, one text line, no '\n' or '\r' anywhere:
+// One command per line, one text line, no '\n' or '\r' anywhere (a PUBLISH
+// carries a frame of one or more lines of its channel joined by '\n'; the
+// transport takes frames apart and hands this package single lines):
 //
 //	line      = verb *( SP arg ) [ SP json ]
 //	verb      = 1*32( %x41-5A )                  ; A-Z
