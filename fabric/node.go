@@ -576,7 +576,7 @@ func (n *Node) publish(_ context.Context, cmd wire.Command) {
 	if err := n.link.publish(n.chans.of(cmd), n.writeBuf); err != nil { // publish copies; the link stamps and signs
 		return // dropped and counted: readers repair it from the next prev
 	}
-	n.m.commandsOut.WithLabelValues(cmd.Verb()).Inc()
+	n.m.sent(cmd.Verb())
 }
 
 // Established reports whether the connection is established.

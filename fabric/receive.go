@@ -107,7 +107,7 @@ func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
 		n.log.Debug("skipping a command on the wrong channel", "verb", cmd.Verb(), "channel", channel)
 		return inCmd{}, false
 	}
-	n.m.commandsIn.WithLabelValues(cmd.Verb()).Inc()
+	n.m.received(cmd.Verb())
 	switch cmd.(type) {
 	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye, *wire.Sealed:
 		return inCmd{cmd, st}, true
