@@ -78,6 +78,17 @@ func (c *channels) subscriptions() []string {
 	return append([]string{c.control}, streams...)
 }
 
+// streamsOf names the streams of subscribed stream channels.
+func (c *channels) streamsOf(channels []string) []string {
+	var out []string
+	for _, ch := range channels {
+		if s := c.byName[ch]; s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // of returns the channel cmd is published on.
 func (c *channels) of(cmd wire.Command) string {
 	s, ok := wire.DataStream(cmd)

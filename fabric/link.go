@@ -173,6 +173,15 @@ type linkEvents interface {
 	// resubscribe, Redis run_id changed); messages may have been missed.
 	// The end of run's context is not reported.
 	linkDown(err error)
+	// linkChannelsDown: on a Redis Cluster, between linkUp and linkDown,
+	// these channels were lost alone (their connection failed, or the
+	// server unsubscribed one whose slot moved); their messages may be
+	// missed until linkChannelsUp. Never the Barrier channel: losing that
+	// is a linkDown.
+	linkChannelsDown(channels []string, err error)
+	// linkChannelsUp: channels lost alone are subscribed again, confirmed;
+	// the subscriptions were sent at since.
+	linkChannelsUp(channels []string, since time.Time)
 	// linkFresh: a PONG arrived for a PING sent at sent, so every message
 	// published before then has been handed to linkMessage.
 	linkFresh(sent time.Time)
@@ -187,10 +196,15 @@ type linkStats struct {
 	PublishDropped uint64 // lines dropped because the queue was full
 	PublishBatches uint64 // pipeline round trips
 	PublishFrames  uint64 // PUBLISHes (frames of lines)
-	QueuedLines    int    // lines waiting to be published
-	QueuedBytes    int64  // their bytes
-	Connected      bool   // between linkUp and linkDown
-	LastRunID      string // the Redis run_id last read
+	// ChannelLosses and ChannelResubscribes count channels lost alone and
+	// subscribed again on a Redis Cluster, the rest of the subscription
+	// staying up (see linkChannelsDown).
+	ChannelLosses       uint64
+	ChannelResubscribes uint64
+	QueuedLines         int    // lines waiting to be published
+	QueuedBytes         int64  // their bytes
+	Connected           bool   // between linkUp and linkDown
+	LastRunID           string // the Redis run_id last read
 }
 
 // link is the Redis transport of the fabric: one subscriber connection to
@@ -231,7 +245,10 @@ type link struct {
 	subscribed     map[string]bool
 	publishBatches atomic.Uint64
 	publishFrames  atomic.Uint64
-	queuedBytes    atomic.Int64
+	// Channels lost and subscribed again alone, within a session.
+	channelLosses       atomic.Uint64
+	channelResubscribes atomic.Uint64
+	queuedBytes         atomic.Int64
 	// finalFlush is what the last flush of run's end did: nil when every
 	// queued line was published. Read it after run returned.
 	finalFlush error
@@ -240,7 +257,8 @@ type link struct {
 	session    uint64 // current connection, counting from 1; 0 before the first
 	up         bool   // session is between linkUp and linkDown
 	estSession uint64 // the session established() was called for
-	everUp     bool   // linkUp was called once
+	current    *linkSession
+	everUp     bool // linkUp was called once
 	lastRunID  string
 }
 
@@ -340,17 +358,19 @@ func (l *link) stats() linkStats {
 	connected, runID := l.up, l.lastRunID
 	l.mu.Unlock()
 	return linkStats{
-		Attempts:       l.attempts.Load(),
-		Reconnects:     l.reconnects.Load(),
-		Published:      l.published.Load(),
-		PublishErrors:  l.publishErrors.Load(),
-		PublishDropped: l.publishDropped.Load(),
-		PublishBatches: l.publishBatches.Load(),
-		PublishFrames:  l.publishFrames.Load(),
-		QueuedLines:    len(l.queue),
-		QueuedBytes:    l.queuedBytes.Load(),
-		Connected:      connected,
-		LastRunID:      runID,
+		Attempts:            l.attempts.Load(),
+		Reconnects:          l.reconnects.Load(),
+		Published:           l.published.Load(),
+		PublishErrors:       l.publishErrors.Load(),
+		PublishDropped:      l.publishDropped.Load(),
+		PublishBatches:      l.publishBatches.Load(),
+		PublishFrames:       l.publishFrames.Load(),
+		ChannelLosses:       l.channelLosses.Load(),
+		ChannelResubscribes: l.channelResubscribes.Load(),
+		QueuedLines:         len(l.queue),
+		QueuedBytes:         l.queuedBytes.Load(),
+		Connected:           connected,
+		LastRunID:           runID,
 	}
 }
 
@@ -364,6 +384,9 @@ func (l *link) established() {
 	defer l.mu.Unlock()
 	if l.up {
 		l.estSession = l.session
+	}
+	if l.current != nil {
+		l.current.resetRetries()
 	}
 }
 

@@ -48,7 +48,13 @@ type linkRecorder struct {
 	frames int      // messages
 }
 
-func (r *linkRecorder) linkUp(time.Time)    { r.add(linkEvent{kind: "up"}) }
+func (r *linkRecorder) linkUp(time.Time) { r.add(linkEvent{kind: "up"}) }
+func (r *linkRecorder) linkChannelsDown(channels []string, err error) {
+	r.add(linkEvent{kind: "down:" + strings.Join(channels, ","), err: err})
+}
+func (r *linkRecorder) linkChannelsUp(channels []string, _ time.Time) {
+	r.add(linkEvent{kind: "up:" + strings.Join(channels, ",")})
+}
 func (r *linkRecorder) linkDown(err error)  { r.add(linkEvent{kind: "down", err: err}) }
 func (r *linkRecorder) linkFresh(time.Time) {}
 

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	cbackoff "github.com/cenkalti/backoff/v4"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/internal/loop"
@@ -19,10 +20,16 @@ import (
 // every channel: on one Redis, all of them on one connection; on a Redis
 // Cluster (sharded pub/sub), one connection per master, to the channels
 // whose slots it owns. The attempt is one session: it is up once every
-// connection has confirmed every channel, and it ends, as a whole, at the
-// first failure of any connection (an error, a missing PONG, a second
-// confirmation, a slot that moved away, a changed run_id). The node then
-// sees one gap and catches every stream up, as after a Redis restart.
+// connection has confirmed every channel. On one Redis it ends, as a
+// whole, at the first failure (an error, a missing PONG, a second
+// confirmation, a changed run_id): the node sees one gap and catches every
+// stream up. On a cluster, once up, a failure that does not touch the
+// control (barrier) channel is a gap for the failed channels only: a
+// connection that fails takes its channels down (linkChannelsDown), a slot
+// that moves takes its one channel (the server unsubscribes it), and those
+// channels are subscribed again, where their slots are now, with a backoff
+// of their own, not reset until the node is established again
+// (linkChannelsUp). The other connections carry on.
 
 // errLinkSlotMoved: Redis Cluster unsubscribed a shard channel because its
 // slot moved to another master (or the master lost it in a failover);
@@ -40,15 +47,15 @@ type shard struct {
 // is: its first state load is synchronous, so after a failover or a
 // migration the attempt goes where the slots are now, where a long-lived
 // client reloads in the background, later.
-func (l *link) shards(ctx context.Context) ([]shard, func(), error) {
+func (l *link) shards(ctx context.Context, channels []string) ([]shard, func(), error) {
 	if l.cfg.Cluster == nil {
-		return []shard{{client: l.sub, channels: l.cfg.Channels}}, func() {}, nil
+		return []shard{{client: l.sub, channels: channels}}, func() {}, nil
 	}
 	cc := redis.NewClusterClient(l.subCluster)
 	release := func() { _ = cc.Close() }
 	byAddr := map[string]int{}
 	var out []shard
-	for _, ch := range l.cfg.Channels {
+	for _, ch := range channels {
 		node, err := cc.MasterForKey(ctx, ch) // a shard channel's slot is a key's
 		if err != nil {
 			release()
@@ -75,7 +82,10 @@ type received struct {
 // subConn is one subscriber connection: its PubSub, and what its reader
 // and pinger goroutines tell its serve loop.
 type subConn struct {
-	index     int
+	ctx       context.Context // the connection's: canceled when it is lost alone
+	cancel    context.CancelFunc
+	redial    bool   // opened within the session for channels lost alone
+	release   func() // what the connection needs, released once it ends; nil: the session's
 	client    *redis.Client
 	sharded   bool
 	channels  map[string]bool
@@ -89,8 +99,21 @@ type subConn struct {
 	pingErr   chan error  // the PING that failed
 	restarted chan string // the new run_id, from watchRunID
 	confirmed map[string]bool
-	up        bool // every channel confirmed
+	up        bool // every channel confirmed (written under the session's mu)
 	runID     string
+	// Written under the session's mu:
+	fresh time.Time // when the PING last answered was sent
+	dead  bool      // lost alone, closed
+}
+
+// channelList lists c's channels (serve's goroutine, which owns them).
+func (c *subConn) channelList() []string {
+	out := make([]string, 0, len(c.channels))
+	for ch := range c.channels {
+		out = append(out, ch)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // subscribe sends the SUBSCRIBE (or, sharded, one SSUBSCRIBE per channel:
@@ -113,13 +136,26 @@ func (c *subConn) subscribe(ctx context.Context, channels []string) error {
 // go out one at a time, in each connection's order.
 type linkSession struct {
 	ev       linkEvents
-	mu       sync.Mutex
-	waiting  int           // connections not up yet
-	allUp    chan struct{} // closed when every connection is up
-	up       bool          // linkUp was reported
-	since    time.Time
-	fresh    []time.Time // per connection: when the PING last answered was sent
-	reported time.Time   // the freshness last reported
+	ctx      context.Context             // the session's
+	errc     chan connFailure            // connections that failed
+	wg       *sync.WaitGroup             // readers, pingers, run_id watchers
+	serving  *sync.WaitGroup             // serve loops, kicks and resubscribes
+	mu       sync.Mutex                  // guards what follows, and orders the events
+	conns    []*subConn                  // live connections
+	waiting  int                         // connections of the first set not up yet
+	allUp    chan struct{}               // closed when every connection is up
+	up       bool                        // linkUp was reported
+	since    time.Time                   // when the first set's subscriptions were sent
+	reported time.Time                   // the freshness last reported
+	retry    map[string]cbackoff.BackOff // per channel resubscribed alone
+}
+
+// connFailure is a connection's end, as its serve loop saw it.
+type connFailure struct {
+	c        *subConn
+	err      error
+	channels []string // what it carried when it failed
+	barrier  bool     // the control channel among them
 }
 
 // connect runs one connection attempt until it fails or ctx is done. It
@@ -127,18 +163,20 @@ type linkSession struct {
 func (l *link) connect(ctx context.Context, ev linkEvents) (wasEstablished bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	var wg, serving sync.WaitGroup
+	sess := &linkSession{ev: ev, ctx: sctx, errc: make(chan connFailure), wg: &wg, serving: &serving,
+		allUp: make(chan struct{}), since: time.Now(), retry: map[string]cbackoff.BackOff{}}
 	l.mu.Lock()
 	l.session++
 	session := l.session
+	l.current = sess
 	l.mu.Unlock()
-	sess := &linkSession{ev: ev, allUp: make(chan struct{}), since: time.Now()}
-	var conns []*subConn
 	release := func() {}
 
 	defer func() {
 		l.mu.Lock()
 		wasEstablished = l.estSession == session
 		l.up = false // established() comes too late from now on
+		l.current = nil
 		l.mu.Unlock()
 		// The serve loops stop before linkDown, so no message follows it.
 		cancel()
@@ -148,71 +186,110 @@ func (l *link) connect(ctx context.Context, ev linkEvents) (wasEstablished bool,
 		}
 		// go-redis may be redialing inside Receive, holding the lock that
 		// Close takes; the dial heeds the canceled context.
+		sess.mu.Lock()
+		conns := slices.Clone(sess.conns)
+		sess.mu.Unlock()
 		for _, c := range conns {
 			if c.ps != nil {
 				_ = c.ps.Close()
 			}
 		}
 		wg.Wait()
+		for _, c := range conns {
+			if c.release != nil {
+				c.release()
+			}
+		}
 		release()
 	}()
 
-	shards, rel, err := l.shards(sctx)
+	shards, rel, err := l.shards(sctx, l.cfg.Channels)
 	if err != nil {
 		return false, err
 	}
 	release = rel
-	for i, sh := range shards {
-		c := &subConn{
-			index: i, client: sh.client, sharded: l.cfg.Cluster != nil,
-			channels:  make(map[string]bool, len(sh.channels)),
-			confirmed: make(map[string]bool, len(sh.channels)),
-			start:     sess.since,
-			items:     make(chan received, 64),
-			pings:     make(chan struct{}, 1),
-			pingErr:   make(chan error, 1),
-			restarted: make(chan string, 1),
-		}
-		for _, ch := range sh.channels {
-			c.channels[ch] = true
-		}
-		c.lastRecv.Store(-1)
+	var conns []*subConn
+	for _, sh := range shards {
+		c := sess.add(sh, l.cfg.Cluster != nil, false, sess.since)
 		conns = append(conns, c)
-		if err := c.subscribe(sctx, sh.channels); err != nil {
+		if err := c.subscribe(c.ctx, sh.channels); err != nil {
 			return false, fmt.Errorf("fabric: link: subscribe %v at %s: %w", sh.channels, sh.client.Options().Addr, err)
 		}
 	}
 	sess.waiting = len(conns)
-	sess.fresh = make([]time.Time, len(conns))
-	errc := make(chan error, len(conns))
 	for _, c := range conns {
-		wg.Go(func() { c.receive(sctx) })
-		wg.Go(func() { c.ping(sctx) })
-		serving.Go(func() { errc <- l.serve(sctx, sess, c, &wg) })
+		l.start(sess, c)
 	}
-	serving.Go(func() { l.forwardKicks(sctx, conns) })
-	select {
-	case err = <-errc:
-	case <-ctx.Done():
-		err = ctx.Err()
+	serving.Go(func() { l.forwardKicks(sctx, sess) })
+	for {
+		select {
+		case f := <-sess.errc:
+			if !l.alone(sess, f) {
+				return false, f.err
+			}
+			l.lose(sess, f)
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
 	}
-	return false, err
+}
+
+// add registers a connection of the session to sh's channels, sent at
+// start.
+func (s *linkSession) add(sh shard, sharded, redial bool, start time.Time) *subConn {
+	cctx, cancel := context.WithCancel(s.ctx)
+	c := &subConn{
+		ctx: cctx, cancel: cancel, redial: redial,
+		client: sh.client, sharded: sharded,
+		channels:  make(map[string]bool, len(sh.channels)),
+		confirmed: make(map[string]bool, len(sh.channels)),
+		start:     start,
+		items:     make(chan received, 64),
+		pings:     make(chan struct{}, 1),
+		pingErr:   make(chan error, 1),
+		restarted: make(chan string, 1),
+	}
+	for _, ch := range sh.channels {
+		c.channels[ch] = true
+	}
+	c.lastRecv.Store(-1)
+	s.mu.Lock()
+	s.conns = append(s.conns, c)
+	s.mu.Unlock()
+	return c
+}
+
+// start runs c's reader, pinger and serve loop; its end is reported on
+// the session's errc.
+func (l *link) start(sess *linkSession, c *subConn) {
+	sess.wg.Go(func() { c.receive(c.ctx) })
+	sess.wg.Go(func() { c.ping(c.ctx) })
+	sess.serving.Go(func() {
+		err := l.serve(c.ctx, sess, c)
+		f := connFailure{c: c, err: err, channels: c.channelList(), barrier: c.channels[l.cfg.Barrier]}
+		select {
+		case sess.errc <- f:
+		case <-sess.ctx.Done():
+		}
+	})
 }
 
 // forwardKicks passes pingNow on to every connection.
-func (l *link) forwardKicks(ctx context.Context, conns []*subConn) {
+func (l *link) forwardKicks(ctx context.Context, sess *linkSession) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-l.kick:
 		}
-		for _, c := range conns {
+		sess.mu.Lock()
+		for _, c := range sess.conns {
 			select {
 			case c.pings <- struct{}{}:
 			default:
 			}
 		}
+		sess.mu.Unlock()
 	}
 }
 
@@ -263,7 +340,7 @@ func (c *subConn) ping(ctx context.Context) {
 // PING (at first: of the SUBSCRIBE). The reader stamps lastRecv, so a
 // reply still queued in items counts; and while items are queued the
 // loop, not the connection, is behind, so the deadline waits.
-func (l *link) serve(ctx context.Context, sess *linkSession, c *subConn, wg *sync.WaitGroup) error {
+func (l *link) serve(ctx context.Context, sess *linkSession, c *subConn) error {
 	awaiting := time.Duration(0) // since c.start
 	deadline := time.NewTimer(l.cfg.PingTimeout)
 	defer deadline.Stop()
@@ -312,7 +389,15 @@ func (l *link) serve(ctx context.Context, sess *linkSession, c *subConn, wg *syn
 			case *redis.Subscription:
 				switch {
 				case m.Kind == unconfirm && c.sharded && c.channels[m.Channel]:
-					return fmt.Errorf("%w: %s", errLinkSlotMoved, m.Channel)
+					err := fmt.Errorf("%w: %s", errLinkSlotMoved, m.Channel)
+					if !l.aloneChannel(sess, c, m.Channel) {
+						return err
+					}
+					l.loseChannel(sess, c, m.Channel, err)
+					if len(c.channels) == 0 {
+						return err // nothing left on it: closed, nothing to report
+					}
+					continue
 				case m.Kind != confirm || !c.channels[m.Channel]:
 					return fmt.Errorf("%w: %s %s", errLinkUnexpected, m.Kind, m.Channel)
 				case c.confirmed[m.Channel]:
@@ -324,7 +409,7 @@ func (l *link) serve(ctx context.Context, sess *linkSession, c *subConn, wg *syn
 				if len(c.confirmed) < len(c.channels) {
 					continue
 				}
-				if err := l.connUp(ctx, sess, c, wg); err != nil {
+				if err := l.connUp(ctx, sess, c); err != nil {
 					return err
 				}
 			case *redis.Message:
@@ -348,7 +433,7 @@ func (l *link) serve(ctx context.Context, sess *linkSession, c *subConn, wg *syn
 					sent := c.sent[0]
 					c.sent = c.sent[1:]
 					c.sentMu.Unlock()
-					sess.pong(c.index, sent)
+					sess.pong(c, sent)
 				} else {
 					c.sentMu.Unlock()
 				}
@@ -362,7 +447,7 @@ func (l *link) serve(ctx context.Context, sess *linkSession, c *subConn, wg *syn
 // connUp: c confirmed every channel. It reads that Redis's run_id, starts
 // watching it, and, for the last connection of the session to come up,
 // reports linkUp.
-func (l *link) connUp(ctx context.Context, sess *linkSession, c *subConn, wg *sync.WaitGroup) error {
+func (l *link) connUp(ctx context.Context, sess *linkSession, c *subConn) error {
 	// On one Redis the run_id is read through the publisher: at linkUp the
 	// publisher is known to reach this Redis too (the REPLICATE that
 	// follows must not be lost). A cluster's publisher reaches every
@@ -375,13 +460,18 @@ func (l *link) connUp(ctx context.Context, sess *linkSession, c *subConn, wg *sy
 	if err != nil {
 		return err
 	}
-	c.up, c.runID = true, runID
-	wg.Go(func() { l.watchRunID(ctx, info, runID, c.restarted) })
+	c.runID = runID
+	sess.wg.Go(func() { l.watchRunID(ctx, info, runID, c.restarted) })
 	l.log.Info("fabric: link: subscribed", "addr", c.client.Options().Addr, "run_id", runID, "channels", len(c.channels))
 
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	sess.fresh[c.index] = sess.since
+	c.up, c.fresh = true, c.start
+	if c.redial {
+		l.channelResubscribes.Add(1)
+		sess.ev.linkChannelsUp(c.channelList(), c.start)
+		return nil
+	}
 	if sess.waiting--; sess.waiting > 0 {
 		return nil
 	}
@@ -393,16 +483,21 @@ func (l *link) connUp(ctx context.Context, sess *linkSession, c *subConn, wg *sy
 	return nil
 }
 
-// pong records that connection i answered a PING sent at sent, and
-// reports the session's freshness: that of its least fresh connection.
-func (s *linkSession) pong(i int, sent time.Time) {
+// pong records that connection c answered a PING sent at sent, and
+// reports the session's freshness: that of its least fresh connection up.
+func (s *linkSession) pong(c *subConn, sent time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.fresh[i] = sent
+	c.fresh = sent
 	if !s.up {
 		return
 	}
-	least := slices.MinFunc(s.fresh, func(a, b time.Time) int { return a.Compare(b) })
+	least := time.Time{}
+	for _, x := range s.conns {
+		if x.up && (least.IsZero() || x.fresh.Before(least)) {
+			least = x.fresh
+		}
+	}
 	if least.After(s.reported) {
 		s.reported = least
 		s.ev.linkFresh(least)

@@ -89,6 +89,16 @@ type Node struct {
 
 type input interface{}
 
+// inStreamsLost and inStreamsRegained: stream channels' subscription lost
+// and back, the rest of the subscription staying (Redis Cluster).
+type (
+	inStreamsLost struct {
+		streams []string
+		err     error
+	}
+	inStreamsRegained struct{ streams []string }
+)
+
 type (
 	inUp    struct{ since time.Time }
 	inDown  struct{ err error }
@@ -437,6 +447,12 @@ func (n *Node) step(ctx context.Context, in input) {
 		for _, c := range in {
 			n.exec(ctx, n.core.Receive(c.cmd, c.st))
 		}
+	case inStreamsLost:
+		n.log.Info("fabric: a stream channel's subscription lost", "streams", in.streams, "err", in.err)
+		n.exec(ctx, n.core.StreamsLost(in.streams))
+	case inStreamsRegained:
+		n.log.Info("fabric: a stream channel subscribed again", "streams", in.streams)
+		n.exec(ctx, n.core.StreamsRegained(in.streams))
 	case inRows:
 		n.exec(ctx, n.core.LocalRows(in.stream, in.pos, in.rows))
 	case inPosition:

@@ -22,6 +22,14 @@ type nodeEvents struct {
 func (e nodeEvents) linkUp(since time.Time) { e.n.send(e.ctx, inUp{since}) }
 func (e nodeEvents) linkDown(err error)     { e.n.send(e.ctx, inDown{err}) }
 
+func (e nodeEvents) linkChannelsDown(channels []string, err error) {
+	e.n.send(e.ctx, inStreamsLost{e.n.chans.streamsOf(channels), err})
+}
+
+func (e nodeEvents) linkChannelsUp(channels []string, _ time.Time) {
+	e.n.send(e.ctx, inStreamsRegained{e.n.chans.streamsOf(channels)})
+}
+
 // linkFresh goes through the loop, so it counts only once every message
 // read before the PONG has been handled.
 func (e nodeEvents) linkFresh(sent time.Time) { e.n.send(e.ctx, inFresh{sent}) }

@@ -87,6 +87,7 @@ const (
 	NoteSuspect       = "suspect"        // a writer did not answer a new connection in time
 	NoteRefused       = "refused"        // a line refused by the peer table; cause: replayed, stale_instance, peers_full
 	NoteExpired       = "expired"        // an instance not heard from for PeerTimeout was forgotten
+	NoteChannelLost   = "channel_lost"   // the stream's channel was lost alone (StreamsLost)
 )
 
 func (a Publish) String() string {

@@ -235,6 +235,7 @@ type Core struct {
 	subscribedAt time.Time // when the current subscription was sent; zero if unknown
 	connected    bool
 	established  bool
+	lost         map[string]bool // streams whose channel is lost (channels.go)
 	windowEnd    time.Time
 	writersEnd   time.Time
 	nextHello    time.Time
@@ -258,6 +259,7 @@ func New(cfg Config) (*Core, error) {
 		gone:     map[string]uint64{},
 		holders:  map[string]holder{},
 		own:      map[string]*ownStream{},
+		lost:     map[string]bool{},
 	}
 	for _, s := range cfg.Streams {
 		if _, dup := c.streams[s.Name]; dup {
@@ -347,6 +349,7 @@ func (c *Core) Tick(now time.Time) []Action {
 // announces its own.
 func (c *Core) Connected() []Action {
 	c.connected, c.established = true, false
+	clear(c.lost) // every channel is subscribed again
 	for _, p := range c.peers {
 		p.heard = c.now // silence counts from now
 	}
@@ -403,6 +406,9 @@ func (c *Core) Ready() bool {
 // established, or the first writer (by key) catching up. Ready is the
 // cheap test made on every input; this is for when it said no.
 func (c *Core) NotReady() string {
+	if len(c.lost) > 0 {
+		return "resubscribing the channel of " + c.lostStreams()
+	}
 	if !c.established {
 		return "not established"
 	}
@@ -458,7 +464,7 @@ func (c *Core) sortedKeys() []Key {
 // checkEstablished: after the REPLICATE window, once every writer heard
 // from before has answered (or WriterWait passed) and none is catching up.
 func (c *Core) checkEstablished() {
-	if !c.connected || c.established || c.now.Before(c.windowEnd) {
+	if !c.connected || c.established || len(c.lost) > 0 || c.now.Before(c.windowEnd) {
 		return
 	}
 	giveUp := !c.now.Before(c.writersEnd)

@@ -3,7 +3,9 @@ package core
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -36,10 +38,11 @@ type sim struct {
 	lastPos  map[Key]int64
 	fetches  int
 	gapsSeen int
+	lost     map[string]bool // streams whose channel is lost: their lines cannot arrive
 }
 
 func newSim(t testing.TB) *sim {
-	s := &sim{t: t, now: time.Unix(1_700_000_000, 0), views: map[Key]int64{}, got: map[Key]map[int64]int{}, lastPos: map[Key]int64{}}
+	s := &sim{t: t, now: time.Unix(1_700_000_000, 0), views: map[Key]int64{}, got: map[Key]map[int64]int{}, lastPos: map[Key]int64{}, lost: map[string]bool{}}
 	s.writers = []*simWriter{
 		{key: Key{"events", "w1"}, inst: "w1-aaaaaaaa", log: map[int64]bool{}},
 		{key: Key{"events", "w2"}, inst: "w2-aaaaaaaa", log: map[int64]bool{}},
@@ -156,7 +159,7 @@ func (s *sim) publish(w *simWriter, drop, dup bool, rows bool, step int64) {
 	}
 	w.sent = w.pos
 	st := s.stamp(w)
-	if drop {
+	if drop || s.lost[w.key.Stream] {
 		return
 	}
 	s.apply(s.c.Receive(cmd, st))
@@ -173,6 +176,9 @@ func (s *sim) stamp(w *simWriter) wire.Stamp {
 }
 
 func (s *sim) probe(w *simWriter) {
+	if s.lost[w.key.Stream] {
+		return
+	}
 	s.apply(s.c.Receive(&wire.Position{Stream: w.key.Stream, Writer: w.inst, Prev: w.pos, Pos: w.pos}, s.stamp(w)))
 }
 
@@ -199,10 +205,22 @@ func (s *sim) run(data []byte) {
 				s.apply(s.c.Disconnected())
 			} else {
 				s.apply(s.c.Connected())
+				clear(s.lost)
 			}
 			connected = !connected
 		case 6:
 			s.probe(w)
+		case 8:
+			// One stream's channel lost alone, or back (a Redis Cluster
+			// slot that moved).
+			st := w.key.Stream
+			if s.lost[st] {
+				delete(s.lost, st)
+				s.apply(s.c.StreamsRegained([]string{st}))
+			} else {
+				s.lost[st] = true
+				s.apply(s.c.StreamsLost([]string{st}))
+			}
 		case 7:
 			if w.ephemeral && arg&1 == 0 {
 				w.gen++
@@ -215,6 +233,11 @@ func (s *sim) run(data []byte) {
 	// until none is left. Then the reader must have every row exactly once.
 	if !connected {
 		s.apply(s.c.Connected())
+		clear(s.lost)
+	}
+	for _, st := range slices.Sorted(maps.Keys(s.lost)) {
+		delete(s.lost, st)
+		s.apply(s.c.StreamsRegained([]string{st}))
 	}
 	for _, w := range s.writers {
 		s.probe(w)

@@ -22,6 +22,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 //	new self=ID streams=a,b:ephemeral [views=a/w1=3,...] [writes=a=0,...] [writers=a/w1,...]
 //	connect | disconnect | shutdown | tick DURATION
+//	lost STREAM,... | regained STREAM,...   (StreamsLost, StreamsRegained)
 //	recv LINE                      (a wire line, decoded by the codec)
 //	fetched ID upto=N [err] [gone]
 //	apply-failed STREAM/WRITER PREV POS
@@ -103,6 +104,9 @@ func runScenario(t *testing.T, path string) {
 				fmt.Fprintf(&got, "view %s pos=%d announced=%d catching=%v instance=%s\n", v.Key, v.Pos, v.Announced, v.Catching, v.Instance)
 			}
 			fmt.Fprintf(&got, "established=%v ready=%v\n", c.IsEstablished(), c.Ready())
+			if why := c.NotReady(); why != "" {
+				fmt.Fprintf(&got, "not ready: %s\n", why)
+			}
 		}
 		if c != nil && b.cmd == "peers" {
 			peers := c.Peers()
@@ -212,6 +216,10 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, seq *uint64, line string
 		return c.Connected(), nil
 	case "disconnect":
 		return c.Disconnected(), nil
+	case "lost":
+		return c.StreamsLost(strings.Split(f[1], ",")), nil
+	case "regained":
+		return c.StreamsRegained(strings.Split(f[1], ",")), nil
 	case "shutdown":
 		return c.Shutdown(), nil
 	case "state", "peers":
