@@ -147,6 +147,7 @@ type linkSession struct {
 	up       bool                        // linkUp was reported
 	since    time.Time                   // when the first set's subscriptions were sent
 	reported time.Time                   // the freshness last reported
+	retryMu  sync.Mutex                  // guards retry alone (see resetRetries)
 	retry    map[string]cbackoff.BackOff // per channel resubscribed alone
 }
 

@@ -129,18 +129,19 @@ func (l *link) reopen(sess *linkSession, channels []string) error {
 }
 
 // resetRetries starts the channels' backoffs over: the node is
-// established again.
+// established again. It takes retryMu only: the node's loop calls it, and
+// a serve loop may hold mu while it waits for that loop to take a line.
 func (s *linkSession) resetRetries() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.retryMu.Lock()
+	defer s.retryMu.Unlock()
 	clear(s.retry)
 }
 
 // nextRetry is the delay before channels are subscribed again: the
 // longest of their backoffs.
 func (s *linkSession) nextRetry(channels []string, cfg backoff.Config) time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.retryMu.Lock()
+	defer s.retryMu.Unlock()
 	var d time.Duration
 	for _, ch := range channels {
 		b := s.retry[ch]
