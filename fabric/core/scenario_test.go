@@ -45,6 +45,7 @@ func TestScenarios(t *testing.T) {
 
 type block struct {
 	line     int
+	lead     string // the comments and blank lines before the directive, kept by -rewrite
 	cmd      string
 	expected string
 }
@@ -60,13 +61,16 @@ func parseScenario(t *testing.T, path string) []block {
 	n := 0
 	var cur *block
 	inExpect := false
+	var lead strings.Builder
 	for sc.Scan() {
 		n++
 		line := sc.Text()
 		switch {
 		case cur == nil && (strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#")):
+			lead.WriteString(line + "\n")
 		case cur == nil:
-			blocks = append(blocks, block{line: n, cmd: line})
+			blocks = append(blocks, block{line: n, lead: lead.String(), cmd: line})
+			lead.Reset()
 			cur = &blocks[len(blocks)-1]
 		case !inExpect && line == "----":
 			inExpect = true
@@ -128,29 +132,13 @@ func runScenario(t *testing.T, path string) {
 			t.Errorf("%s:%d: %s\n got:\n%s want:\n%s", path, b.line, b.cmd, got.String(), b.expected)
 			failed = true
 		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n", b.cmd, b.expected)
+		fmt.Fprintf(&out, "%s%s\n----\n%s\n", b.lead, b.cmd, b.expected)
 	}
 	if *rewrite && !failed {
-		head := headerComments(t, path)
-		if err := os.WriteFile(path, []byte(head+out.String()), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-}
-
-func headerComments(t *testing.T, path string) string {
-	data, _ := os.ReadFile(path)
-	var b strings.Builder
-	for _, l := range strings.Split(string(data), "\n") {
-		if !strings.HasPrefix(l, "#") {
-			break
-		}
-		b.WriteString(l + "\n")
-	}
-	if b.Len() > 0 {
-		b.WriteString("\n")
-	}
-	return b.String()
 }
 
 func step(cp **Core, codec *wire.Codec, now *time.Time, seq *uint64, line string) ([]Action, error) {
