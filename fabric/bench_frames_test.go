@@ -3,7 +3,6 @@ package fabric
 import (
 	"context"
 	"encoding/json"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,8 +12,8 @@ import (
 )
 
 // BenchmarkReaderFrames is BenchmarkReaderCPU as a live reader gets its
-// lines: signed, in frames of up to maxFrameBytes (what a writer's link
-// publishes in a burst). It reports the reader process's CPU per applied
+// lines: stamped, in frames of up to maxFrameBytes, each frame signed
+// (what a writer's link publishes in a burst). It reports the reader process's CPU per applied
 // row, less the publisher's (the same frames sent to a channel nobody
 // follows); compare with BenchmarkReaderCPU/raw, one message per row.
 func BenchmarkReaderFrames(b *testing.B) {
@@ -33,35 +32,37 @@ func BenchmarkReaderFrames(b *testing.B) {
 	})
 	testenv.Eventually(b, 10*time.Second, func() bool { return ready(reader) }, "reader not ready")
 	env := newEnvelope(secret, 0)
-	seal := func(cmd wire.Command) string {
+	encode := func(cmd wire.Command) []byte {
 		line, err := wire.Encode(nil, cmd)
 		if err != nil {
 			b.Fatal(err)
 		}
-		return string(env.seal(benchChannel, line, time.Now()))
+		return line
 	}
 	pub := newRawPub(b, opts)
 	ctx := context.Background()
-	if err := pub.publish(ctx, benchChannel, []string{seal(&wire.Position{Stream: benchStream, Writer: benchWriter})}); err != nil {
+	first := env.seal(benchChannel, encode(&wire.Position{Stream: benchStream, Writer: benchWriter}), time.Now())
+	if err := pub.publish(ctx, benchChannel, []string{string(first)}); err != nil {
 		b.Fatal(err)
 	}
 	testenv.Eventually(b, 10*time.Second, func() bool { return knows(reader, benchKey) }, "reader never heard of %s", benchKey)
+	// frames stamps each line and signs each frame, as a writer's link does.
 	frames := func(from int64) []string {
 		var out []string
-		var f strings.Builder
+		var f []byte
 		for i := range rows {
 			pos := from + int64(i) + 1
-			line := seal(&wire.RData{Stream: benchStream, Writer: benchWriter, Prev: pos - 1, Pos: pos, Rows: json.RawMessage(benchRowJSON)})
-			if f.Len() > 0 && f.Len()+1+len(line) > maxFrameBytes {
-				out = append(out, f.String())
-				f.Reset()
+			line := env.stamp(encode(&wire.RData{Stream: benchStream, Writer: benchWriter, Prev: pos - 1, Pos: pos, Rows: json.RawMessage(benchRowJSON)}), time.Now())
+			if len(f) > 0 && len(f)+1+len(line)+signRoom > maxFrameBytes {
+				out = append(out, string(env.sign(benchChannel, f)))
+				f = f[:0]
 			}
-			if f.Len() > 0 {
-				f.WriteByte('\n')
+			if len(f) > 0 {
+				f = append(f, '\n')
 			}
-			f.WriteString(line)
+			f = append(f, line...)
 		}
-		return append(out, f.String())
+		return append(out, string(env.sign(benchChannel, f)))
 	}
 	var pubCPU, readCPU time.Duration
 	var pos int64

@@ -19,28 +19,34 @@ import (
 // control channel) keeps its place relative to every line: on one Redis
 // the protocol relies on, say, SEALED before BYE.
 //
-// Every line is sealed (stamped and signed) on its own, in the order the
-// frames go out, so a reader checks and refuses lines one by one, and a
-// frame needs no envelope of its own.
+// Every line is stamped on its own, in the order the frames go out, so a
+// reader judges lines one by one (the replay rules); a frame is signed
+// once, at its end (see envelope).
 
-// maxFrameBytes bounds a frame; a longer line goes out alone.
+// maxFrameBytes bounds a frame, its signature included; a longer line
+// goes out alone.
 const maxFrameBytes = 64 << 10
+
+// signRoom is what a frame's signature takes: '.' and the MAC.
+const signRoom = 1 + sigChars
 
 // frame is one PUBLISH: lines of channel at arena[start:end].
 type frame struct {
 	channel    string
 	lines      int
 	start, end int
+	signed     bool
 }
 
 // framer packs batches into frames. It belongs to the publisher goroutine
 // and reuses its buffers, so packing allocates only while they grow.
 type framer struct {
 	barrier string
-	seal    func(channel string, line []byte, now time.Time) []byte // nil: lines go out as queued
+	stamp   func(line []byte, now time.Time) []byte   // nil: lines go out as queued
+	sign    func(channel string, frame []byte) []byte // nil: frames go out unsigned
 
-	arena   []byte  // the sealed lines of every frame, back to back
-	scratch []byte  // the line being sealed
+	arena   []byte  // the stamped lines of every frame, back to back, each frame signed
+	scratch []byte  // the line being stamped
 	frames  []frame // of the batch being sent
 	group   map[string]int
 	groups  []int // per line of a segment: its channel's group
@@ -48,8 +54,8 @@ type framer struct {
 	order   []int // a segment's lines, grouped by channel
 }
 
-// pack seals batch's lines and packs them into frames, valid until the
-// next call.
+// pack stamps batch's lines, packs them into frames and signs each, valid
+// until the next call.
 func (f *framer) pack(batch []outLine, now time.Time) []frame {
 	f.arena, f.frames = f.arena[:0], f.frames[:0]
 	start := 0
@@ -61,6 +67,7 @@ func (f *framer) pack(batch []outLine, now time.Time) []frame {
 		}
 	}
 	f.segment(batch[start:], now)
+	f.close()
 	return f.frames
 }
 
@@ -108,26 +115,39 @@ func (f *framer) segment(lines []outLine, now time.Time) {
 	}
 }
 
-// add seals o and appends it to the last frame if that frame is on the
-// same channel and has room, else to a new frame.
+// add stamps o and appends it to the last frame if that frame is on the
+// same channel and has room, else closes that frame and starts one.
 func (f *framer) add(o outLine, now time.Time) {
 	line := append(f.scratch[:0], o.line...)
-	if f.seal != nil {
-		line = f.seal(o.channel, line, now)
+	if f.stamp != nil {
+		line = f.stamp(line, now)
 	}
 	f.scratch = line
 	if k := len(f.frames) - 1; k >= 0 {
 		last := &f.frames[k]
-		if last.channel == o.channel && last.end-last.start+1+len(line) <= maxFrameBytes {
+		if !last.signed && last.channel == o.channel && last.end-last.start+1+len(line)+signRoom <= maxFrameBytes {
 			f.arena = append(append(f.arena, '\n'), line...)
 			last.end = len(f.arena)
 			last.lines++
 			return
 		}
 	}
+	f.close()
 	start := len(f.arena)
 	f.arena = append(f.arena, line...)
 	f.frames = append(f.frames, frame{channel: o.channel, lines: 1, start: start, end: len(f.arena)})
+}
+
+// close signs the last frame, which ends the arena.
+func (f *framer) close() {
+	k := len(f.frames) - 1
+	if k < 0 || f.sign == nil || f.frames[k].signed {
+		return
+	}
+	last := &f.frames[k]
+	signed := f.sign(last.channel, f.arena[last.start:last.end])
+	f.arena = append(f.arena[:last.start], signed...) // in place, unless sign grew it elsewhere
+	last.end, last.signed = len(f.arena), true
 }
 
 // payload is fr's bytes, valid until the next pack.

@@ -12,28 +12,49 @@ import (
 	"pgregory.net/rapid"
 )
 
-// testSeal stamps lines with a counter, so the order they were sealed in
-// shows in the frames.
-func testSeal() func(string, []byte, time.Time) []byte {
+// testStamp stamps lines with a counter, so the order they were stamped
+// in shows in the frames.
+func testStamp() func([]byte, time.Time) []byte {
 	seq := 0
-	return func(_ string, line []byte, _ time.Time) []byte {
+	return func(line []byte, _ time.Time) []byte {
 		seq++
 		return strconv.AppendInt(append(line, " #"...), int64(seq), 10)
 	}
 }
 
+// testSign marks the end of a frame with its channel.
+func testSign(channel string, frame []byte) []byte {
+	return append(append(frame, '|'), channel...)
+}
+
+// newTestFramer is a framer with the test stamp and signature.
+func newTestFramer() *framer {
+	return &framer{barrier: "c", stamp: testStamp(), sign: testSign}
+}
+
+// unsigned is a frame's lines without the test signature.
+func unsigned(p []byte) string {
+	s, _, _ := strings.Cut(string(p), "|")
+	return s
+}
+
 func framesOf(f *framer, batch []outLine) []string {
 	var out []string
 	for _, fr := range f.pack(batch, time.Now()) {
-		out = append(out, fr.channel+": "+string(f.payload(fr)))
+		p := f.payload(fr)
+		if !strings.HasSuffix(string(p), "|"+fr.channel) {
+			panic(fmt.Sprintf("frame %q: no signature of its own channel at its end", p))
+		}
+		out = append(out, fr.channel+": "+unsigned(p))
 	}
 	return out
 }
 
 // Lines of one channel share a frame; streams are regrouped, the control
-// channel's lines are not; lines are sealed in the order they go out.
+// channel's lines are not; lines are stamped in the order they go out, and
+// each frame is signed once, at its end.
 func TestFramerGroupsByChannel(t *testing.T) {
-	f := &framer{barrier: "c", seal: testSeal()}
+	f := newTestFramer()
 	batch := []outLine{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}, {"c", "c1"}, {"c", "c2"}, {"b", "b2"}, {"a", "a3"}, {"b", "b3"}}
 	got := framesOf(f, batch)
 	want := []string{
@@ -46,16 +67,19 @@ func TestFramerGroupsByChannel(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("frames\n%q\nwant\n%q", got, want)
 	}
-	// Unsealed (a link without Seal), one channel: one frame.
+	// Neither stamped nor signed (a link without Stamp and Sign), one
+	// channel: one frame.
 	f = &framer{}
-	if got := framesOf(f, []outLine{{"a", "1"}, {"a", "2"}, {"a", "3"}}); !slices.Equal(got, []string{"a: 1\n2\n3"}) {
-		t.Fatalf("frames %q", got)
+	fr := f.pack([]outLine{{"a", "1"}, {"a", "2"}, {"a", "3"}}, time.Now())
+	if len(fr) != 1 || string(f.payload(fr[0])) != "1\n2\n3" {
+		t.Fatalf("frames %+v", fr)
 	}
 }
 
-// A frame holds at most maxFrameBytes; a longer line goes out alone.
+// A frame holds at most maxFrameBytes, its signature included; a longer
+// line goes out alone.
 func TestFramerBoundsFrames(t *testing.T) {
-	f := &framer{}
+	f := &framer{sign: testSign}
 	big := strings.Repeat("x", maxFrameBytes+1)
 	small := strings.Repeat("y", 1000)
 	var batch []outLine
@@ -71,6 +95,9 @@ func TestFramerBoundsFrames(t *testing.T) {
 		if len(p) > maxFrameBytes && fr.lines != 1 {
 			t.Errorf("frame %d: %d bytes in %d lines", i, len(p), fr.lines)
 		}
+		if !fr.signed {
+			t.Errorf("frame %d not signed", i)
+		}
 		if n := bytes.Count(p, []byte{'\n'}) + 1; n != fr.lines {
 			t.Errorf("frame %d says %d lines, holds %d", i, fr.lines, n)
 		}
@@ -78,7 +105,8 @@ func TestFramerBoundsFrames(t *testing.T) {
 	if lines != len(batch) {
 		t.Fatalf("%d lines in frames, want %d", lines, len(batch))
 	}
-	// small, then big alone, then 200 small ones: 64 fit in 64 KiB.
+	// small, then big alone, then 200 small ones: 65 fit in 64 KiB with a
+	// signature.
 	if frames[0].lines != 1 || frames[1].lines != 1 || frames[2].lines != 65 || len(frames) != 6 {
 		t.Fatalf("frames of %v lines", linesPer(frames))
 	}
@@ -94,7 +122,7 @@ func linesPer(frames []frame) []int {
 
 // Once its buffers have grown, packing allocates nothing.
 func TestFramerAllocs(t *testing.T) {
-	f := &framer{barrier: "c", seal: testSeal()}
+	f := newTestFramer()
 	var batch []outLine
 	for i := range 512 {
 		batch = append(batch, outLine{fmt.Sprintf("s%d", i%4), "RDATA s w 1 2 [1]"})
@@ -107,10 +135,11 @@ func TestFramerAllocs(t *testing.T) {
 
 // Any batch: every line goes out once, on its channel; per channel in the
 // order queued; a control line after everything queued before it and
-// before everything queued after it; sealed in the order sent.
+// before everything queued after it; stamped in the order sent; every
+// frame signed once, at its end.
 func TestFramerProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		f := &framer{barrier: "c", seal: testSeal()}
+		f := newTestFramer()
 		n := rapid.IntRange(0, 300).Draw(t, "n")
 		chans := rapid.SliceOfN(rapid.SampledFrom([]string{"a", "b", "c", "d"}), n, n).Draw(t, "chans")
 		var batch []outLine
@@ -130,7 +159,10 @@ func TestFramerProperties(t *testing.T) {
 			if len(p) > maxFrameBytes && fr.lines > 1 {
 				t.Fatalf("a frame of %d lines holds %d bytes", fr.lines, len(p))
 			}
-			for line := range strings.SplitSeq(string(p), "\n") {
+			if strings.Count(string(p), "|") != 1 || !strings.HasSuffix(string(p), "|"+fr.channel) {
+				t.Fatalf("a frame on %s is not signed once, at its end", fr.channel)
+			}
+			for line := range strings.SplitSeq(unsigned(p), "\n") {
 				body, stamp, _ := strings.Cut(line, " #")
 				idx, _, _ := strings.Cut(body, ".")
 				i, _ := strconv.Atoi(idx)

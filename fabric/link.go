@@ -93,11 +93,14 @@ type linkConfig struct {
 	// lines of every channel as they are framed (the control channel);
 	// lines of other channels keep their order per channel only.
 	Barrier string
-	// Seal, if set, stamps (and signs) each line as it is sent to channel:
-	// it appends to line and returns it. Stamping at send time, in send order,
-	// makes a line's stamp the time it reached Redis, however long it
-	// waited in the queue (see envelope).
-	Seal func(channel string, line []byte, now time.Time) []byte
+	// Stamp, if set, stamps each line as it is sent: it appends to line and
+	// returns it. Stamping at send time, in send order, makes a line's
+	// stamp the time it reached Redis, however long it waited in the queue
+	// (see envelope).
+	Stamp func(line []byte, now time.Time) []byte
+	// Sign, if set, signs each frame (the lines of one PUBLISH) sent to
+	// channel: it appends to frame and returns it.
+	Sign func(channel string, frame []byte) []byte
 }
 
 // validate reports the first invalid field.
@@ -330,7 +333,7 @@ func newLinkOf(cfg linkConfig, addr string, pub redis.UniversalClient) *link {
 		queue:      make(chan outLine, cfg.PublishQueue),
 		kick:       make(chan struct{}, 1),
 		subscribed: subscribed,
-		framer:     framer{barrier: cfg.Barrier, seal: cfg.Seal},
+		framer:     framer{barrier: cfg.Barrier, stamp: cfg.Stamp, sign: cfg.Sign},
 	}
 }
 

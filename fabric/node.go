@@ -257,7 +257,7 @@ func New(cfg Config) (*Node, error) {
 	slices.Sort(subscribed)
 	n.chans = newChannels(cfg.Cluster, slices.Compact(subscribed), slices.Collect(maps.Keys(n.gens)), m.linesIn)
 	lc := linkConfig{Options: opts, Cluster: copts, Channels: n.chans.subscriptions(),
-		Barrier: ControlChannel(cfg.Cluster), Backoff: cfg.Backoff, Logger: n.log, Seal: n.env.seal}
+		Barrier: ControlChannel(cfg.Cluster), Backoff: cfg.Backoff, Logger: n.log, Stamp: n.env.stamp, Sign: n.env.sign}
 	if cfg.linkTune != nil {
 		cfg.linkTune(&lc)
 	}

@@ -34,22 +34,39 @@ func (e nodeEvents) linkChannelsUp(channels []string, _ time.Time) {
 // read before the PONG has been handled.
 func (e nodeEvents) linkFresh(sent time.Time) { e.n.send(e.ctx, inFresh{sent}) }
 
-// linkMessage takes a frame apart: each line is opened, checked and decoded
-// on its own, and the frame's commands reach the loop in one handoff.
+// linkMessage takes a frame apart: its signature is checked once, then
+// each line is judged and decoded on its own, and the frame's commands
+// reach the loop in one handoff.
 func (e nodeEvents) linkMessage(channel, payload string) {
 	// Lines are only read while decoding (Decode keeps nothing of them), so
 	// the frame is viewed without a copy.
 	frame := unsafe.Slice(unsafe.StringData(payload), len(payload))
 	n := e.n
+	lines := float64(bytes.Count(frame, newline) + 1)
+	if c := n.chans.lines[channel]; c != nil {
+		c.Add(lines)
+	}
+	// A frame is one sender's: our own echo (half of what a writer
+	// receives) is dropped whole, before its MAC is checked; a forgery
+	// naming us would be dropped all the same.
+	if string(wire.PeekSender(frame)) == n.cfg.Instance {
+		n.m.echoes.Add(lines)
+		return
+	}
+	body, reason := n.env.openFrame(channel, frame)
+	if reason != "" {
+		n.m.invalid.WithLabelValues(reason).Add(lines)
+		n.lastUnopened.Store(int64(time.Since(n.born)))
+		n.logUnopened(reason, frame)
+		return
+	}
 	var (
 		first inCmd
 		more  inCmds // from the second command on
 		got   int
-		lines float64
 	)
 	for {
-		line, rest, cut := bytes.Cut(frame, newline)
-		lines++
+		line, rest, cut := bytes.Cut(body, newline)
 		if in, ok := e.line(channel, line); ok {
 			switch got {
 			case 0:
@@ -65,10 +82,7 @@ func (e nodeEvents) linkMessage(channel, payload string) {
 		if !cut {
 			break
 		}
-		frame = rest
-	}
-	if c := n.chans.lines[channel]; c != nil {
-		c.Add(lines)
+		body = rest
 	}
 	switch got {
 	case 0:
@@ -81,18 +95,16 @@ func (e nodeEvents) linkMessage(channel, payload string) {
 
 var newline = []byte{'\n'}
 
-// line opens and decodes one line of a frame received on channel: a
-// command for the loop, or false when it is refused, an echo or handled
-// here (application verbs).
+// line judges and decodes one line of an opened frame received on
+// channel: a command for the loop, or false when it is refused, an echo
+// or handled here (application verbs).
 func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
 	n := e.n
-	// Our own echo (half the lines a writer receives) is dropped before
-	// paying for its MAC: a forgery naming us would be dropped all the same.
 	if string(wire.PeekSender(raw)) == n.cfg.Instance {
 		n.m.echoes.Inc()
 		return inCmd{}, false
 	}
-	line, st, reason := n.env.open(channel, raw)
+	line, st, reason := n.env.openLine(raw)
 	if reason != "" {
 		n.m.invalid.WithLabelValues(reason).Inc()
 		n.lastUnopened.Store(int64(time.Since(n.born)))

@@ -13,20 +13,29 @@ import (
 
 // Every line a node publishes is stamped (wire.Stamp: the sender's epoch
 // and a per-instance increasing sequence) and, when the cluster has a
-// secret, signed:
+// secret, every frame (the lines of one PUBLISH, see framer) is signed
+// once, at its end:
 //
+//	<command> #<epoch>.<seq>
+//	...
 //	<command> #<epoch>.<seq>.<22 chars: base64url of the first 16 bytes of HMAC-SHA256>
 //
-// The MAC covers the channel name (so a line replayed into another cluster
-// sharing the secret, or onto another stream's channel, fails), the command (which names the sender) and the
-// stamp (so a replayed line cannot be given a fresh sequence). Without a
+// The MAC covers the channel name (so a frame replayed into another
+// cluster sharing the secret, or onto another stream's channel, fails)
+// and every byte of the frame before it: the commands (which name the
+// sender) and their stamps (so a replayed line cannot be given a fresh
+// sequence). A line taken out of its frame, a frame cut short and frames
+// joined all fail. A frame of one line is exactly a signed line: one MAC
+// per PUBLISH instead of per line halved a reader's cost of checking them
+// (HMAC-SHA256's fixed cost is most of it on a short line). Without a
 // secret lines are stamped but unsigned: anyone on the channel can forge
 // them, so that mode is for development only.
 const sigChars = 22
 
 // envelope stamps and signs what this node publishes and opens what it
-// receives. Seal is called from the link's publisher only (lines are
-// stamped as they are sent, in order); Open from its receive goroutine.
+// receives. stamp and sign are called from the link's publisher only
+// (lines are stamped as they are sent, in order); the opening side from
+// its serve loops.
 type envelope struct {
 	epoch   uint64
 	pool    *sync.Pool // of hash.Hash; nil: unsigned
@@ -53,16 +62,26 @@ func (e *envelope) nextSeq(now time.Time) uint64 {
 	return s
 }
 
-// seal appends the stamp, and the signature if signing, to line, which
-// goes out on channel.
+// seal stamps line and signs it as a frame of its own, to go out on
+// channel.
 func (e *envelope) seal(channel string, line []byte, now time.Time) []byte {
-	line = wire.AppendStamp(line, wire.Stamp{Epoch: e.epoch, Seq: e.nextSeq(now)})
+	return e.sign(channel, e.stamp(line, now))
+}
+
+// stamp appends the stamp to line.
+func (e *envelope) stamp(line []byte, now time.Time) []byte {
+	return wire.AppendStamp(line, wire.Stamp{Epoch: e.epoch, Seq: e.nextSeq(now)})
+}
+
+// sign appends the signature of frame, which goes out on channel, if
+// signing.
+func (e *envelope) sign(channel string, frame []byte) []byte {
 	if e.pool == nil {
-		return line
+		return frame
 	}
-	n := len(line)
-	line = append(line, '.')
-	return e.mac(channel, line[:n], line)
+	n := len(frame)
+	frame = append(frame, '.')
+	return e.mac(channel, frame[:n], frame)
 }
 
 func (e *envelope) mac(channel string, stamped, dst []byte) []byte {
@@ -82,29 +101,48 @@ const (
 	reasonBadSignature = "bad_signature"
 )
 
-// open returns the command of a line received on channel and its stamp, or
-// the reason it is refused.
+// open returns the command of a frame of one line received on channel
+// and its stamp, or the reason it is refused.
 func (e *envelope) open(channel string, line []byte) (cmd []byte, st wire.Stamp, reason string) {
-	cmd, st, rest, ok := wire.CutStamp(line)
-	if !ok {
-		if e.pool != nil {
-			return nil, st, reasonBadSignature
-		}
-		return nil, st, reasonUnstamped
+	body, reason := e.openFrame(channel, line)
+	if reason != "" {
+		return nil, st, reason
 	}
+	return e.openLine(body)
+}
+
+// openFrame checks the signature of a frame received on channel and
+// returns its lines without it, or the reason every line is refused.
+// Unsigned, it returns the frame as it is.
+func (e *envelope) openFrame(channel string, frame []byte) (body []byte, reason string) {
 	if e.pool == nil {
-		if len(rest) != 0 {
-			return nil, st, reasonUnstamped // signed by a cluster with a secret: not ours
-		}
-		return cmd, st, ""
+		return frame, ""
 	}
-	if len(rest) != 1+sigChars {
-		return nil, st, reasonBadSignature
+	n := len(frame) - 1 - sigChars
+	if n <= 0 || frame[n] != '.' {
+		return nil, reasonBadSignature
 	}
-	stamped := line[:len(line)-len(rest)]
 	var buf [sigChars + 2]byte
-	if !hmac.Equal(e.mac(channel, stamped, buf[:0]), rest[1:]) {
+	if !hmac.Equal(e.mac(channel, frame[:n], buf[:0]), frame[n+1:]) {
+		return nil, reasonBadSignature
+	}
+	return frame[:n], ""
+}
+
+// openLine returns the command of a line of an opened frame and its
+// stamp, or the reason it is refused: it must be stamped, and signed by
+// nothing of its own.
+func (e *envelope) openLine(line []byte) (cmd []byte, st wire.Stamp, reason string) {
+	cmd, st, rest, ok := wire.CutStamp(line)
+	switch {
+	case !ok && e.pool != nil:
 		return nil, st, reasonBadSignature
+	case !ok:
+		return nil, st, reasonUnstamped
+	case len(rest) != 0 && e.pool != nil:
+		return nil, st, reasonBadSignature // a signature inside a frame: not ours
+	case len(rest) != 0:
+		return nil, st, reasonUnstamped // signed by a cluster with a secret: not ours
 	}
 	return cmd, st, ""
 }

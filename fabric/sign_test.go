@@ -54,6 +54,65 @@ func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 	}
 }
 
+// A frame is signed once, at its end: it opens whole, and a line taken out
+// of it, a frame cut short, two frames joined, a frame moved to another
+// channel or tampered with anywhere are refused.
+func TestEnvelopeFrames(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	e := newEnvelope("k1", 7)
+	frameOf := func(e *envelope, channel string, cmds ...string) []byte {
+		var f []byte
+		for i, c := range cmds {
+			if i > 0 {
+				f = append(f, '\n')
+			}
+			f = e.stamp(append(f, c...), now)
+		}
+		return e.sign(channel, f)
+	}
+	cmds := []string{"RDATA events w-aaaaaaaa 1 2 [1]", "RDATA events w-aaaaaaaa 2 3 [2]", "POSITION events w-aaaaaaaa 3 5"}
+	frame := frameOf(e, "weft:a", cmds...)
+	body, reason := e.openFrame("weft:a", frame)
+	if reason != "" {
+		t.Fatalf("openFrame: %q", reason)
+	}
+	lines := strings.Split(string(body), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	for i, l := range lines {
+		cmd, st, reason := e.openLine([]byte(l))
+		if reason != "" || string(cmd) != cmds[i] || st.Epoch != 7 {
+			t.Fatalf("line %d: %q %+v %q", i, cmd, st, reason)
+		}
+	}
+	first, _, _ := strings.Cut(string(frame), "\n")
+	other := frameOf(e, "weft:a", "BYE w-aaaaaaaa")
+	for name, bad := range map[string][]byte{
+		"a line taken out": []byte(first),
+		"the last line":    []byte(lines[2] + string(frame[len(body):])),
+		"cut short":        []byte(strings.Join(lines[1:], "\n") + string(frame[len(body):])),
+		"two joined":       append(append(append([]byte(nil), frame...), '\n'), other...),
+		"another channel":  frameOf(e, "weft:b", cmds...),
+		"another key":      frameOf(newEnvelope("k2", 7), "weft:a", cmds...),
+		"a line tampered":  []byte(strings.Replace(string(frame), "[2]", "[9]", 1)),
+		"lines reordered":  []byte(lines[1] + "\n" + lines[0] + "\n" + lines[2] + string(frame[len(body):])),
+		"unsigned":         body,
+	} {
+		if _, reason := e.openFrame("weft:a", bad); reason != reasonBadSignature {
+			t.Errorf("%s: reason %q, want %q", name, reason, reasonBadSignature)
+		}
+	}
+	// A line that carries a signature of its own inside a frame is not
+	// ours; nor is an unstamped one.
+	if _, _, reason := e.openLine(e.seal("weft:a", []byte("BYE x-aaaaaaaa"), now)); reason != reasonBadSignature {
+		t.Errorf("a signed line inside a frame: reason %q", reason)
+	}
+	if _, _, reason := e.openLine([]byte("BYE x-aaaaaaaa")); reason != reasonBadSignature {
+		t.Errorf("an unstamped line inside a frame: reason %q", reason)
+	}
+}
+
 // With a cluster secret, a forged position far ahead (the attack that
 // would make readers skip a writer's rows) is counted and ignored, and the
 // reader still gets every real row exactly once.

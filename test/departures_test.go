@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -207,23 +206,15 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	channel := recordChannel(ctx, t, rds.Addr(), &wg)
 	old := instanceOf(t, p1)
+	// The frames that carry them, as published: a line taken out of its
+	// frame carries no signature of its own.
 	var hello string
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		for _, line := range channel.all() {
-			if strings.HasPrefix(line, "HELLO "+old+" ") {
-				hello = line
-				return true
-			}
-		}
-		return false
+		hello = channel.frameWith("HELLO " + old + " ")
+		return hello != ""
 	}, "no HELLO of %s on the channel", old)
 	c.stop(p1, syscall.SIGTERM)
-	var bye string
-	for _, line := range channel.all() {
-		if strings.HasPrefix(line, "BYE "+old+" ") {
-			bye = line
-		}
-	}
+	bye := channel.frameWith("BYE " + old + " ")
 	if bye == "" {
 		t.Fatalf("no BYE of %s on the channel", old)
 	}

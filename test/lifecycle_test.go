@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,9 +33,10 @@ const heartbeat = time.Second
 // channelLog records every line published on the cluster's channels:
 // its control channel and every stream's.
 type channelLog struct {
-	mu    sync.Mutex
-	lines []string
-	chans []string // the channel of each of lines
+	mu     sync.Mutex
+	lines  []string
+	chans  []string    // the channel of each of lines
+	frames []published // the messages as published: frames of lines
 }
 
 func (l *channelLog) byes() map[string]bool {
@@ -55,17 +57,32 @@ func (l *channelLog) all() []string {
 	return append([]string(nil), l.lines...)
 }
 
-// published is one recorded line and the channel it was published on.
+// published is one recorded message (a frame) and the channel it was
+// published on.
 type published struct{ channel, line string }
 
-func (l *channelLog) allOn() []published {
+// framesOn lists the messages recorded, each a frame of one or more lines,
+// with its channel: a replay publishes them as they were (a line taken
+// out of its frame carries no signature of its own).
+func (l *channelLog) framesOn() []published {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]published, len(l.lines))
-	for i := range l.lines {
-		out[i] = published{l.chans[i], l.lines[i]}
+	return slices.Clone(l.frames)
+}
+
+// frameWith is the last recorded frame that holds a line starting with
+// prefix, or "".
+func (l *channelLog) frameWith(prefix string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.frames) - 1; i >= 0; i-- {
+		for line := range strings.SplitSeq(l.frames[i].line, "\n") {
+			if strings.HasPrefix(line, prefix) {
+				return l.frames[i].line
+			}
+		}
 	}
-	return out
+	return ""
 }
 
 // recordChannel subscribes to the cluster's channels until ctx ends.
@@ -91,6 +108,7 @@ func recordChannel(ctx context.Context, t *testing.T, addr string, wg *sync.Wait
 				continue
 			}
 			l.mu.Lock()
+			l.frames = append(l.frames, published{msg.Channel, msg.Payload})
 			for line := range strings.SplitSeq(msg.Payload, "\n") { // a frame
 				l.lines = append(l.lines, line)
 				l.chans = append(l.chans, msg.Channel)
