@@ -51,12 +51,6 @@ func (l *channelLog) byes() map[string]bool {
 	return out
 }
 
-func (l *channelLog) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.lines...)
-}
-
 // published is one recorded message (a frame) and the channel it was
 // published on.
 type published struct{ channel, line string }
