@@ -46,45 +46,22 @@ func BenchmarkReaderFrames(b *testing.B) {
 		b.Fatal(err)
 	}
 	testenv.Eventually(b, 10*time.Second, func() bool { return knows(reader, benchKey) }, "reader never heard of %s", benchKey)
-	// frames stamps each line and signs each frame, as a writer's link does.
+	// frames packs the rows as a writer's link does: its framer, stamped
+	// and signed by the envelope.
+	fr := &framer{stamp: env.stamp, sign: env.sign}
 	frames := func(from int64) []string {
-		var out []string
-		var f []byte
-		for i := range rows {
+		batch := make([]outLine, rows)
+		for i := range batch {
 			pos := from + int64(i) + 1
-			line := env.stamp(encode(&wire.RData{Stream: benchStream, Writer: benchWriter, Prev: pos - 1, Pos: pos, Rows: json.RawMessage(benchRowJSON)}), time.Now())
-			if len(f) > 0 && len(f)+1+len(line)+signRoom > maxFrameBytes {
-				out = append(out, string(env.sign(benchChannel, f)))
-				f = f[:0]
-			}
-			if len(f) > 0 {
-				f = append(f, '\n')
-			}
-			f = append(f, line...)
+			batch[i] = outLine{benchChannel, string(encode(&wire.RData{Stream: benchStream, Writer: benchWriter, Prev: pos - 1, Pos: pos, Rows: json.RawMessage(benchRowJSON)}))}
 		}
-		return append(out, string(env.sign(benchChannel, f)))
+		var out []string
+		for _, f := range fr.pack(batch, time.Now()) {
+			out = append(out, string(fr.payload(f)))
+		}
+		return out
 	}
-	var pubCPU, readCPU time.Duration
-	var pos int64
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		msgs := frames(pos)
-		pos += rows
-		b.StartTimer()
-		pubCPU += cpuOf(b, func() error { return pub.publish(ctx, benchVoidChannel, msgs) })
-		sink.want.Store(int64(i+1) * rows)
-		readCPU += cpuOf(b, func() error {
-			if err := pub.publish(ctx, benchChannel, msgs); err != nil {
-				return err
-			}
-			awaitCount(b, &sink.applied, sink.want.Load(), sink.reached, fetcher.called)
-			return nil
-		})
-	}
-	b.StopTimer()
-	sink.check(b, benchNodes{reader: reader, fetcher: fetcher}, pos)
-	n := float64(b.N * rows)
+	perRow, _ := readerCPU(b, pub, sink, benchNodes{reader: reader, fetcher: fetcher}, rows, frames)
 	b.ReportMetric(0, "ns/op")
-	b.ReportMetric(us(readCPU-pubCPU)/n, "µs/row")
+	b.ReportMetric(perRow, "µs/row")
 }

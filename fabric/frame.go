@@ -35,7 +35,6 @@ type frame struct {
 	channel    string
 	lines      int
 	start, end int
-	signed     bool
 }
 
 // framer packs batches into frames. It belongs to the publisher goroutine
@@ -125,7 +124,7 @@ func (f *framer) add(o outLine, now time.Time) {
 	f.scratch = line
 	if k := len(f.frames) - 1; k >= 0 {
 		last := &f.frames[k]
-		if !last.signed && last.channel == o.channel && last.end-last.start+1+len(line)+signRoom <= maxFrameBytes {
+		if last.channel == o.channel && last.end-last.start+1+len(line)+signRoom <= maxFrameBytes {
 			f.arena = append(append(f.arena, '\n'), line...)
 			last.end = len(f.arena)
 			last.lines++
@@ -138,16 +137,17 @@ func (f *framer) add(o outLine, now time.Time) {
 	f.frames = append(f.frames, frame{channel: o.channel, lines: 1, start: start, end: len(f.arena)})
 }
 
-// close signs the last frame, which ends the arena.
+// close signs the last frame, which ends the arena. It is called once per
+// frame: by add before it starts the next one, and by pack after the last.
 func (f *framer) close() {
 	k := len(f.frames) - 1
-	if k < 0 || f.sign == nil || f.frames[k].signed {
+	if k < 0 || f.sign == nil {
 		return
 	}
 	last := &f.frames[k]
 	signed := f.sign(last.channel, f.arena[last.start:last.end])
 	f.arena = append(f.arena[:last.start], signed...) // in place, unless sign grew it elsewhere
-	last.end, last.signed = len(f.arena), true
+	last.end = len(f.arena)
 }
 
 // payload is fr's bytes, valid until the next pack.

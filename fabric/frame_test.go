@@ -95,8 +95,8 @@ func TestFramerBoundsFrames(t *testing.T) {
 		if len(p) > maxFrameBytes && fr.lines != 1 {
 			t.Errorf("frame %d: %d bytes in %d lines", i, len(p), fr.lines)
 		}
-		if !fr.signed {
-			t.Errorf("frame %d not signed", i)
+		if !bytes.HasSuffix(p, []byte("|a")) || bytes.Count(p, []byte("|")) != 1 {
+			t.Errorf("frame %d not signed once, at its end", i)
 		}
 		if n := bytes.Count(p, []byte{'\n'}) + 1; n != fr.lines {
 			t.Errorf("frame %d says %d lines, holds %d", i, fr.lines, n)

@@ -46,7 +46,9 @@ func (l *link) lose(sess *linkSession, f connFailure) {
 		sess.ev.linkChannelsDown(f.channels, f.err)
 	}
 	sess.mu.Unlock()
-	l.log.Warn("fabric: link: channels lost", "channels", f.channels, "addr", c.client.Options().Addr, "err", f.err)
+	if len(f.channels) > 0 {
+		l.log.Warn("fabric: link: channels lost", "channels", f.channels, "addr", c.client.Options().Addr, "err", f.err)
+	}
 	c.cancel()
 	if c.ps != nil {
 		_ = c.ps.Close()

@@ -96,14 +96,10 @@ func (e nodeEvents) linkMessage(channel, payload string) {
 var newline = []byte{'\n'}
 
 // line judges and decodes one line of an opened frame received on
-// channel: a command for the loop, or false when it is refused, an echo
-// or handled here (application verbs).
+// channel: a command for the loop, or false when it is refused or handled
+// here (application verbs). Own echoes were dropped with their frame.
 func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
 	n := e.n
-	if string(wire.PeekSender(raw)) == n.cfg.Instance {
-		n.m.echoes.Inc()
-		return inCmd{}, false
-	}
 	line, st, reason := n.env.openLine(raw)
 	if reason != "" {
 		n.m.invalid.WithLabelValues(reason).Inc()

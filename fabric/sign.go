@@ -62,12 +62,6 @@ func (e *envelope) nextSeq(now time.Time) uint64 {
 	return s
 }
 
-// seal stamps line and signs it as a frame of its own, to go out on
-// channel.
-func (e *envelope) seal(channel string, line []byte, now time.Time) []byte {
-	return e.sign(channel, e.stamp(line, now))
-}
-
 // stamp appends the stamp to line.
 func (e *envelope) stamp(line []byte, now time.Time) []byte {
 	return wire.AppendStamp(line, wire.Stamp{Epoch: e.epoch, Seq: e.nextSeq(now)})
@@ -100,16 +94,6 @@ const (
 	reasonUnstamped    = "unstamped"
 	reasonBadSignature = "bad_signature"
 )
-
-// open returns the command of a frame of one line received on channel
-// and its stamp, or the reason it is refused.
-func (e *envelope) open(channel string, line []byte) (cmd []byte, st wire.Stamp, reason string) {
-	body, reason := e.openFrame(channel, line)
-	if reason != "" {
-		return nil, st, reason
-	}
-	return e.openLine(body)
-}
 
 // openFrame checks the signature of a frame received on channel and
 // returns its lines without it, or the reason every line is refused.

@@ -13,6 +13,24 @@ import (
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
+// Test helpers: a frame of one line, as the first version signed lines.
+
+// seal stamps line and signs it as a frame of its own, to go out on
+// channel.
+func (e *envelope) seal(channel string, line []byte, now time.Time) []byte {
+	return e.sign(channel, e.stamp(line, now))
+}
+
+// open returns the command of a frame of one line received on channel
+// and its stamp, or the reason it is refused.
+func (e *envelope) open(channel string, line []byte) (cmd []byte, st wire.Stamp, reason string) {
+	body, reason := e.openFrame(channel, line)
+	if reason != "" {
+		return nil, st, reason
+	}
+	return e.openLine(body)
+}
+
 func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	e := newEnvelope("k1", 7)
