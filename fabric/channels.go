@@ -12,8 +12,8 @@ import (
 // the stream's own channel; everything else (HELLO, REPLICATE, BYE and
 // application verbs) on the cluster's control channel. An instance
 // subscribes to the control channel and to the channels of the streams it
-// follows or writes, and so never receives (nor checks) the lines of the
-// others. Names are valid wire names ([A-Za-z0-9_.:-]), so '/' cannot
+// follows, and so never receives (nor checks) the lines of the others; a
+// stream it only writes it publishes on without hearing. Names are valid wire names ([A-Za-z0-9_.:-]), so '/' cannot
 // occur in a cluster or stream name and no stream channel of one cluster
 // can be the control channel of another.
 
@@ -43,8 +43,8 @@ type channels struct {
 }
 
 // newChannels names the channels of cluster: subscribed are the streams
-// the node follows or writes, known any other stream it may publish about
-// (a writer it seals, say).
+// the node follows, known any other stream it may publish on (one it
+// writes, or a writer it seals).
 func newChannels(cluster string, subscribed, known []string, lines *prometheus.CounterVec) *channels {
 	c := &channels{
 		cluster: cluster, control: ControlChannel(cluster),

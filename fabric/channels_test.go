@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,4 +155,37 @@ func TestNodeFollowsOnlyItsStreams(t *testing.T) {
 func newTestLines(t *testing.T) *prometheus.CounterVec {
 	t.Helper()
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lines"}, []string{"channel"})
+}
+
+// A writer that does not follow its stream publishes there without
+// hearing it: readers get its rows, and it receives none of the other
+// writer's, only the control channel.
+func TestWriterOnlyHearsNotItsStream(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w1 := startMember(t, pool, rds.URL(), "persister1", clusterOpts{})
+	w2 := startMember(t, pool, rds.URL(), "persister2", clusterOpts{tune: func(c *Config) { c.Streams = nil }})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w1.node.Ready() && w2.node.Ready() }, "not ready")
+
+	ctx := context.Background()
+	const rows = 20
+	for i := range rows {
+		for _, w := range []*member{w1, w2} {
+			if _, err := w.write(ctx, pool, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	converged(t, pool, reader, "persister1", "persister2")
+	converged(t, pool, w1, "persister2")
+	if got := w2.node.chans.subscriptions(); !slices.Equal(got, []string{ControlChannel("test")}) {
+		t.Errorf("the writer-only node subscribes to %q, want the control channel only", got)
+	}
+	if v := testutil.ToFloat64(w2.node.m.linesIn.WithLabelValues(eventsChannel)); v != 0 {
+		t.Errorf("the writer-only node received %v lines of the stream it writes, want 0", v)
+	}
+	if v := testutil.ToFloat64(w1.node.m.linesIn.WithLabelValues(eventsChannel)); v < rows {
+		t.Errorf("the following writer received %v lines of its stream, want >= %d", v, rows)
+	}
 }
