@@ -126,7 +126,7 @@ func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
 	n.m.received(cmd.Verb())
 	switch cmd.(type) {
 	case *wire.RData, *wire.Position, *wire.Replicate, *wire.HelloCmd, *wire.Bye, *wire.Sealed:
-		return inCmd{cmd, st}, true
+		return inCmd{Cmd: cmd, Stamp: st}, true
 	}
 	if n.cfg.OnCommand != nil {
 		n.cfg.OnCommand(cmd)

@@ -35,6 +35,7 @@ import (
 
 // peer is one live instance.
 type peer struct {
+	name    string // the writer name in its instance ID
 	hello   wire.Hello
 	helloed bool // hello is from a HELLO
 	epoch   uint64
@@ -93,16 +94,21 @@ type PeerInfo struct {
 // admit decides whether a stamped line from sender on lane is accepted,
 // and records it. It emits a NoteRefused when not.
 func (c *Core) admit(sender, lane string, st wire.Stamp) bool {
-	name, ok := instance.NameOf(sender)
-	if !ok {
-		c.note(NoteDropped, "", "bad_writer")
-		return false
+	p := c.peers[sender]
+	var name string
+	if p != nil {
+		name = p.name
+	} else {
+		var ok bool
+		if name, ok = instance.NameOf(sender); !ok {
+			c.note(NoteDropped, "", "bad_writer")
+			return false
+		}
 	}
 	refuse := func(cause string) bool {
 		c.emit(Note{Kind: NoteRefused, Cause: cause, Instance: sender})
 		return false
 	}
-	p := c.peers[sender]
 	if p == nil {
 		last, wasGone := c.gone[sender]
 		switch {
@@ -137,7 +143,7 @@ func (c *Core) admit(sender, lane string, st wire.Stamp) bool {
 		}
 	}
 	if p == nil {
-		p = &peer{hello: wire.Hello{Name: name}, lanes: map[string]uint64{}}
+		p = &peer{name: name, hello: wire.Hello{Name: name}, lanes: map[string]uint64{}}
 		c.peers[sender] = p
 		delete(c.gone, sender) // its slot in goneOrder is skipped when reached
 	}

@@ -15,11 +15,31 @@ import (
 // writer name are refused (and noted). Application verbs are not the
 // core's business beyond that.
 func (c *Core) Receive(cmd wire.Command, st wire.Stamp) []Action {
+	c.receive(cmd, st)
+	return c.flush()
+}
+
+// Received is one command as it arrived, with its stamp.
+type Received struct {
+	Cmd   wire.Command
+	Stamp wire.Stamp
+}
+
+// ReceiveAll is Receive of each command in turn (the lines of one frame),
+// their actions in one slice.
+func (c *Core) ReceiveAll(in []Received) []Action {
+	for _, r := range in {
+		c.receive(r.Cmd, r.Stamp)
+	}
+	return c.flush()
+}
+
+func (c *Core) receive(cmd wire.Command, st wire.Stamp) {
 	if cmd.Sender() == c.cfg.Instance {
-		return nil // our own echo
+		return // our own echo
 	}
 	if !c.admit(cmd.Sender(), c.lane(cmd), st) {
-		return c.flush()
+		return
 	}
 	switch cmd := cmd.(type) {
 	case *wire.RData:
@@ -38,7 +58,6 @@ func (c *Core) Receive(cmd wire.Command, st wire.Stamp) []Action {
 		c.forget(cmd.Instance, goneForever, "bye")
 	}
 	c.checkEstablished()
-	return c.flush()
 }
 
 func (c *Core) receiveData(cmd wire.Command, stream, writer string, pos int64, isPosition bool) {
