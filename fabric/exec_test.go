@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/fabrictest"
 )
@@ -29,7 +31,6 @@ func TestExecHoldsAdvancesBackToTheLast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = n.link.close() }) // never Run: its Redis clients are closed here
 	rows := json.RawMessage(`[{"n":1}]`)
 	var acts []core.Action
 	row := func(k core.Key, pos int64) {
@@ -56,5 +57,20 @@ func TestExecHoldsAdvancesBackToTheLast(t *testing.T) {
 	}
 	if got := n.notify.view(b); got != 4 {
 		t.Errorf("%s view %d, want 4", b, got)
+	}
+}
+
+// A Node that is built but never Run leaves nothing running: a caller may
+// give up between New and Run (a later step of its own start failed).
+func TestNewStartsNoGoroutine(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		before := goleak.IgnoreCurrent()
+		if _, err := New(Config{Instance: "reader-aaaaaaaa", Cluster: "test", RedisURL: "redis://127.0.0.1:1",
+			RedisCluster: cluster, Handler: fabrictest.NewRecorder()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := goleak.Find(before); err != nil {
+			t.Errorf("cluster %v: New left goroutines running: %v", cluster, err)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/weft-dev/weft/backoff"
 	"github.com/weft-dev/weft/internal/telemetry"
@@ -295,6 +296,7 @@ func newLink(cfg linkConfig) (*link, error) {
 	// The publisher paces its own retries.
 	pubOpt.DialerRetries = 1
 
+	pubOpt.MaintNotificationsConfig, subOpt.MaintNotificationsConfig = noMaint(), noMaint()
 	l := newLinkOf(cfg, cfg.Options.Addr, redis.NewClient(&pubOpt))
 	l.sub = redis.NewClient(&subOpt)
 	return l, nil
@@ -315,9 +317,18 @@ func newClusterLink(cfg linkConfig) *link {
 	// (MaxRedirects).
 	pubOpt.MaxRetries = -1
 	pubOpt.DialerRetries = 1
+	pubOpt.MaintNotificationsConfig, subOpt.MaintNotificationsConfig = noMaint(), noMaint()
 	l := newLinkOf(cfg, strings.Join(cfg.Cluster.Addrs, ","), redis.NewClusterClient(&pubOpt))
 	l.subCluster = &subOpt
 	return l
+}
+
+// noMaint turns go-redis's maintenance notifications off. The link
+// handles a failover itself (a gap), Redis before 8 refuses them anyway,
+// and on RESP3 go-redis starts a goroutine per client for them as soon as
+// the client is made: a Node that was built but never Run left it behind.
+func noMaint() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 func newLinkOf(cfg linkConfig, addr string, pub redis.UniversalClient) *link {
