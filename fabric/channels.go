@@ -13,9 +13,10 @@ import (
 // application verbs) on the cluster's control channel. An instance
 // subscribes to the control channel and to the channels of the streams it
 // follows, and so never receives (nor checks) the lines of the others; a
-// stream it only writes it publishes on without hearing. Names are valid wire names ([A-Za-z0-9_.:-]), so '/' cannot
-// occur in a cluster or stream name and no stream channel of one cluster
-// can be the control channel of another.
+// stream it only writes it publishes on without hearing. Names are valid
+// wire names ([A-Za-z0-9_.:-]), so '/' cannot occur in a cluster or
+// stream name and no stream channel of one cluster can be the control
+// channel of another.
 
 // ControlChannel is the Redis channel of a cluster's HELLO, REPLICATE,
 // BYE and application commands: "weft:<cluster>".

@@ -501,7 +501,9 @@ func (n *Node) updateReady(tick bool) {
 //
 // Of a key's Advances with only Delivers between them (a frame's rows)
 // only the last runs: waking the long-polls once per frame rather than
-// once per row was a tenth of a reader's CPU.
+// once per row was a tenth of a reader's CPU. One held back when a later
+// row of its key fails still runs (at the next other key, other action
+// or the batch's end): it covers the rows before the failed one.
 func (n *Node) exec(ctx context.Context, actions []core.Action) {
 	var failed map[core.Key]bool
 	var adv core.Advance // the Advance held back, if adv.Key.Stream != ""
@@ -529,7 +531,6 @@ func (n *Node) exec(ctx context.Context, actions []core.Action) {
 				continue
 			}
 			if err := n.cfg.Handler.Apply(ctx, a.Key, a.Pos, a.Rows); err != nil {
-				advance() // it covers rows before this one
 				n.log.Warn("apply failed", "key", a.Key.String(), "pos", a.Pos, "err", err)
 				if failed == nil {
 					failed = map[core.Key]bool{}
