@@ -1,7 +1,6 @@
 package catchup
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -197,13 +196,16 @@ func (c *Client) decode(resp *http.Response, r request) (fabric.Page, error) {
 	if resp.ContentLength > c.cfg.MaxResponseBytes {
 		return fabric.Page{}, fmt.Errorf("page of %d bytes is above MaxResponseBytes", resp.ContentLength)
 	}
-	body, err := c.readBody(resp)
+	chunk := int(min(max(c.streamed.Load(), minChunk), maxChunk))
+	if resp.ContentLength >= 0 {
+		chunk = int(resp.ContentLength) + 1 // the one spare byte reads the end
+	}
+	wp, size, err := readPage(resp.Body, chunk, c.cfg.MaxResponseBytes)
 	if err != nil {
 		return fabric.Page{}, err
 	}
-	wp, err := decodePage(body)
-	if err != nil {
-		return fabric.Page{}, err
+	if resp.ContentLength < 0 {
+		c.streamed.Store(size)
 	}
 	if err := checkPage(wp.Rows, r.from, r.to, wp.Upto, r.limit); err != nil {
 		return fabric.Page{}, fmt.Errorf("bad page: %w", err)
@@ -215,34 +217,6 @@ func (c *Client) decode(resp *http.Response, r request) (fabric.Page, error) {
 		return fabric.Page{}, fmt.Errorf("bad page: no progress past %d", r.from)
 	}
 	return fabric.Page{Rows: wp.Rows, Upto: wp.Upto}, nil
-}
-
-// readBody reads a page's body into a buffer of its own size: the rows
-// alias it. A streamed (chunked) page is read into a pooled buffer first,
-// rather than grown in steps that allocate several times its size.
-func (c *Client) readBody(resp *http.Response) ([]byte, error) {
-	limited := io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1)
-	var body []byte
-	if resp.ContentLength >= 0 {
-		body = make([]byte, resp.ContentLength)
-		if _, err := io.ReadFull(limited, body); err != nil {
-			return nil, fmt.Errorf("read page: %w", err)
-		}
-	} else {
-		scratch := c.bufs.get()
-		defer c.bufs.put(scratch)
-		buf := bytes.NewBuffer((*scratch)[:0])
-		_, err := buf.ReadFrom(limited)
-		*scratch = buf.Bytes()
-		if err != nil {
-			return nil, fmt.Errorf("read page: %w", err)
-		}
-		if int64(buf.Len()) > c.cfg.MaxResponseBytes {
-			return nil, fmt.Errorf("page is above MaxResponseBytes (%d)", c.cfg.MaxResponseBytes)
-		}
-		body = bytes.Clone(buf.Bytes())
-	}
-	return body, nil
 }
 
 // acquire takes a slot of url's concurrency limit.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -105,7 +106,9 @@ type Client struct {
 	hc      *http.Client
 	own     bool // hc is ours to close
 	flights singleflight.Group
-	bufs    bufPool // read buffers of streamed pages
+	// streamed is the size of the last streamed page read: the next
+	// one is read into chunks of about its size (see readPage).
+	streamed atomic.Int64
 
 	cool   *expiring // source URLs skipped by streams with a fallback
 	warned *expiring // fallback warnings logged recently, by source, stream and cause
@@ -240,16 +243,26 @@ func (c *Client) FetchPage(ctx context.Context, f core.Fetch) (fabric.Page, erro
 // url (or the stream's fallback), page by page until the range is done.
 // For tools and tests; the fabric pages through FetchPage itself.
 func (c *Client) Updates(ctx context.Context, url, stream, writer string, from, to int64) ([]fabric.Row, error) {
-	var out []fabric.Row
+	var pages [][]fabric.Row
+	n := 0
+	var err error
 	for from < to {
-		p, err := c.page(ctx, request{url: url, stream: stream, writer: writer, from: from, to: to, limit: c.cfg.Limit})
-		if err != nil {
-			return out, err
+		var p fabric.Page
+		if p, err = c.page(ctx, request{url: url, stream: stream, writer: writer, from: from, to: to, limit: c.cfg.Limit}); err != nil {
+			break
 		}
-		out = append(out, p.Rows...)
+		pages = append(pages, p.Rows)
+		n += len(p.Rows)
 		from = p.Upto
 	}
-	return out, nil
+	if len(pages) == 1 {
+		return pages[0], err
+	}
+	out := make([]fabric.Row, 0, n) // one copy of the pages, not a slice grown page by page
+	for _, p := range pages {
+		out = append(out, p...)
+	}
+	return out, err
 }
 
 // errLeaderGone marks a coalesced fetch that stopped because the caller

@@ -98,6 +98,12 @@ func (d *pageDecoder) object(field func(key []byte) error) error {
 		d.i++
 		return nil
 	}
+	return d.members(field)
+}
+
+// members reads the key-value pairs of an object from its first key on,
+// to its closing brace.
+func (d *pageDecoder) members(field func(key []byte) error) error {
 	for {
 		d.ws()
 		start := d.i
@@ -190,57 +196,70 @@ func (d *pageDecoder) int64() (int64, error) {
 }
 
 func (d *pageDecoder) page() (wirePage, error) {
-	var p wirePage
-	var seen [3]bool
-	once := func(i int, key []byte) error {
-		if seen[i] {
-			return fmt.Errorf("key %q twice", key)
-		}
-		seen[i] = true
-		return nil
-	}
-	err := d.object(func(key []byte) error {
-		switch string(key) {
-		case "rows":
-			if err := once(0, key); err != nil {
-				return err
-			}
-			return d.rows(&p)
-		case "upto":
-			if err := once(1, key); err != nil {
-				return err
-			}
-			var err error
-			p.Upto, err = d.int64()
-			return err
-		case "limited":
-			if err := once(2, key); err != nil {
-				return err
-			}
-			switch {
-			case hasPrefix(d.b[d.i:], "true"):
-				p.Limited, d.i = true, d.i+4
-			case hasPrefix(d.b[d.i:], "false"):
-				p.Limited, d.i = false, d.i+5
-			default:
-				return fmt.Errorf("%w: limited is not a boolean", errSyntax)
-			}
-			return nil
-		}
-		return d.unknown(key, "rows", "upto", "limited")
-	})
-	if err != nil {
+	var st pageState
+	if err := d.object(func(key []byte) error { return d.pageField(&st, key) }); err != nil {
 		return wirePage{}, err
 	}
+	return d.pageEnd(&st)
+}
+
+// pageState is a page being decoded: what it holds so far, and which of
+// its keys were seen.
+type pageState struct {
+	p    wirePage
+	seen [3]bool // rows, upto, limited
+}
+
+// pageField reads the value of a page's key.
+func (d *pageDecoder) pageField(st *pageState, key []byte) error {
+	once := func(i int) error {
+		if st.seen[i] {
+			return fmt.Errorf("key %q twice", key)
+		}
+		st.seen[i] = true
+		return nil
+	}
+	switch string(key) {
+	case "rows":
+		if err := once(0); err != nil {
+			return err
+		}
+		return d.rows(&st.p)
+	case "upto":
+		if err := once(1); err != nil {
+			return err
+		}
+		var err error
+		st.p.Upto, err = d.int64()
+		return err
+	case "limited":
+		if err := once(2); err != nil {
+			return err
+		}
+		switch {
+		case hasPrefix(d.b[d.i:], "true"):
+			st.p.Limited, d.i = true, d.i+4
+		case hasPrefix(d.b[d.i:], "false"):
+			st.p.Limited, d.i = false, d.i+5
+		default:
+			return fmt.Errorf("%w: limited is not a boolean", errSyntax)
+		}
+		return nil
+	}
+	return d.unknown(key, "rows", "upto", "limited")
+}
+
+// pageEnd checks that the page's object closed the input and had every key.
+func (d *pageDecoder) pageEnd(st *pageState) (wirePage, error) {
 	if d.ws(); d.i != len(d.b) {
 		return wirePage{}, fmt.Errorf("%w: data after the page", errSyntax)
 	}
 	for i, key := range []string{"rows", "upto", "limited"} {
-		if !seen[i] {
+		if !st.seen[i] {
 			return wirePage{}, fmt.Errorf("key %q missing", key)
 		}
 	}
-	return p, nil
+	return st.p, nil
 }
 
 func (d *pageDecoder) rows(p *wirePage) error {
@@ -256,48 +275,59 @@ func (d *pageDecoder) rows(p *wirePage) error {
 		// from the body size saves regrowing the slice.
 		p.Rows = make([]fabric.Row, 0, min(len(d.b)/64+1, 1<<16))
 	}
-	if d.peek() == ']' {
+	for first := true; ; first = false {
+		done, err := d.element(p, first)
+		if done || err != nil {
+			return err
+		}
+	}
+}
+
+// element reads one element of the rows array and what follows it (a
+// comma, or the array's end: done). first: the array was just opened, and
+// may be empty.
+func (d *pageDecoder) element(p *wirePage, first bool) (done bool, err error) {
+	if first && d.peek() == ']' {
 		d.i++
-		return nil
+		return true, nil
 	}
-	for {
-		var r fabric.Row
-		var seen [2]bool
-		err := d.object(func(key []byte) error {
-			switch string(key) {
-			case "pos":
-				if seen[0] {
-					return fmt.Errorf("key %q twice", key)
-				}
-				seen[0] = true
-				var err error
-				r.Pos, err = d.int64()
-				return err
-			case "rows":
-				if seen[1] {
-					return fmt.Errorf("key %q twice", key)
-				}
-				seen[1] = true
-				start := d.i
-				if err := d.skip(); err != nil {
-					return err
-				}
-				r.Rows = d.b[start:d.i:d.i]
-				return nil
+	var r fabric.Row
+	var seen [2]bool
+	err = d.object(func(key []byte) error {
+		switch string(key) {
+		case "pos":
+			if seen[0] {
+				return fmt.Errorf("key %q twice", key)
 			}
-			return d.unknown(key, "pos", "rows")
-		})
-		if err != nil {
+			seen[0] = true
+			var err error
+			r.Pos, err = d.int64()
 			return err
+		case "rows":
+			if seen[1] {
+				return fmt.Errorf("key %q twice", key)
+			}
+			seen[1] = true
+			start := d.i
+			if err := d.skip(); err != nil {
+				return err
+			}
+			r.Rows = d.b[start:d.i:d.i]
+			return nil
 		}
-		if !seen[0] || !seen[1] {
-			return fmt.Errorf("row %d lacks pos or rows", len(p.Rows))
-		}
-		p.Rows = append(p.Rows, r)
-		if done, err := d.next(']'); done || err != nil {
-			return err
-		}
+		return d.unknown(key, "pos", "rows")
+	})
+	if err != nil {
+		return false, err
 	}
+	if !seen[0] || !seen[1] {
+		return false, fmt.Errorf("row %d lacks pos or rows", len(p.Rows))
+	}
+	if done, err = d.next(']'); err != nil {
+		return false, err
+	}
+	p.Rows = append(p.Rows, r)
+	return done, nil
 }
 
 func hasPrefix(b []byte, s string) bool {

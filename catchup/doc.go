@@ -38,7 +38,8 @@
 // A page larger than 64 KiB is streamed (chunked) while the Source is still
 // reading it; if the Source fails after that, the connection is cut and the
 // client sees a failed attempt: it reads the stream's fallback at once, or,
-// for a stream without one, retries the source.
+// for a stream without one, retries the source. The client decodes a
+// page's rows as they arrive, so its work overlaps the transfer.
 //
 // # Read replicas
 //
