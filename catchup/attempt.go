@@ -198,7 +198,9 @@ func (c *Client) decode(resp *http.Response, r request) (fabric.Page, error) {
 	}
 	chunk := int(min(max(c.streamed.Load(), minChunk), maxChunk))
 	if resp.ContentLength >= 0 {
-		chunk = int(resp.ContentLength) + 1 // the one spare byte reads the end
+		// The one spare byte reads the end. Nothing larger than a chunk is
+		// allocated before the bytes arrive, whatever the header says.
+		chunk = int(min(resp.ContentLength+1, maxChunk))
 	}
 	wp, size, err := readPage(resp.Body, chunk, c.cfg.MaxResponseBytes)
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 
 // Chunk sizes: a page is read into chunks sized like the last page that
 // was streamed, within these bounds (a page with a Content-Length into
-// one chunk of its size).
+// one chunk of its size, up to maxChunk).
 const (
 	minChunk = flushAt
 	maxChunk = 1 << 20
