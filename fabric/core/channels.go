@@ -36,30 +36,35 @@ func (c *Core) StreamsLost(streams []string) []Action {
 }
 
 // StreamsRegained: the channel of these streams is subscribed again. Their
-// writers are asked for their positions (REPLICATE: every writer answers
-// every stream, which costs the others nothing), and the core is
+// writers are asked for their positions (a REPLICATE that names them, so
+// that writers answer for these streams alone; one that names none when
+// there are more than wire.MaxReplicateStreams), and the core is
 // established again once those of these streams heard from before have
 // answered (or WriterWait passed) and none is catching up.
 func (c *Core) StreamsRegained(streams []string) []Action {
-	regained := false
+	var regained []string
 	for _, s := range streams {
 		if c.lost[s] {
 			delete(c.lost, s)
-			regained = true
+			regained = append(regained, s)
 		}
 	}
-	if !regained || !c.connected {
+	if len(regained) == 0 || !c.connected {
 		return c.flush()
 	}
 	for _, v := range c.views {
-		if slices.Contains(streams, v.key.Stream) {
+		if slices.Contains(regained, v.key.Stream) {
 			v.positioned = false
 			v.awaited = (v.instance != "" || v.expected) && !v.suspect && v.instance != c.cfg.Instance
 		}
 	}
 	c.windowEnd = c.now.Add(c.cfg.ReplicateWait)
 	c.writersEnd = c.now.Add(c.cfg.WriterWait)
-	c.emit(Publish{&wire.Replicate{Instance: c.cfg.Instance}})
+	slices.Sort(regained)
+	if len(regained) > wire.MaxReplicateStreams {
+		regained = nil
+	}
+	c.emit(Publish{&wire.Replicate{Instance: c.cfg.Instance, Streams: regained}})
 	c.checkEstablished()
 	return c.flush()
 }

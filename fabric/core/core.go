@@ -361,7 +361,7 @@ func (c *Core) Connected() []Action {
 	c.writersEnd = c.now.Add(c.cfg.WriterWait)
 	c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
 	c.emit(Publish{&wire.Replicate{Instance: c.cfg.Instance}})
-	c.answerReplicate()
+	c.answerReplicate(nil)
 	c.nextHello = c.now.Add(c.cfg.HeartbeatInterval)
 	return c.flush()
 }

@@ -48,7 +48,7 @@ func (c *Core) receive(cmd wire.Command, st wire.Stamp) {
 		c.receiveData(cmd, cmd.Stream, cmd.Writer, cmd.Pos, true)
 	case *wire.Replicate:
 		c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
-		c.answerReplicate()
+		c.answerReplicate(cmd.Streams)
 	case *wire.HelloCmd:
 		p := c.peers[cmd.Instance]
 		p.hello, p.helloed = cmd.Hello, true

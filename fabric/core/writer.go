@@ -115,12 +115,16 @@ func (c *Core) announce(o *ownStream) {
 }
 
 // answerReplicate sends "POSITION s me sent pos" for every stream
-// written: a reader behind sent (the last position published) missed a
-// line and fetches up to it; the IDs above sent and up to pos carry no row
-// (every row at or below pos has gone out), so a reader at sent passes
-// over them. Saying "pos pos" would make every reader fetch that hole.
-func (c *Core) answerReplicate() {
+// written, or for those of them in streams when it names any: a reader
+// behind sent (the last position published) missed a line and fetches up
+// to it; the IDs above sent and up to pos carry no row (every row at or
+// below pos has gone out), so a reader at sent passes over them. Saying
+// "pos pos" would make every reader fetch that hole.
+func (c *Core) answerReplicate(streams []string) {
 	for _, o := range c.ownList {
+		if len(streams) > 0 && !slices.Contains(streams, o.name) {
+			continue
+		}
 		c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: o.sent, Pos: o.pos}})
 		o.sent, o.dirty = o.pos, false
 	}
@@ -128,7 +132,7 @@ func (c *Core) answerReplicate() {
 
 func (c *Core) heartbeat() {
 	c.emit(Publish{&wire.HelloCmd{Instance: c.cfg.Instance, Hello: c.cfg.Hello}})
-	c.answerReplicate()
+	c.answerReplicate(nil)
 	c.nextHello = c.now.Add(c.cfg.HeartbeatInterval)
 }
 

@@ -81,10 +81,19 @@ func (*Position) Verb() string { return VerbPosition }
 func (c *Position) Sender() string { return c.Writer }
 
 // Replicate says that Instance (re)connected: every writer answers with a
-// Position for each stream it writes.
+// Position for each stream it writes, of Streams when it names some.
 type Replicate struct {
 	Instance string
+	// Streams limits the answers to these streams (at most
+	// MaxReplicateStreams, each once): an instance that regained the
+	// channels of some streams asks for those alone. Empty means every
+	// stream.
+	Streams []string
 }
+
+// MaxReplicateStreams bounds the streams one REPLICATE names; an instance
+// that wants more asks for every stream.
+const MaxReplicateStreams = 64
 
 // Verb returns VerbReplicate.
 func (*Replicate) Verb() string { return VerbReplicate }

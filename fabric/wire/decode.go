@@ -116,7 +116,8 @@ func (c *Codec) decodePosition(args []byte) (Command, error) {
 	return &Position{Stream: c.names.get(f[0]), Writer: c.names.get(f[1]), Prev: prev, Pos: pos}, nil
 }
 
-// instanceOnly decodes the argument of REPLICATE and BYE.
+// instanceOnly decodes the argument of BYE, and of a REPLICATE that names
+// no stream.
 func (c *Codec) instanceOnly(verb string, args []byte) (string, error) {
 	var f [1][]byte
 	if _, err := fixedFields(verb, args, []string{"instance"}, f[:], ""); err != nil {
@@ -126,11 +127,60 @@ func (c *Codec) instanceOnly(verb string, args []byte) (string, error) {
 }
 
 func (c *Codec) decodeReplicate(args []byte) (Command, error) {
-	id, err := c.instanceOnly(VerbReplicate, args)
+	const verb = VerbReplicate
+	tok, rest, more := cutField(args)
+	if !more {
+		id, err := c.instanceOnly(verb, args)
+		if err != nil {
+			return nil, err
+		}
+		return &Replicate{Instance: id}, nil
+	}
+	var names [MaxReplicateStreams + 1][]byte
+	n := 0
+	for more && n < len(names) {
+		names[n], rest, more = cutField(rest)
+		n++
+	}
+	if more {
+		n++ // one more than the bound: refused below without reading on
+	}
+	if err := replicateProblem(n, func(i int) []byte { return names[i] }); err != nil {
+		return nil, err
+	}
+	id, err := c.name(verb, "instance", tok)
 	if err != nil {
 		return nil, err
 	}
-	return &Replicate{Instance: id}, nil
+	cmd := &Replicate{Instance: id, Streams: make([]string, n)}
+	for i := range n {
+		cmd.Streams[i] = c.names.get(names[i])
+	}
+	return cmd, nil
+}
+
+// replicateProblem checks REPLICATE's n stream names, name(i) for i < n:
+// at most MaxReplicateStreams, each a valid name, none twice.
+func replicateProblem(n int, name func(i int) []byte) error {
+	const verb = VerbReplicate
+	if n > MaxReplicateStreams {
+		return malformed(ReasonMalformed, verb, "streams", fmt.Sprintf("more than %d", MaxReplicateStreams))
+	}
+	for i := range n {
+		s := name(i)
+		if len(s) == 0 {
+			return malformed(ReasonMalformed, verb, "streams", "empty: one space between fields")
+		}
+		if p := nameProblem(s); p != "" {
+			return malformed(ReasonBadName, verb, "streams", fmt.Sprintf("%.32q: %s", s, p))
+		}
+		for j := range i {
+			if string(name(j)) == string(s) {
+				return malformed(ReasonMalformed, verb, "streams", fmt.Sprintf("%.32q twice", s))
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Codec) decodeBye(args []byte) (Command, error) {

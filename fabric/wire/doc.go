@@ -16,7 +16,7 @@
 //
 //	RDATA     SP stream SP writer SP prev SP pos SP rows   ; prev < pos
 //	POSITION  SP stream SP writer SP prev SP pos           ; prev <= pos
-//	REPLICATE SP instance
+//	REPLICATE SP instance *( SP stream )                   ; at most 64 streams, each once
 //	HELLO     SP instance SP hello
 //	BYE       SP instance
 //	appverb   SP args                                      ; registered on a Codec

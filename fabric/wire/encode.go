@@ -29,7 +29,7 @@ func Encode(dst []byte, c Command) ([]byte, error) {
 		}
 	case *Replicate:
 		if c != nil {
-			return appendInstanceOnly(dst, VerbReplicate, c.Instance)
+			return appendReplicate(dst, c)
 		}
 	case *Bye:
 		if c != nil {
@@ -108,6 +108,21 @@ func appendInstanceOnly(dst []byte, verb, instance string) ([]byte, error) {
 	dst = append(dst, verb...)
 	dst = append(dst, ' ')
 	return append(dst, instance...), nil
+}
+
+func appendReplicate(dst []byte, c *Replicate) ([]byte, error) {
+	const verb = VerbReplicate
+	if p := replicateProblem(len(c.Streams), func(i int) []byte { return []byte(c.Streams[i]) }); p != nil {
+		return dst, p
+	}
+	dst, err := appendInstanceOnly(dst, verb, c.Instance)
+	if err != nil {
+		return dst, err
+	}
+	for _, s := range c.Streams {
+		dst = append(append(dst, ' '), s...)
+	}
+	return dst, nil
 }
 
 func appendHello(dst []byte, c *HelloCmd) ([]byte, error) {

@@ -26,6 +26,7 @@ func FuzzDecode(f *testing.F) {
 		`POSITION events persister1-k3j9x2qa 41 42`,
 		`POSITION typing sync-a 7 7`,
 		`REPLICATE master-aaaaaaaa`,
+		`REPLICATE master-aaaaaaaa events typing`, `REPLICATE m a a`, `REPLICATE m a `,
 		`HELLO w {"name":"p","role":"r","url":"http://x","version":"1","streams":["events"],"x":{}}`,
 		`HELLO w {"NAME":"a","name":"b","streams":null}`,
 		`BYE persister1-k3j9x2qa`,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,8 @@ func TestDecodeValid(t *testing.T) {
 		{`POSITION typing sync-a 7 7`, &wire.Position{Stream: "typing", Writer: "sync-a", Prev: 7, Pos: 7}},
 		{`POSITION typing sync-a 0 0`, &wire.Position{Stream: "typing", Writer: "sync-a"}},
 		{`REPLICATE master-aaaaaaaa`, &wire.Replicate{Instance: "master-aaaaaaaa"}},
+		{`REPLICATE master-aaaaaaaa events typing`, &wire.Replicate{Instance: "master-aaaaaaaa", Streams: []string{"events", "typing"}}},
+		{`REPLICATE m` + manyStreams(wire.MaxReplicateStreams), &wire.Replicate{Instance: "m", Streams: streamNames(wire.MaxReplicateStreams)}},
 		{`HELLO ` + w1 + ` {"name":"persister1","role":"persister","url":"http://10.0.0.3:8080","version":"1.2.3","streams":["events","typing"]}`,
 			&wire.HelloCmd{Instance: w1, Hello: wire.Hello{Name: "persister1", Role: "persister", URL: "http://10.0.0.3:8080", Version: "1.2.3", Streams: []string{"events", "typing"}}}},
 		{`HELLO x {"name":"n","writer_ids":{"events":3},"future":[1,2]}`,
@@ -128,8 +131,13 @@ func TestDecodeInvalid(t *testing.T) {
 		// REPLICATE and BYE.
 		{"REPLICATE", wire.ReasonMalformed},
 		{"REPLICATE ", wire.ReasonMalformed},
-		{"REPLICATE a b", wire.ReasonMalformed},
 		{"REPLICATE a ", wire.ReasonMalformed},
+		{"REPLICATE a b ", wire.ReasonMalformed},
+		{"REPLICATE a b  c", wire.ReasonMalformed},
+		{"REPLICATE a b c b", wire.ReasonMalformed},
+		{"REPLICATE a b c/d", wire.ReasonBadName},
+		{"REPLICATE a,b c", wire.ReasonBadName},
+		{"REPLICATE a" + manyStreams(wire.MaxReplicateStreams+1), wire.ReasonMalformed},
 		{"REPLICATE a,b", wire.ReasonBadName},
 		{"BYE", wire.ReasonMalformed},
 		{"BYE x y", wire.ReasonMalformed},
@@ -226,6 +234,8 @@ func roundTripCommands() []wire.Command {
 		&wire.Position{Stream: "typing", Writer: w1, Prev: 3, Pos: 3},
 		&wire.Position{Stream: "typing", Writer: w1, Prev: 0, Pos: 77},
 		&wire.Replicate{Instance: w1},
+		&wire.Replicate{Instance: w1, Streams: []string{"events"}},
+		&wire.Replicate{Instance: w1, Streams: streamNames(wire.MaxReplicateStreams)},
 		&wire.HelloCmd{Instance: w1, Hello: wire.Hello{Name: "persister1", Role: "persister", URL: "http://h:1/x?a=b&c=<d>", Version: "v1\n\"", Streams: []string{"events"}}},
 		&wire.HelloCmd{Instance: "m", Hello: wire.Hello{Streams: []string{}}},
 		&wire.Bye{Instance: w1},
@@ -284,6 +294,10 @@ func TestEncodeInvalid(t *testing.T) {
 		{&wire.Position{Stream: "s", Writer: "w", Prev: -2, Pos: -1}, wire.ReasonBadRange},
 		{&wire.Position{Stream: "s\n", Writer: "w", Prev: 1, Pos: 1}, wire.ReasonBadName},
 		{&wire.Replicate{}, wire.ReasonBadName},
+		{&wire.Replicate{Instance: "x", Streams: []string{"a", "b", "a"}}, wire.ReasonMalformed},
+		{&wire.Replicate{Instance: "x", Streams: []string{"a", ""}}, wire.ReasonMalformed},
+		{&wire.Replicate{Instance: "x", Streams: []string{"a b"}}, wire.ReasonBadName},
+		{&wire.Replicate{Instance: "x", Streams: streamNames(wire.MaxReplicateStreams + 1)}, wire.ReasonMalformed},
 		{&wire.Bye{Instance: strings.Repeat("b", 129)}, wire.ReasonBadName},
 		{&wire.HelloCmd{Instance: "x", Hello: wire.Hello{Streams: []string{"ok", "not ok"}}}, wire.ReasonBadName},
 		{&wire.HelloCmd{Instance: "x y"}, wire.ReasonBadName},
@@ -566,3 +580,15 @@ func TestPeekSender(t *testing.T) {
 		}
 	}
 }
+
+// streamNames is n distinct stream names, s0 to s(n-1).
+func streamNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "s" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// manyStreams is streamNames(n) as REPLICATE's tail: a space before each.
+func manyStreams(n int) string { return " " + strings.Join(streamNames(n), " ") }
