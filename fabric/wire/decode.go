@@ -129,7 +129,7 @@ func (c *Codec) instanceOnly(verb string, args []byte) (string, error) {
 func (c *Codec) decodeReplicate(args []byte) (Command, error) {
 	const verb = VerbReplicate
 	tok, rest, more := cutField(args)
-	if !more {
+	if !more || len(tok) == 0 {
 		id, err := c.instanceOnly(verb, args)
 		if err != nil {
 			return nil, err

@@ -133,6 +133,7 @@ func TestDecodeInvalid(t *testing.T) {
 		{"REPLICATE ", wire.ReasonMalformed},
 		{"REPLICATE a ", wire.ReasonMalformed},
 		{"REPLICATE a b ", wire.ReasonMalformed},
+		{"REPLICATE  a", wire.ReasonMalformed},
 		{"REPLICATE a b  c", wire.ReasonMalformed},
 		{"REPLICATE a b c b", wire.ReasonMalformed},
 		{"REPLICATE a b c/d", wire.ReasonBadName},
