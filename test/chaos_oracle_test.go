@@ -463,14 +463,14 @@ func (o *oracle) notReadyIn(from, to time.Time) (map[string]int, []string) {
 	return out, why
 }
 
-// visibilityLag is, over the writes acknowledged between from and to, the
-// longest time from acknowledgement to being returned by each instance's
-// sync, and how many writes it covers.
-func (o *oracle) visibilityLag(w *workload, from, to time.Time) (worst map[string]time.Duration, n int) {
+// visibilityLags is, over the writes acknowledged between from and to,
+// how long after its acknowledgement each instance's sync returned each
+// of them, sorted per instance; n is how many writes that is.
+func (o *oracle) visibilityLags(w *workload, from, to time.Time) (lags map[string][]time.Duration, n int) {
 	acks := w.ackedSnapshot()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	worst = map[string]time.Duration{}
+	lags = map[string][]time.Duration{}
 	for txn, a := range acks {
 		if a.at.Before(from) || a.at.After(to) {
 			continue
@@ -481,9 +481,12 @@ func (o *oracle) visibilityLag(w *workload, from, to time.Time) (worst map[strin
 				continue
 			}
 			if at, ok := v.seenAt[txn]; ok {
-				worst[name] = max(worst[name], at.Sub(a.at))
+				lags[name] = append(lags[name], at.Sub(a.at))
 			}
 		}
 	}
-	return worst, n
+	for _, l := range lags {
+		slices.Sort(l)
+	}
+	return lags, n
 }
