@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,7 +245,6 @@ func (c *Client) FetchPage(ctx context.Context, f core.Fetch) (fabric.Page, erro
 // For tools and tests; the fabric pages through FetchPage itself.
 func (c *Client) Updates(ctx context.Context, url, stream, writer string, from, to int64) ([]fabric.Row, error) {
 	var pages [][]fabric.Row
-	n := 0
 	var err error
 	for from < to {
 		var p fabric.Page
@@ -252,17 +252,9 @@ func (c *Client) Updates(ctx context.Context, url, stream, writer string, from, 
 			break
 		}
 		pages = append(pages, p.Rows)
-		n += len(p.Rows)
 		from = p.Upto
 	}
-	if len(pages) == 1 {
-		return pages[0], err
-	}
-	out := make([]fabric.Row, 0, n) // one copy of the pages, not a slice grown page by page
-	for _, p := range pages {
-		out = append(out, p...)
-	}
-	return out, err
+	return slices.Concat(pages...), err // one copy, not a slice grown page by page
 }
 
 // errLeaderGone marks a coalesced fetch that stopped because the caller

@@ -136,25 +136,25 @@ func (c *Codec) decodeReplicate(args []byte) (Command, error) {
 		}
 		return &Replicate{Instance: id}, nil
 	}
-	var names [MaxReplicateStreams + 1][]byte
-	n := 0
-	for more && n < len(names) {
-		names[n], rest, more = cutField(rest)
-		n++
+	var names [][]byte
+	for more {
+		if len(names) == MaxReplicateStreams {
+			return nil, malformed(ReasonMalformed, verb, "streams", fmt.Sprintf("more than %d", MaxReplicateStreams))
+		}
+		var name []byte
+		name, rest, more = cutField(rest)
+		names = append(names, name)
 	}
-	if more {
-		n++ // one more than the bound: refused below without reading on
-	}
-	if err := replicateProblem(n, func(i int) []byte { return names[i] }); err != nil {
+	if err := replicateProblem(len(names), func(i int) []byte { return names[i] }); err != nil {
 		return nil, err
 	}
 	id, err := c.name(verb, "instance", tok)
 	if err != nil {
 		return nil, err
 	}
-	cmd := &Replicate{Instance: id, Streams: make([]string, n)}
-	for i := range n {
-		cmd.Streams[i] = c.names.get(names[i])
+	cmd := &Replicate{Instance: id, Streams: make([]string, len(names))}
+	for i, name := range names {
+		cmd.Streams[i] = c.names.get(name)
 	}
 	return cmd, nil
 }
