@@ -18,7 +18,7 @@ E2E       ?= ./test
 test:
 	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $$($(GO) list $(PKGS) | grep -vx 'github.com/weft-dev/weft/test')
 	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(E2E)
-	$(GO) test -count=1 -run '^TestAllocs$$' ./fabric/wire/ # skipped under -race
+	$(GO) test -count=1 -run '^TestAllocs$$' ./fabric/wire/ ./fabric/core/ # skipped under -race
 	$(GO) test -count=1 -run '^TestServerHeapBounded$$' ./shard/ # skipped under -race
 	$(GO) test -count=1 -run '^TestSimulation' ./shard/handover/ # 10,000 seeds and the broken fences: too slow under -race
 

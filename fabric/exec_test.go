@@ -13,9 +13,9 @@ import (
 	"github.com/weft-dev/weft/internal/fabrictest"
 )
 
-// exec runs only the last of a key's Advances between Delivers (one wake
-// per frame), yet every view ends where its rows do; and when a row fails,
-// the view stops at the row before it, whose Advance was held back.
+// exec runs only the last of a key's advances in a row (one wake per
+// frame), yet every view ends where its rows do; and when a row fails, the
+// view stops at the row before it, whose advance was held back.
 func TestExecHoldsAdvancesBackToTheLast(t *testing.T) {
 	rec := fabrictest.NewRecorder()
 	a, b := core.Key{Stream: "events", Writer: "w1"}, core.Key{Stream: "events", Writer: "w2"}
@@ -34,12 +34,12 @@ func TestExecHoldsAdvancesBackToTheLast(t *testing.T) {
 	rows := json.RawMessage(`[{"n":1}]`)
 	var acts []core.Action
 	row := func(k core.Key, pos int64) {
-		acts = append(acts, core.Deliver{Key: k, Prev: pos - 1, Pos: pos, Rows: rows}, core.Advance{Key: k, Pos: pos})
+		acts = append(acts, &core.Deliver{Key: k, Prev: pos - 1, Pos: pos, Rows: rows})
 	}
 	row(a, 1)
 	row(b, 1)
 	row(b, 2)
-	row(a, 2) // its Advance is held back when a's next row fails
+	row(a, 2) // its advance is held back when a's next row fails
 	row(a, 3) // fails: a's view stays at 2
 	row(a, 4) // skipped after the failure
 	row(b, 3)

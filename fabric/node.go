@@ -499,11 +499,12 @@ func (n *Node) updateReady(tick bool) {
 // exec runs actions in order. A rejected Deliver skips the rest of its
 // key's actions in this batch: the core rewinds that view.
 //
-// Of a key's Advances with only Delivers between them (a frame's rows)
-// only the last runs: waking the long-polls once per frame rather than
-// once per row was a tenth of a reader's CPU. One held back when a later
-// row of its key fails still runs (at the next other key, other action
-// or the batch's end): it covers the rows before the failed one.
+// A Deliver applied advances its key's view to its Pos. Of a key's
+// advances in a row (a frame's rows) only the last runs: waking the
+// long-polls once per frame rather than once per row was a tenth of a
+// reader's CPU. One held back when a later row of its key fails still runs
+// (at the next other key, other action or the batch's end): it covers the
+// rows before the failed one.
 func (n *Node) exec(ctx context.Context, actions []core.Action) {
 	var failed map[core.Key]bool
 	var adv core.Advance // the Advance held back, if adv.Key.Stream != ""
@@ -514,10 +515,16 @@ func (n *Node) exec(ctx context.Context, actions []core.Action) {
 			adv = core.Advance{}
 		}
 	}
+	hold := func(k core.Key, pos int64) {
+		if adv.Key != k {
+			advance()
+		}
+		adv = core.Advance{Key: k, Pos: pos}
+	}
 	defer advance()
 	for i := 0; i < len(actions); i++ {
 		switch actions[i].(type) {
-		case core.Deliver, core.Advance:
+		case *core.Deliver, core.Advance:
 		default:
 			advance()
 		}
@@ -526,7 +533,7 @@ func (n *Node) exec(ctx context.Context, actions []core.Action) {
 			n.publish(ctx, a.Cmd)
 		case core.Fetch:
 			n.startFetch(ctx, a)
-		case core.Deliver:
+		case *core.Deliver:
 			if failed[a.Key] {
 				continue
 			}
@@ -540,14 +547,12 @@ func (n *Node) exec(ctx context.Context, actions []core.Action) {
 				continue
 			}
 			n.appliedLive(a.Key.Stream).Inc()
+			hold(a.Key, a.Pos)
 		case core.Advance:
 			if failed[a.Key] {
 				continue
 			}
-			if adv.Key != a.Key {
-				advance()
-			}
-			adv = a
+			hold(a.Key, a.Pos)
 		case core.Reset:
 			n.cfg.Handler.Reset(a.Key)
 			n.notify.reset(a.Key)

@@ -64,10 +64,11 @@ func (e nodeEvents) linkMessage(channel, payload string) {
 		first inCmd
 		more  inCmds // from the second command on
 		got   int
+		slab  = wire.Slab{Block: int(lines)} // one allocation for the frame's RDATA
 	)
 	for {
 		line, rest, cut := bytes.Cut(body, newline)
-		if in, ok := e.line(channel, line); ok {
+		if in, ok := e.line(channel, line, &slab); ok {
 			switch got {
 			case 0:
 				first = in
@@ -98,7 +99,7 @@ var newline = []byte{'\n'}
 // line judges and decodes one line of an opened frame received on
 // channel: a command for the loop, or false when it is refused or handled
 // here (application verbs). Own echoes were dropped with their frame.
-func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
+func (e nodeEvents) line(channel string, raw []byte, slab *wire.Slab) (inCmd, bool) {
 	n := e.n
 	line, st, reason := n.env.openLine(raw)
 	if reason != "" {
@@ -108,11 +109,11 @@ func (e nodeEvents) line(channel string, raw []byte) (inCmd, bool) {
 		return inCmd{}, false
 	}
 	n.lastOpened.Store(int64(time.Since(n.born)))
-	decode := n.codec.Decode
+	decode := n.codec.DecodeIn
 	if n.env.signed() {
-		decode = n.codec.DecodeSigned
+		decode = n.codec.DecodeSignedIn
 	}
-	cmd, err := decode(line)
+	cmd, err := decode(line, slab)
 	if err != nil {
 		n.m.invalid.WithLabelValues(wire.Reason(err)).Inc()
 		n.log.Debug("skipping invalid command", "err", err)

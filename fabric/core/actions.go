@@ -38,7 +38,12 @@ type Fetch struct {
 }
 
 // Deliver hands live rows at Pos to the application. Prev is the view
-// before them: on failure the runner reports ApplyFailed with both.
+// before them: on failure the runner reports ApplyFailed with both. Once
+// they are applied the view of Key is at Pos: no Advance follows a Deliver.
+//
+// It is emitted as a *Deliver, lent from blocks the core allocates a few
+// at a time: boxing one value per row into an Action was an allocation per
+// row, on a reader's hot path.
 type Deliver struct {
 	Key      Key
 	Instance string

@@ -240,6 +240,7 @@ type Core struct {
 	writersEnd   time.Time
 	nextHello    time.Time
 	out          []Action
+	delivers     []Deliver // the rest of the block deliver lends from
 }
 
 // New returns a disconnected Core.

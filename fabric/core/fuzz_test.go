@@ -72,13 +72,11 @@ func (s *sim) apply(actions []Action) {
 			}
 			s.pending = append(s.pending, a)
 			s.fetches++
-		case Deliver:
+		case *Deliver:
 			s.deliver(a.Key, a.Pos)
+			s.advance(a.Key, a.Pos)
 		case Advance:
-			if a.Pos < s.views[a.Key] {
-				s.t.Fatalf("view of %s went backwards: %d -> %d", a.Key, s.views[a.Key], a.Pos)
-			}
-			s.views[a.Key] = a.Pos
+			s.advance(a.Key, a.Pos)
 		case Reset:
 			s.views[a.Key] = 0
 			s.got[a.Key] = nil
@@ -89,6 +87,13 @@ func (s *sim) apply(actions []Action) {
 			}
 		}
 	}
+}
+
+func (s *sim) advance(k Key, pos int64) {
+	if pos < s.views[k] {
+		s.t.Fatalf("view of %s went backwards: %d -> %d", k, s.views[k], pos)
+	}
+	s.views[k] = pos
 }
 
 func (s *sim) deliver(k Key, pos int64) {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"cmp"
+	"encoding/json"
 	"slices"
 	"time"
 
@@ -28,6 +29,7 @@ type Received struct {
 // ReceiveAll is Receive of each command in turn (the lines of one frame),
 // their actions in one slice.
 func (c *Core) ReceiveAll(in []Received) []Action {
+	c.out = slices.Grow(c.out, len(in)) // a frame's rows: a Deliver each
 	for _, r := range in {
 		c.receive(r.Cmd, r.Stamp)
 	}
@@ -225,10 +227,27 @@ func (c *Core) handle(v *view, cmd wire.Command, cause string) {
 		return
 	}
 	if rd != nil {
-		c.emit(Deliver{Key: v.key, Instance: v.instance, Prev: v.pos, Pos: pos, Rows: rd.Rows})
+		c.deliver(v, v.instance, pos, rd.Rows)
+		return
 	}
 	v.pos = pos
 	c.emit(Advance{Key: v.key, Pos: pos})
+}
+
+// deliverBlock is how many Delivers the core allocates at a time.
+const deliverBlock = 64
+
+// deliver emits the Deliver of rows at pos and moves v there (the runner
+// advances the view once they are applied).
+func (c *Core) deliver(v *view, instance string, pos int64, rows json.RawMessage) {
+	if len(c.delivers) == 0 {
+		c.delivers = make([]Deliver, deliverBlock)
+	}
+	d := &c.delivers[0]
+	c.delivers = c.delivers[1:]
+	*d = Deliver{Key: v.key, Instance: instance, Prev: v.pos, Pos: pos, Rows: rows}
+	c.emit(d)
+	v.pos = pos
 }
 
 // buffer keeps a command for after the catch-up, ordered by position with

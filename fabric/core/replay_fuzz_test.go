@@ -119,13 +119,11 @@ func (s *replaySim) apply(actions []Action) {
 		switch a := a.(type) {
 		case Fetch:
 			s.pending = append(s.pending, a)
-		case Deliver:
+		case *Deliver:
 			s.deliver(a.Key, a.Instance, a.Pos)
+			s.advance(a.Key, a.Pos)
 		case Advance:
-			if a.Pos < s.views[a.Key] {
-				s.t.Fatalf("view of %s went backwards: %d -> %d", a.Key, s.views[a.Key], a.Pos)
-			}
-			s.views[a.Key] = a.Pos
+			s.advance(a.Key, a.Pos)
 		case Reset:
 			// The instance's state was dropped: its rows may come again.
 			s.views[a.Key] = 0
@@ -136,6 +134,13 @@ func (s *replaySim) apply(actions []Action) {
 			}
 		}
 	}
+}
+
+func (s *replaySim) advance(k Key, pos int64) {
+	if pos < s.views[k] {
+		s.t.Fatalf("view of %s went backwards: %d -> %d", k, s.views[k], pos)
+	}
+	s.views[k] = pos
 }
 
 func (s *replaySim) deliver(k Key, inst string, pos int64) {

@@ -102,10 +102,12 @@ func (c *Core) deliverOwn(o *ownStream, pos int64, rows json.RawMessage) {
 		return
 	}
 	v.instance = c.cfg.Instance
+	v.announced = max(v.announced, pos)
 	if rows != nil {
-		c.emit(Deliver{Key: v.key, Instance: c.cfg.Instance, Prev: v.pos, Pos: pos, Rows: rows})
+		c.deliver(v, c.cfg.Instance, pos, rows)
+		return
 	}
-	v.pos, v.announced = pos, max(v.announced, pos)
+	v.pos = pos
 	c.emit(Advance{Key: v.key, Pos: pos})
 }
 

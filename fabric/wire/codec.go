@@ -93,15 +93,15 @@ func (c *Codec) Register(verb string, decode DecodeFunc) error {
 // Decode parses one line. It does not retain line: a decoded command owns
 // its fields. Errors are *Error values wrapping ErrLineTooLong,
 // ErrUnknownVerb or ErrMalformed; count them by Reason and skip the line.
-func (c *Codec) Decode(line []byte) (Command, error) { return c.decode(line, false) }
+func (c *Codec) Decode(line []byte) (Command, error) { return c.decode(line, false, nil) }
 
 // DecodeSigned is Decode for a line whose signature was verified: its
 // sender holds the cluster secret and validated its rows' JSON when it
 // encoded them, so an RDATA's rows are only checked for shape here, not
 // parsed again. JSON validation is about a quarter of a reader's CPU.
-func (c *Codec) DecodeSigned(line []byte) (Command, error) { return c.decode(line, true) }
+func (c *Codec) DecodeSigned(line []byte) (Command, error) { return c.decode(line, true, nil) }
 
-func (c *Codec) decode(line []byte, signed bool) (Command, error) {
+func (c *Codec) decode(line []byte, signed bool, s *Slab) (Command, error) {
 	if len(line) > c.maxLine {
 		return nil, &Error{Err: ErrLineTooLong, Reason: ReasonTooLong,
 			Detail: fmt.Sprintf("%d bytes, limit %d", len(line), c.maxLine)}
@@ -112,7 +112,7 @@ func (c *Codec) decode(line []byte, signed bool) (Command, error) {
 	verb, args, _ := cutField(line)
 	switch string(verb) {
 	case VerbRData:
-		return c.decodeRData(args, signed)
+		return c.decodeRData(args, signed, s)
 	case VerbPosition:
 		return c.decodePosition(args)
 	case VerbReplicate:

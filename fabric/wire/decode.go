@@ -75,7 +75,7 @@ func dataFields(verb string, f [4][]byte, strict bool) (prev, pos int64, err err
 	return positions(verb, f[2], f[3], strict)
 }
 
-func (c *Codec) decodeRData(args []byte, signed bool) (Command, error) {
+func (c *Codec) decodeRData(args []byte, signed bool, s *Slab) (Command, error) {
 	const verb = VerbRData
 	var f [4][]byte
 	rows, err := fixedFields(verb, args, []string{"stream", "writer", "prev", "pos"}, f[:], "rows")
@@ -94,13 +94,15 @@ func (c *Codec) decodeRData(args []byte, signed bool) (Command, error) {
 	if p := check(rows, '[', ']'); p != "" {
 		return nil, malformed(ReasonBadJSON, verb, "rows", p)
 	}
-	return &RData{
+	rd := s.rdata()
+	*rd = RData{
 		Stream: c.names.get(f[0]),
 		Writer: c.names.get(f[1]),
 		Prev:   prev,
 		Pos:    pos,
 		Rows:   bytes.Clone(rows),
-	}, nil
+	}
+	return rd, nil
 }
 
 func (c *Codec) decodePosition(args []byte) (Command, error) {

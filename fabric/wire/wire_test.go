@@ -534,6 +534,21 @@ func TestAllocs(t *testing.T) {
 			t.Errorf("Decode %s: %v allocs, want %v", tt.cmd.Verb(), n, tt.want)
 		}
 	}
+	// A frame's RDATA lines decoded into a Slab: the block, and each
+	// line's copy of its rows.
+	const lines = 64
+	line, _ := wire.Encode(nil, rd)
+	n := testing.AllocsPerRun(20, func() {
+		slab := wire.Slab{Block: lines}
+		for range lines {
+			if _, err := c.DecodeSignedIn(line, &slab); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	if want := float64(lines + 1); n > want {
+		t.Errorf("DecodeSignedIn of %d RDATA into a Slab: %v allocs, want %v", lines, n, want)
+	}
 }
 
 func TestConcurrentUse(t *testing.T) {
@@ -593,3 +608,38 @@ func streamNames(n int) []string {
 
 // manyStreams is streamNames(n) as REPLICATE's tail: a space before each.
 func manyStreams(n int) string { return " " + strings.Join(streamNames(n), " ") }
+
+// Commands decoded into a Slab are those Decode returns, each its own
+// value, whatever the block size (the zero Slab included); lines of other
+// verbs take nothing from it.
+func TestSlab(t *testing.T) {
+	c := wire.NewCodec(wire.Config{})
+	lines := []string{
+		`RDATA events w1-aaaaaaaa 1 2 [1]`,
+		`POSITION events w1-aaaaaaaa 2 3`,
+		`RDATA events w1-aaaaaaaa 3 4 [2]`,
+		`RDATA typing w2-aaaaaaaa 0 1 [{"k":"v"}]`,
+		`RDATA events w1-aaaaaaaa 4 5 [3]`,
+	}
+	for _, block := range []int{0, 1, 2, 64} {
+		slab := wire.Slab{Block: block}
+		var got []wire.Command
+		for _, l := range lines {
+			cmd, err := c.DecodeIn([]byte(l), &slab)
+			if err != nil {
+				t.Fatalf("block %d: DecodeIn(%q): %v", block, l, err)
+			}
+			got = append(got, cmd)
+		}
+		for i, l := range lines {
+			want, _ := c.Decode([]byte(l))
+			if !reflect.DeepEqual(got[i], want) {
+				t.Errorf("block %d: line %d decoded into the slab as %v, want %v", block, i, got[i], want)
+			}
+		}
+		got[0].(*wire.RData).Pos = 99 // each its own value
+		if p := got[2].(*wire.RData).Pos; p != 4 {
+			t.Errorf("block %d: a write to one RDATA changed another's Pos to %d", block, p)
+		}
+	}
+}
