@@ -21,7 +21,8 @@ import (
 // at a time to persister1, each answered once it sees its own write. The
 // mean latency is taken with no long-poll waiting, then with 1,000
 // long-polls waiting on persister1 for rooms nobody writes to, in the same
-// run, on the same processes and database; the figure is their ratio.
+// run, on the same processes and database (half the writes without them
+// before, half after); the figure is their ratio.
 const (
 	longPollIdle   = 1000
 	longPollWarmup = 100 // writes before each side is timed
@@ -43,7 +44,10 @@ func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	defer hc.CloseIdleConnections()
 	write := writeLoop{hc: hc, url: owner + "/v1/rooms/" + url.PathEscape("!lp-busy:weft") + "/messages", run: e.run}
 
-	none, err := write.latencies(ctx, n)
+	// Half the writes without long-polls before, half after, the others
+	// with them in between: a host that speeds up or slows down during
+	// the measurement then weighs on both sides alike.
+	none, err := write.latencies(ctx, n/2)
 	if err != nil {
 		return nil, fmt.Errorf("without long-polls: %w", err)
 	}
@@ -57,22 +61,9 @@ func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	}
 	defer stopPolls()
 	// Parked on the owner: each holds a goroutine there.
-	var parked int
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		if parked, err = goroutines(ctx, hc, owner); err != nil {
-			return nil, err
-		}
-		if parked >= before+longPollIdle {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%d long-polls sent, but the owner runs %d goroutines (%d before)", longPollIdle, parked, before)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+	parked, err := awaitGoroutines(ctx, hc, owner, func(g int) bool { return g >= before+longPollIdle })
+	if err != nil {
+		return nil, fmt.Errorf("%d long-polls sent (%d goroutines before): %w", longPollIdle, before, err)
 	}
 	with, err := write.latencies(ctx, n)
 	if err != nil {
@@ -81,6 +72,14 @@ func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	if failed := stopPolls(); failed > 0 {
 		return nil, fmt.Errorf("%d long-polls failed while measuring", failed)
 	}
+	if _, err := awaitGoroutines(ctx, hc, owner, func(g int) bool { return g < before+longPollIdle/10 }); err != nil {
+		return nil, fmt.Errorf("long-polls ended (%d goroutines before them): %w", before, err)
+	}
+	after, err := write.latencies(ctx, n-n/2)
+	if err != nil {
+		return nil, fmt.Errorf("without long-polls, after: %w", err)
+	}
+	none = append(none, after...)
 	e.log.Info("long-poll cost", "without_mean_ms", mean(none), "with_mean_ms", mean(with), "goroutines_before", before, "parked", parked)
 
 	const group = "Idle long-polls: 1,000 waiting on the owner for other rooms"
@@ -179,6 +178,28 @@ func idleLongPolls(ctx context.Context, base string, n int) (stop func() int64, 
 		})
 		return failed.Load()
 	}, nil
+}
+
+// awaitGoroutines polls an instance's goroutine count until ok holds, for
+// at most a minute, and returns the last count.
+func awaitGoroutines(ctx context.Context, hc *http.Client, base string, ok func(int) bool) (int, error) {
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		g, err := goroutines(ctx, hc, base)
+		if err != nil {
+			return 0, err
+		}
+		if ok(g) {
+			return g, nil
+		}
+		if time.Now().After(deadline) {
+			return g, fmt.Errorf("still %d goroutines after a minute", g)
+		}
+		select {
+		case <-ctx.Done():
+			return g, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // goroutines reads go_goroutines from an instance's /metrics.
