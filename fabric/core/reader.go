@@ -276,6 +276,13 @@ func (c *Core) buffer(v *view, cmd wire.Command, pos int64) {
 		v.overflow = true
 		return
 	}
+	if rd, ok := cmd.(*wire.RData); ok {
+		// Kept apart from its decoder's block (wire.Slab): buffered, it
+		// would keep the block alive, and with it the rows of every other
+		// line of its frame, for as long as the catch-up lasts.
+		own := *rd
+		cmd = &own
+	}
 	v.buf = slices.Insert(v.buf, i, cmd)
 }
 

@@ -114,3 +114,44 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("ReceiveAll of %d rows: %v allocations, want at most %v", rows, allocs, want)
 	}
 }
+
+// A command buffered during a catch-up is the core's own copy: one lent by
+// a decoder's block (wire.Slab) would keep the block alive, and with it the
+// rows of every other line of its frame, for as long as the catch-up lasts.
+func TestBufferedRDataIsACopy(t *testing.T) {
+	c, err := New(Config{Instance: "reader-aaaaaaaa", Streams: []StreamSpec{{Name: "events"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	c.Tick(now)
+	c.Connected()
+	seq := uint64(now.UnixMicro())
+	c.Receive(&wire.Position{Stream: "events", Writer: "w1-aaaaaaaa"}, wire.Stamp{Seq: seq})
+	slab := wire.Slab{Block: 4}
+	line := []byte(`RDATA events w1-aaaaaaaa 5 6 [{"n":6}]`) // a gap: 1..5 are fetched
+	cmd, err := wire.NewCodec(wire.Config{}).DecodeIn(line, &slab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fetched bool
+	for _, a := range c.Receive(cmd, wire.Stamp{Seq: seq + 1}) {
+		_, fetched = a.(Fetch)
+		if fetched {
+			break
+		}
+	}
+	if !fetched {
+		t.Fatal("no Fetch for the gap: the row was not buffered")
+	}
+	buf := c.views[Key{Stream: "events", Writer: "w1"}].buf
+	if len(buf) != 1 {
+		t.Fatalf("%d commands buffered, want 1", len(buf))
+	}
+	if buf[0] == cmd {
+		t.Error("the buffered RDATA is the slab's value, not a copy")
+	}
+	if !reflect.DeepEqual(buf[0], cmd) {
+		t.Errorf("buffered %v, want %v", buf[0], cmd)
+	}
+}
