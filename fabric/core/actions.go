@@ -53,7 +53,9 @@ type Deliver struct {
 }
 
 // Advance moves the local view of Key to Pos: everything up to Pos has been
-// delivered, so waiters for it may wake.
+// delivered, so waiters for it may wake. It comes where the view moves
+// without rows to apply (a POSITION, the end of a catch-up); a Deliver
+// advances the view itself once applied.
 type Advance struct {
 	Key Key
 	Pos int64
