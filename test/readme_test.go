@@ -247,8 +247,10 @@ func TestBadInputDecisions(t *testing.T) {
 	if code != 200 || ack["event_id"] == nil {
 		t.Fatalf(`"body":"": %d %v, want 200 and an event`, code, ack)
 	}
+	// Another instance than the one that acknowledged it: a long-poll, which
+	// answers once the row has reached it (timeout_ms=0 raced its arrival).
 	var r syncResp
-	if _, err := call(ctx, "GET", master.url+"/v1/sync?since=m0&timeout_ms=0&rooms=r", nil, &r); err != nil {
+	if _, err := call(ctx, "GET", master.url+"/v1/sync?since=m0&timeout_ms=10000&rooms=r", nil, &r); err != nil {
 		t.Fatal(err)
 	}
 	if evs := r.Rooms["r"].Events; len(evs) != 1 || evs[0].EventID != ack["event_id"] || !strings.Contains(string(evs[0].Content), `"body":""`) {
