@@ -64,7 +64,7 @@ func TestNodeOnRedisCluster(t *testing.T) {
 	wg.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
 			_, _ = typing.Put(ctx, fmt.Sprintf("k%d", i%10), json.RawMessage(`[{"typing":true}]`))
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // typing at a steady pace, beside the rows
 		}
 	})
 	stopLoad := func() {

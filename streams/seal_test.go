@@ -203,7 +203,7 @@ func leaseChildRun(instance, url, ttl string) int {
 			// E.g. the session ended while the process was stopped.
 			fmt.Fprintln(os.Stderr, "child: write:", err)
 			failures++
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // pacing after a failure, not synchronisation
 		}
 	}
 	return 4

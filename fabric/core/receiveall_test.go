@@ -10,21 +10,27 @@ import (
 	"github.com/weft-dev/weft/fabric/wire"
 )
 
+// testNow is the clock of the tests in this file; stamps count up from it.
+var testNow = time.Unix(1_700_000_000, 0)
+
+// connectedReader is a connected Core, at testNow, that follows spec.
+func connectedReader(t *testing.T, spec StreamSpec) *Core {
+	t.Helper()
+	c, err := New(Config{Instance: "reader-aaaaaaaa", Streams: []StreamSpec{spec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Tick(testNow)
+	c.Connected()
+	return c
+}
+
 // ReceiveAll is Receive of each command in turn: the same actions, in the
 // same order, whatever the commands (rows, gaps, a duplicate, a replay,
 // an own echo, a departure).
 func TestReceiveAllIsReceiveInTurn(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	newCore := func() *Core {
-		c, err := New(Config{Instance: "reader-aaaaaaaa", Streams: []StreamSpec{{Name: "events"}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Tick(now)
-		c.Connected()
-		return c
-	}
-	seq := uint64(now.UnixMicro())
+	newCore := func() *Core { return connectedReader(t, StreamSpec{Name: "events"}) }
+	seq := uint64(testNow.UnixMicro())
 	stamp := func() wire.Stamp { seq++; return wire.Stamp{Seq: seq} }
 	rows := json.RawMessage(`[{"n":1}]`)
 	var in []Received
@@ -71,14 +77,8 @@ func TestAllocs(t *testing.T) {
 		t.Skip("allocation counts differ under the race detector or coverage")
 	}
 	const rows = 256
-	c, err := New(Config{Instance: "reader-aaaaaaaa", Streams: []StreamSpec{{Name: "events", Ephemeral: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Unix(1_700_000_000, 0)
-	c.Tick(now)
-	c.Connected()
-	seq := uint64(now.UnixMicro())
+	c := connectedReader(t, StreamSpec{Name: "events", Ephemeral: true})
+	seq := uint64(testNow.UnixMicro())
 	c.Receive(&wire.Position{Stream: "events", Writer: "w1-aaaaaaaa"}, wire.Stamp{Seq: seq}) // the writer is at 0
 	const runs = 20
 	row := json.RawMessage(`[{"n":1}]`)
@@ -119,14 +119,8 @@ func TestAllocs(t *testing.T) {
 // a decoder's block (wire.Slab) would keep the block alive, and with it the
 // rows of every other line of its frame, for as long as the catch-up lasts.
 func TestBufferedRDataIsACopy(t *testing.T) {
-	c, err := New(Config{Instance: "reader-aaaaaaaa", Streams: []StreamSpec{{Name: "events"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Unix(1_700_000_000, 0)
-	c.Tick(now)
-	c.Connected()
-	seq := uint64(now.UnixMicro())
+	c := connectedReader(t, StreamSpec{Name: "events"})
+	seq := uint64(testNow.UnixMicro())
 	c.Receive(&wire.Position{Stream: "events", Writer: "w1-aaaaaaaa"}, wire.Stamp{Seq: seq})
 	slab := wire.Slab{Block: 4}
 	line := []byte(`RDATA events w1-aaaaaaaa 5 6 [{"n":6}]`) // a gap: 1..5 are fetched
