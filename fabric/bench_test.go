@@ -125,7 +125,7 @@ func BenchmarkPublishApply(b *testing.B) {
 }
 
 // BenchmarkLatency is per-row latency at a steady 5,000 rows/s (5 rows
-// every millisecond): from just before Node.Rows to the reader's Apply, and
+// every millisecond): from just before Ephemeral.Put to the reader's Apply, and
 // from just before a raw PUBLISH pipeline to the raw subscriber's receive.
 // Every row carries its send time, in nanoseconds on the monotonic clock
 // since the benchmark started.

@@ -109,9 +109,11 @@ func (e *Ephemeral) change(ctx context.Context, key string, rows json.RawMessage
 	if b == nil {
 		return 0, ErrUnbound
 	}
-	if !validRows(rows) {
+	line, ok := wireRows(rows)
+	if !ok {
 		return 0, fmt.Errorf("%w: %s key %q: %.64q", ErrBadRows, e.stream, key, rows)
 	}
+	rows = line
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

@@ -42,10 +42,33 @@ func (n *Node) announce(_ context.Context, s *streams.Sealed) {
 // ErrBadRows: rows are not a non-empty JSON array.
 var ErrBadRows = errors.New("fabric: rows must be a non-empty JSON array")
 
-// validRows reports whether rows is a non-empty JSON array.
-func validRows(rows json.RawMessage) bool {
+// wireRows checks that rows is a non-empty JSON array and returns it as
+// it travels in an RDATA line: without whitespace around it and without a
+// line break in it. json.Encoder ends its output with a newline and
+// MarshalIndent lays it out on several lines; either would make a line the
+// wire cannot carry, to be dropped at publish and fetched by every reader.
+// Rows already in that form come back as they are: one json.Valid, no
+// allocation. This is the one place a row's JSON is parsed on its way out;
+// the node encodes with wire.EncodeChecked.
+func wireRows(rows json.RawMessage) (json.RawMessage, bool) {
 	t := bytes.TrimSpace(rows)
-	return len(t) >= 2 && t[0] == '[' && json.Valid(t) && len(bytes.TrimSpace(t[1:len(t)-1])) > 0
+	if len(t) < 2 || t[0] != '[' || len(bytes.TrimSpace(t[1:len(t)-1])) == 0 {
+		return nil, false
+	}
+	if bytes.IndexByte(t, '\n') < 0 && bytes.IndexByte(t, '\r') < 0 {
+		if !json.Valid(t) {
+			return nil, false
+		}
+		return t, true
+	}
+	// A raw line break is invalid inside a JSON string, so it lies between
+	// tokens: compacting drops it and changes no value.
+	var b bytes.Buffer
+	b.Grow(len(t))
+	if err := json.Compact(&b, t); err != nil {
+		return nil, false
+	}
+	return b.Bytes(), true
 }
 
 // handOver gives the loop a Writer's committed rows, in position order,

@@ -626,7 +626,7 @@ func (n *Node) note(a core.Note) {
 
 func (n *Node) publish(_ context.Context, cmd wire.Command) {
 	var err error
-	n.writeBuf, err = wire.Encode(n.writeBuf[:0], cmd)
+	n.writeBuf, err = wire.EncodeChecked(n.writeBuf[:0], cmd)
 	if err != nil {
 		n.log.Error("cannot encode command", "verb", cmd.Verb(), "err", err)
 		return

@@ -162,9 +162,14 @@ func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error
 			return res, fmt.Errorf("fabric: write %s: %d rows for %d IDs", w.Stream(), len(rows), len(res.ids))
 		}
 		for i, r := range rows {
-			if r != nil && !validRows(r) {
+			if r == nil {
+				continue
+			}
+			line, ok := wireRows(r)
+			if !ok {
 				return res, fmt.Errorf("%w: %s at %d: %.64q", ErrBadRows, w.Stream(), res.ids[i], r)
 			}
+			rows[i] = line
 		}
 		res.rows, res.ret = rows, res.ids
 		return res, nil
@@ -192,12 +197,20 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 	if node == nil {
 		return nil, ErrUnbound
 	}
-	for _, r := range rows {
-		if !validRows(r) {
+	lines := rows // the caller's slice, copied only if a row's form changes
+	for i, r := range rows {
+		line, ok := wireRows(r)
+		if !ok {
 			return nil, fmt.Errorf("%w: %s: %.64q", ErrBadRows, w.Stream(), r)
 		}
+		if len(line) != len(r) {
+			if &lines[0] == &rows[0] {
+				lines = slices.Clone(rows)
+			}
+			lines[i] = line
+		}
 	}
-	ins := &insertCall{rows: rows, sql: sql, args: args}
+	ins := &insertCall{rows: lines, sql: sql, args: args}
 	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
 		st := ins.statement()
 		a, err := w.gen.AllocQuery(ctx, q, st.Scan, st.SQL, st.Args...)

@@ -17,11 +17,22 @@ import (
 // For RDATA and POSITION, Encode does not allocate when dst has room. c
 // escapes, though: a command built afresh for each call costs one small
 // allocation, which reusing the command value avoids.
-func Encode(dst []byte, c Command) ([]byte, error) {
+func Encode(dst []byte, c Command) ([]byte, error) { return encode(dst, c, jsonProblem) }
+
+// EncodeChecked is Encode for a command whose RDATA rows the caller has
+// already parsed as JSON: it checks their shape (a non-empty array, no
+// whitespace around it, on one line) without parsing them again. A node
+// checks rows once, where they enter (the Writer, the Ephemeral), and
+// publishes with EncodeChecked. Rows that are not valid JSON give a line
+// that a reader of unsigned lines refuses and a reader of signed lines
+// (DecodeSigned) passes on as it is: check them first.
+func EncodeChecked(dst []byte, c Command) ([]byte, error) { return encode(dst, c, shapeProblem) }
+
+func encode(dst []byte, c Command, rowsProblem func(b []byte, open, close byte) string) ([]byte, error) {
 	switch c := c.(type) {
 	case *RData:
 		if c != nil {
-			return appendRData(dst, c)
+			return appendRData(dst, c, rowsProblem)
 		}
 	case *Position:
 		if c != nil {
@@ -53,7 +64,7 @@ func Encode(dst []byte, c Command) ([]byte, error) {
 	return dst, malformed(ReasonMalformed, "", "", "nil command")
 }
 
-func appendRData(dst []byte, c *RData) ([]byte, error) {
+func appendRData(dst []byte, c *RData, rowsProblem func(b []byte, open, close byte) string) ([]byte, error) {
 	const verb = VerbRData
 	if err := checkData(verb, c.Stream, c.Writer, c.Prev, c.Pos, true); err != nil {
 		return dst, err
@@ -61,7 +72,7 @@ func appendRData(dst []byte, c *RData) ([]byte, error) {
 	if hasNewline(c.Rows) {
 		return dst, malformed(ReasonNewline, verb, "rows", "rows hold a newline")
 	}
-	if p := jsonProblem(c.Rows, '[', ']'); p != "" {
+	if p := rowsProblem(c.Rows, '[', ']'); p != "" {
 		return dst, malformed(ReasonBadJSON, verb, "rows", p)
 	}
 	dst = appendDataHead(dst, verb, c.Stream, c.Writer, c.Prev, c.Pos)

@@ -37,3 +37,39 @@ func TestDecodeSignedChecksShapeNotJSON(t *testing.T) {
 		}
 	}
 }
+
+// EncodeChecked is the sending side's twin of DecodeSigned: it trusts the
+// caller to have parsed the rows but still checks every other field and the
+// rows' shape.
+func TestEncodeCheckedChecksShapeNotJSON(t *testing.T) {
+	for _, tc := range []struct {
+		rows           string
+		plain, checked bool // accepted by Encode, by EncodeChecked
+	}{
+		{`[{"a":1}]`, true, true},
+		{`[{"a":1]`, false, true},
+		{`[1,]`, false, true},
+		{`[]`, false, false},
+		{`[  ]`, false, false},
+		{` [1]`, false, false},
+		{"[1,\n2]", false, false},
+		{`{"a":1}`, false, false},
+	} {
+		cmd := &wire.RData{Stream: "events", Writer: "w1-aaaaaaaa", Prev: 0, Pos: 1, Rows: []byte(tc.rows)}
+		plain, err := wire.Encode(nil, cmd)
+		if (err == nil) != tc.plain {
+			t.Errorf("Encode(%q) = %v, want accepted %v", tc.rows, err, tc.plain)
+		}
+		checked, err := wire.EncodeChecked(nil, cmd)
+		if (err == nil) != tc.checked {
+			t.Errorf("EncodeChecked(%q) = %v, want accepted %v", tc.rows, err, tc.checked)
+		}
+		if tc.plain && string(plain) != string(checked) {
+			t.Errorf("EncodeChecked(%q) = %q, Encode %q", tc.rows, checked, plain)
+		}
+	}
+	cmd := &wire.RData{Stream: "events", Writer: "w1 x", Prev: 0, Pos: 1, Rows: []byte(`[1]`)}
+	if _, err := wire.EncodeChecked(nil, cmd); !errors.Is(err, wire.ErrMalformed) {
+		t.Errorf("EncodeChecked with a bad writer name = %v, want ErrMalformed", err)
+	}
+}
