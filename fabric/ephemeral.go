@@ -113,7 +113,9 @@ func (e *Ephemeral) change(ctx context.Context, key string, rows json.RawMessage
 	if !ok {
 		return 0, fmt.Errorf("%w: %s key %q: %.64q", ErrBadRows, e.stream, key, rows)
 	}
-	rows = line
+	// Ours from here: kept, and handed to the node, which publishes it
+	// after Put returns, when the caller may be reusing its buffer.
+	rows = slices.Clone(line)
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -150,14 +152,14 @@ func (e *Ephemeral) change(ctx context.Context, key string, rows json.RawMessage
 
 func (e *Ephemeral) putLocked(pos int64, key string, rows json.RawMessage) {
 	e.dropKeyLocked(key)
-	e.addLocked(pos, stateRow{key: key, rows: slices.Clone(rows)})
+	e.addLocked(pos, stateRow{key: key, rows: rows})
 }
 
 // removeLocked records the tombstone and returns the live keys whose rows
 // now lie at or below the newest forgotten removal, if any.
 func (e *Ephemeral) removeLocked(pos int64, key string, rows json.RawMessage) []string {
 	e.dropKeyLocked(key)
-	e.addLocked(pos, stateRow{key: key, rows: slices.Clone(rows), tomb: true})
+	e.addLocked(pos, stateRow{key: key, rows: rows, tomb: true})
 	e.tombs = append(e.tombs, pos)
 	e.nTombs++
 	before := e.forgot

@@ -72,24 +72,38 @@ func wireRows(rows json.RawMessage) (json.RawMessage, bool) {
 }
 
 // handOver gives the loop a Writer's committed rows, in position order,
-// before their IDs finish (nil rows: an ID without a row). It never fails:
-// the rows are committed, and once the node has stopped readers fetch them
-// from the database.
+// before their IDs finish (nil rows: an ID without a row), as one input.
+// They are copied, into one buffer per call: the loop publishes them after
+// the call has returned, when its caller may be reusing its buffers. It
+// never fails: the rows are committed, and once the node has stopped
+// readers fetch them from the database.
 func (n *Node) handOver(stream string, ids []int64, rows []json.RawMessage) {
-	for i, id := range ids {
-		if rows[i] != nil {
-			n.local(inRows{stream, id, rows[i]})
+	size, count := 0, 0
+	for _, r := range rows {
+		if r != nil {
+			size += len(r)
+			count++
 		}
 	}
+	if count == 0 {
+		return
+	}
+	buf := make([]byte, 0, size)
+	out := make([]Row, 0, count)
+	for i, id := range ids {
+		if rows[i] != nil {
+			start := len(buf)
+			buf = append(buf, rows[i]...)
+			out = append(out, Row{Pos: id, Rows: buf[start:len(buf):len(buf)]})
+		}
+	}
+	n.local(inRows{stream: stream, rows: out})
 }
 
-// handOverEphemeral gives the loop an Ephemeral's changes and its new
-// position, in order.
+// handOverEphemeral gives the loop an Ephemeral's changes (rows it owns)
+// and its new position, in order, as one input.
 func (n *Node) handOverEphemeral(stream string, rows []Row, pos int64) {
-	for _, r := range rows {
-		n.local(inRows{stream, r.Pos, r.Rows})
-	}
-	n.local(inPosition{stream, pos})
+	n.local(inRows{stream: stream, rows: rows, pos: pos})
 }
 
 // local queues an input from this instance's own writers: not bound to a

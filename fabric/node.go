@@ -108,10 +108,11 @@ type (
 	inFresh struct{ sent time.Time }
 	inCmd   = core.Received
 	inCmds  []core.Received // the commands of one frame, in order
-	inRows  struct {
+	// inRows: this instance's own rows, in position order.
+	inRows struct {
 		stream string
-		pos    int64
-		rows   json.RawMessage
+		rows   []Row
+		pos    int64 // then the position moves here (an Ephemeral); 0: its generator moves it (a Writer)
 	}
 	inPosition struct {
 		stream string
@@ -457,7 +458,12 @@ func (n *Node) step(ctx context.Context, in input) {
 		n.log.Info("fabric: a stream channel subscribed again", "streams", in.streams)
 		n.exec(ctx, n.core.StreamsRegained(in.streams))
 	case inRows:
-		n.exec(ctx, n.core.LocalRows(in.stream, in.pos, in.rows))
+		for _, r := range in.rows {
+			n.exec(ctx, n.core.LocalRows(in.stream, r.Pos, r.Rows))
+		}
+		if in.pos > 0 {
+			n.exec(ctx, n.core.LocalPosition(in.stream, in.pos))
+		}
 	case inPosition:
 		n.exec(ctx, n.core.LocalPosition(in.stream, in.pos))
 	case inFetched:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -149,5 +150,82 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 	}
 	if n := fetches.Load(); n != 0 {
 		t.Errorf("reader fetched %d times: a row did not go out live", n)
+	}
+}
+
+// TestRowsAreNotRetained: a caller may reuse its buffer once Put, Write or
+// Insert has returned (as io.Writer's callers do); the line that goes out
+// later carries the rows as they were at the call.
+func TestRowsAreNotRetained(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	typing := NewEphemeral("typing")
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{tune: func(c *Config) {
+		c.Ephemerals = []*Ephemeral{typing}
+		c.Streams = append(c.Streams, core.StreamSpec{Name: "typing", Ephemeral: true})
+	}})
+	testenv.Eventually(t, 10*time.Second, func() bool { return w.node.Ready() }, "not ready")
+	opts, _ := redis.ParseURL(rds.URL())
+	rc := redis.NewClient(opts)
+	defer rc.Close()
+	ctx := context.Background()
+	ps := rc.Subscribe(ctx, StreamChannel("test", "typing"), StreamChannel("test", "events"))
+	defer ps.Close()
+	for range 2 {
+		if _, err := ps.Receive(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	const n = 200
+	buf := make([]byte, 0, 64)
+	fill := func(i int) json.RawMessage {
+		buf = fmt.Appendf(buf[:0], `[{"n":"%04d"}]`, i)
+		return buf
+	}
+	scribble := func() { copy(buf, `[{"n":"xxxx"}]`) } // the same length, valid JSON
+	for i := range n {
+		if _, err := typing.Put(ctx, "k", fill(i)); err != nil {
+			t.Fatal(err)
+		}
+		scribble()
+		if _, err := w.w.Insert(ctx, []json.RawMessage{fill(i)},
+			`INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`, w.gen.Self(), fmt.Sprintf(`[{"n":"%04d"}]`, i)); err != nil {
+			t.Fatal(err)
+		}
+		scribble()
+		if _, err := w.w.Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer, rows) VALUES ($1, $2, $3)`, ids[0], w.gen.Self(), fmt.Sprintf(`[{"n":"%04d"}]`, i))
+			return []json.RawMessage{fill(i)}, err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		scribble()
+	}
+	seen := map[string][]string{}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for len(seen["typing"]) < n || len(seen["events"]) < 2*n {
+		msg, err := ps.ReceiveMessage(rctx)
+		if err != nil {
+			t.Fatalf("RDATA lines seen: typing %d, events %d: %v", len(seen["typing"]), len(seen["events"]), err)
+		}
+		for line := range strings.SplitSeq(msg.Payload, "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 6 && f[0] == "RDATA" {
+				seen[f[1]] = append(seen[f[1]], f[5])
+			}
+		}
+	}
+	for i := range n {
+		want := fmt.Sprintf(`[{"n":"%04d"}]`, i)
+		if got := seen["typing"][i]; got != want {
+			t.Fatalf("typing change %d went out as %s, want %s", i, got, want)
+		}
+		for j := range 2 {
+			if got := seen["events"][2*i+j]; got != want {
+				t.Fatalf("events row %d went out as %s, want %s", 2*i+j, got, want)
+			}
+		}
 	}
 }
