@@ -57,10 +57,11 @@ func measureFanout(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		e.log.Info("fan-out", "readers", n, "weft", weft, "raw", raw)
 		out = append(out,
 			Sample{ID: fmt.Sprintf("fanout.deliveries.r%d", n), Group: group, Readers: n, Unit: "rows/s",
-				Name: fmt.Sprintf("%d reader(s): deliveries/s (rows x readers)", n), Weft: weft.deliveries, Raw: raw.deliveries, HasRaw: true},
+				Name: fmt.Sprintf("%d reader(s): deliveries/s (rows x readers)", n), Weft: weft.deliveries, Raw: raw.deliveries, HasRaw: true,
+				Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.85}},
 			Sample{ID: fmt.Sprintf("fanout.cpu.r%d", n), Group: group, Readers: n, Unit: "us",
 				Name: fmt.Sprintf("%d reader(s): reader CPU per row (getrusage)", n), Weft: weft.cpuPerRow, Raw: raw.cpuPerRow, HasRaw: true,
-				Goal: &Goal{GoalAtMost, 20}},
+				Goal: &Goal{Kind: GoalRatioAtMost, Value: 1.2}},
 			Sample{ID: fmt.Sprintf("fanout.p50.r%d", n), Group: group, Readers: n, Unit: "ms",
 				Name: fmt.Sprintf("%d reader(s): publish -> on all readers at %d rows/s, p50", n, fanoutRate), Weft: weft.p50, Raw: raw.p50, HasRaw: true},
 			Sample{ID: fmt.Sprintf("fanout.p99.r%d", n), Group: group, Readers: n, Unit: "ms",

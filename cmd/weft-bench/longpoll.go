@@ -86,7 +86,7 @@ func measureLongPoll(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	note := fmt.Sprintf("%d messages POSTed one at a time to their room's owner (read-your-writes); raw: the same with no long-poll waiting", n)
 	return []Sample{
 		{ID: "longpoll.write.mean", Group: group, Name: "write latency on the owner, mean, vs no long-polls", Unit: "ms",
-			Weft: mean(with), Raw: mean(none), HasRaw: true, Goal: &Goal{GoalRatioAtMost, 1.10}, Note: note},
+			Weft: mean(with), Raw: mean(none), HasRaw: true, Goal: &Goal{Kind: GoalRatioAtMost, Value: 1.10}, Note: note},
 		{ID: "longpoll.write.p50", Group: group, Name: "write latency on the owner, p50, vs no long-polls", Unit: "ms",
 			Weft: quantile(with, 0.5), Raw: quantile(none, 0.5), HasRaw: true},
 		{ID: "longpoll.write.p99", Group: group, Name: "write latency on the owner, p99, vs no long-polls", Unit: "ms",

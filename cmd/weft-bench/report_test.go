@@ -34,10 +34,10 @@ func TestNewStat(t *testing.T) {
 func sampleRuns() [][]Sample {
 	thr := func(w, r float64) Sample {
 		return Sample{ID: "e2e.per_row", Group: "End to end", Name: "rows/s", Unit: "rows/s", Weft: w, Raw: r, HasRaw: true,
-			Goal: &Goal{GoalRatioAtLeast, 0.85}}
+			Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.85}}
 	}
 	lat := func(w float64) Sample {
-		return Sample{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: w, Goal: &Goal{GoalAtMost, 1.5}}
+		return Sample{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: w, Goal: &Goal{Kind: GoalAtMost, Value: 1.5}}
 	}
 	fan := func(n int, w, r float64) Sample {
 		return Sample{ID: "fanout.deliveries.r" + string(rune('0'+n)), Group: "Fan-out", Name: "deliveries", Unit: "rows/s",
@@ -73,7 +73,7 @@ func TestAggregate(t *testing.T) {
 		t.Errorf("latency figure: median %v met %v", lat.Weft.Median, lat.Met)
 	}
 	figs2 := aggregate(append(sampleRuns(), []Sample{{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: 9,
-		Goal: &Goal{GoalAtMost, 1.5}}}))
+		Goal: &Goal{Kind: GoalAtMost, Value: 1.5}}}))
 	if figs2[1].Weft.Median != 1.7 || *figs2[1].Met {
 		t.Errorf("median of 1.2, 2.0, 1.4, 9 = %v, met %v; want 1.7, missed", figs2[1].Weft.Median, *figs2[1].Met)
 	}
@@ -157,7 +157,7 @@ func TestRow(t *testing.T) {
 func TestGoalRatioAtMost(t *testing.T) {
 	cost := func(w, r float64) Sample {
 		return Sample{ID: "longpoll.write.mean", Group: "Long-polls", Name: "mean", Unit: "ms", Weft: w, Raw: r, HasRaw: true,
-			Goal: &Goal{GoalRatioAtMost, 1.10}}
+			Goal: &Goal{Kind: GoalRatioAtMost, Value: 1.10}}
 	}
 	f := aggregate([][]Sample{{cost(2.1, 2.0)}, {cost(3.0, 2.0)}, {cost(2.0, 2.0)}})[0]
 	if f.Ratio == nil || f.Ratio.Median != 1.05 || f.Met == nil || !*f.Met {
@@ -166,5 +166,36 @@ func TestGoalRatioAtMost(t *testing.T) {
 	f = aggregate([][]Sample{{cost(3.0, 2.0)}})[0]
 	if *f.Met || goalText(f) != "<= 1.10x the baseline: MISSED" {
 		t.Fatalf("ratio 1.5 against <= 1.10: met %v, shown %q", *f.Met, goalText(f))
+	}
+}
+
+func TestGoalRawPlusAndFloor(t *testing.T) {
+	lat := func(w, r float64) Sample {
+		return Sample{ID: "e2e.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: w, Raw: r, HasRaw: true,
+			Goal: &Goal{Kind: GoalRawPlus, Value: 1}}
+	}
+	f := aggregate([][]Sample{{lat(4.0, 3.3)}, {lat(9.0, 3.0)}, {lat(4.2, 3.4)}})[0]
+	if !*f.Met || goalText(f) != "<= raw + 1.00 ms: met" { // medians 4.2 against 3.3 + 1
+		t.Fatalf("medians 4.2 and 3.3 against raw + 1: met %v, shown %q", *f.Met, goalText(f))
+	}
+	if f = aggregate([][]Sample{{lat(4.5, 3.3)}})[0]; *f.Met {
+		t.Fatal("4.5 against 3.3 + 1: met")
+	}
+
+	rate := func(w, r float64) Sample {
+		return Sample{ID: "e2e.batched", Group: "End to end", Name: "batched", Unit: "rows/s", Weft: w, Raw: r, HasRaw: true,
+			Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.85, AtLeast: 70_000}}
+	}
+	for _, c := range []struct {
+		w, r float64
+		met  bool
+	}{{72_000, 80_000, true}, {60_000, 65_000, false}, {72_000, 90_000, false}} {
+		f := aggregate([][]Sample{{rate(c.w, c.r)}})[0]
+		if *f.Met != c.met {
+			t.Errorf("%v against %v: met %v, want %v (%s)", c.w, c.r, *f.Met, c.met, goalText(f))
+		}
+	}
+	if g := (Goal{Kind: GoalRatioAtLeast, Value: 0.85, AtLeast: 70_000}).String("rows/s"); g != ">= 85% of raw and >= 70,000 rows/s" {
+		t.Errorf("shown %q", g)
 	}
 }

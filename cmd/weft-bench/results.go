@@ -16,25 +16,53 @@ const (
 	// GoalRatioAtMost: the weft/raw ratio must be at most Value (a cost
 	// against a baseline measured in the same run).
 	GoalRatioAtMost = "ratio<="
+	// GoalRawPlus: the weft figure must be at most raw's plus Value (in
+	// its unit), medians over the runs.
+	GoalRawPlus = "raw+"
 )
 
 // Goal is a figure's target from the issue.
 type Goal struct {
 	Kind  string  `json:"kind"`
 	Value float64 `json:"value"`
+	// AtLeast, when set, is a floor the weft figure must also reach (in
+	// its unit), beside a ratio.
+	AtLeast float64 `json:"at_least,omitempty"`
 }
 
 // String is the goal as the table shows it.
 func (g Goal) String(unit string) string {
+	s := ""
 	switch g.Kind {
 	case GoalRatioAtLeast:
-		return fmt.Sprintf(">= %.0f%% of raw", 100*g.Value)
+		s = fmt.Sprintf(">= %.0f%% of raw", 100*g.Value)
 	case GoalAtMost:
-		return fmt.Sprintf("<= %s %s", num(g.Value), unit)
+		s = fmt.Sprintf("<= %s %s", num(g.Value), unit)
 	case GoalRatioAtMost:
-		return fmt.Sprintf("<= %.2fx the baseline", g.Value)
+		s = fmt.Sprintf("<= %.2fx the baseline", g.Value)
+	case GoalRawPlus:
+		s = fmt.Sprintf("<= raw + %s %s", num(g.Value), unit)
 	}
-	return ""
+	if g.AtLeast > 0 {
+		s += fmt.Sprintf(" and >= %s %s", num(g.AtLeast), unit)
+	}
+	return s
+}
+
+// met reports whether f reaches its goal g.
+func (g Goal) met(f Figure) bool {
+	met := false
+	switch g.Kind {
+	case GoalRatioAtLeast:
+		met = f.Ratio != nil && f.Ratio.Median >= g.Value
+	case GoalAtMost:
+		met = f.Weft.Median <= g.Value
+	case GoalRatioAtMost:
+		met = f.Ratio != nil && f.Ratio.Median <= g.Value
+	case GoalRawPlus:
+		met = f.Raw != nil && f.Weft.Median <= f.Raw.Median+g.Value
+	}
+	return met && f.Weft.Median >= g.AtLeast
 }
 
 // Sample is one figure of one run: weft and, when there is one, the raw
@@ -157,15 +185,7 @@ func aggregate(runs [][]Sample) []Figure {
 			f.Ratio = &r
 		}
 		if f.Goal != nil {
-			met := false
-			switch f.Goal.Kind {
-			case GoalRatioAtLeast:
-				met = f.Ratio != nil && f.Ratio.Median >= f.Goal.Value
-			case GoalAtMost:
-				met = f.Weft.Median <= f.Goal.Value
-			case GoalRatioAtMost:
-				met = f.Ratio != nil && f.Ratio.Median <= f.Goal.Value
-			}
+			met := f.Goal.met(f)
 			f.Met = &met
 		}
 		figs = append(figs, f)

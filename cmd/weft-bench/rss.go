@@ -114,7 +114,7 @@ func measureRSS(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		e.log.Info("rss", "instance", p.Name, "rss_mib", rss, "hwm_mib", hwm)
 		out = append(out,
 			Sample{ID: "rss.hwm." + p.Name, Group: group, Unit: "MiB", Name: p.Name + ": peak RSS (VmHWM)", Weft: hwm,
-				Goal: &Goal{GoalAtMost, 64}},
+				Goal: &Goal{Kind: GoalAtMost, Value: 64}},
 			Sample{ID: "rss.now." + p.Name, Group: group, Unit: "MiB", Name: p.Name + ": RSS at the end of the load (VmRSS)", Weft: rss})
 	}
 	if failed.Load() > int64(n/100) {

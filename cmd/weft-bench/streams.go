@@ -56,7 +56,7 @@ func measureStreams(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		out = append(out,
 			Sample{ID: r.id + ".deliveries", Group: group, Readers: streamsReaders, Unit: "rows/s",
 				Name: r.name + ": deliveries/s (rows x readers of their stream)", Weft: weft.deliveries, Raw: raw.deliveries, HasRaw: true,
-				Goal: &Goal{GoalRatioAtLeast, 0.85}},
+				Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.85}},
 			Sample{ID: r.id + ".cpu", Group: group, Readers: streamsReaders, Unit: "us",
 				Name: r.name + ": reader CPU per row of its stream (getrusage)", Weft: weft.cpuPerRow, Raw: raw.cpuPerRow, HasRaw: true})
 	}
