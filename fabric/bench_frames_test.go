@@ -16,7 +16,20 @@ import (
 // (what a writer's link publishes in a burst). It reports the reader process's CPU per applied
 // row, less the publisher's (the same frames sent to a channel nobody
 // follows); compare with BenchmarkReaderCPU/raw, one message per row.
+//
+// A frame carries what queued while the publisher's previous round trip was
+// in flight: 64 KiB in a burst, a few lines when rows come at a pace. The
+// sub-benchmarks cut the frames at 8 and 32 lines too, so the reader's
+// cost per frame shows: what it spends on a frame, whatever its size.
 func BenchmarkReaderFrames(b *testing.B) {
+	b.Run("lines=8", func(b *testing.B) { readerFrames(b, 8) })
+	b.Run("lines=32", func(b *testing.B) { readerFrames(b, 32) })
+	b.Run("full", func(b *testing.B) { readerFrames(b, 0) })
+}
+
+// readerFrames measures frames of at most lines lines (0: frames only
+// bounded by their size).
+func readerFrames(b *testing.B, lines int) {
 	const (
 		rows   = 50_000
 		secret = "bench-secret"
@@ -56,8 +69,15 @@ func BenchmarkReaderFrames(b *testing.B) {
 			batch[i] = outLine{benchChannel, string(encode(&wire.RData{Stream: benchStream, Writer: benchWriter, Prev: pos - 1, Pos: pos, Rows: json.RawMessage(benchRowJSON)}))}
 		}
 		var out []string
-		for _, f := range fr.pack(batch, time.Now()) {
-			out = append(out, string(fr.payload(f)))
+		for len(batch) > 0 {
+			n := len(batch)
+			if lines > 0 {
+				n = min(n, lines)
+			}
+			for _, f := range fr.pack(batch[:n], time.Now()) {
+				out = append(out, string(fr.payload(f)))
+			}
+			batch = batch[n:]
 		}
 		return out
 	}
