@@ -131,5 +131,37 @@ func (c *Config) Validate() error {
 	if c.AnnounceInterval != 0 && c.AnnounceInterval < 50*time.Millisecond {
 		return fmt.Errorf("fabric: config: AnnounceInterval %v is below 50ms", c.AnnounceInterval)
 	}
+	// A sealer scans the writer registry this often: a unit typed wrong
+	// (µs for ms) would have it query in a tight loop.
+	if c.SealExpired < 0 || (c.SealExpired > 0 && c.SealExpired < 50*time.Millisecond) {
+		return fmt.Errorf("fabric: config: SealExpired %v: want 0 (not a sealer) or at least 50ms", c.SealExpired)
+	}
+	// Stream names travel in every line: one the wire cannot carry would
+	// be accepted here and every line of it dropped at publish.
+	for i, sp := range c.Streams {
+		if !wire.ValidName(sp.Name) {
+			return fmt.Errorf("fabric: config: Streams[%d].Name %q: want 1-128 of [A-Za-z0-9_.:-]", i, sp.Name)
+		}
+	}
+	for i, e := range c.Ephemerals {
+		if e == nil {
+			return fmt.Errorf("fabric: config: Ephemerals[%d] is nil", i)
+		}
+		if !wire.ValidName(e.stream) {
+			return fmt.Errorf("fabric: config: Ephemerals[%d]: stream name %q: want 1-128 of [A-Za-z0-9_.:-] (NewEphemeral)", i, e.stream)
+		}
+	}
+	// A writer's rows go out under this instance's role name (the key
+	// readers know it by), so its writer name must be that name.
+	role, _ := instance.NameOf(c.Instance)
+	for i, w := range c.Writers {
+		if w == nil {
+			return fmt.Errorf("fabric: config: Writers[%d] is nil", i)
+		}
+		if w.Name() != role {
+			return fmt.Errorf("fabric: config: Writers[%d]: writer name %q is not this instance's role name %q (Instance %s): open it with WriterConfig.Name %q",
+				i, w.Name(), role, c.Instance, role)
+		}
+	}
 	return nil
 }

@@ -35,21 +35,24 @@ type Handler interface {
 
 // Node is one instance's end of the fabric.
 type Node struct {
-	cfg      Config
-	log      *slog.Logger
-	core     *core.Core
-	link     *link
-	notify   *notifier
-	m        *metrics
-	codec    *wire.Codec
-	env      *envelope
-	chans    *channels
-	gens     map[string]*streams.Generator
-	in       chan input
-	tasks    sync.WaitGroup
-	ready    atomic.Bool
-	readyWhy atomic.Pointer[string] // the core's NotReady when ready is false
-	est      atomic.Bool
+	cfg    Config
+	log    *slog.Logger
+	core   *core.Core
+	link   *link
+	notify *notifier
+	m      *metrics
+	codec  *wire.Codec
+	env    *envelope
+	chans  *channels
+	gens   map[string]*streams.Generator
+	in     chan input
+	tasks  sync.WaitGroup
+	// inflight: the periodic tasks running now, by key (trackOnce).
+	inflightMu sync.Mutex
+	inflight   map[string]bool
+	ready      atomic.Bool
+	readyWhy   atomic.Pointer[string] // the core's NotReady when ready is false
+	est        atomic.Bool
 	// Freshness, as offsets from born (monotonic): when the PING was sent
 	// whose PONG the loop handled last, and when the process last came
 	// back from a stall (SIGSTOP, a VM freeze). Ready needs a PONG sent
@@ -270,21 +273,40 @@ func New(cfg Config) (*Node, error) {
 	if n.link, err = newLink(lc); err != nil {
 		return nil, err
 	}
-	for _, w := range n.writers {
-		if !w.node.CompareAndSwap(nil, n) {
-			return nil, fmt.Errorf("fabric: config: Writers: the writer of %s belongs to another node", w.Stream())
-		}
-	}
-	for _, e := range cfg.Ephemerals {
-		if !e.bind(cfg.Instance, n.handOverEphemeral) {
-			return nil, fmt.Errorf("fabric: config: Ephemerals: the writer of %s belongs to another node", e.stream)
-		}
+	if err := n.bind(cfg.Ephemerals); err != nil {
+		n.link.close()
+		return nil, err
 	}
 	n.born = time.Now()
 	n.tickAt.Store(0)
 	n.freshMax = n.link.cfg.PingInterval + n.link.cfg.PingTimeout
 	n.publishStatus()
 	return n, nil
+}
+
+// bind makes n the owner of its Writers and of ephemerals, all or none:
+// a New that fails leaves them free for the next one.
+func (n *Node) bind(ephemerals []*Ephemeral) error {
+	for i, w := range n.writers {
+		if !w.node.CompareAndSwap(nil, n) {
+			for _, b := range n.writers[:i] {
+				b.node.Store(nil)
+			}
+			return fmt.Errorf("fabric: config: Writers: the writer of %s belongs to another node", w.Stream())
+		}
+	}
+	for i, e := range ephemerals {
+		if !e.bind(n.cfg.Instance, n.handOverEphemeral) {
+			for _, b := range ephemerals[:i] {
+				b.bound.Store(nil)
+			}
+			for _, w := range n.writers {
+				w.node.Store(nil)
+			}
+			return fmt.Errorf("fabric: config: Ephemerals: the writer of %s belongs to another node", e.stream)
+		}
+	}
+	return nil
 }
 
 // Run connects and serves until ctx is done, then says BYE and returns
@@ -377,6 +399,30 @@ func (n *Node) send(ctx context.Context, in input) {
 }
 
 // track runs fn as a tracked task: counted, timed, waited for by Run.
+// trackOnce is track for a task that runs again at every tick: it starts
+// none while the previous one of that key is still running, so a stuck
+// database costs one task per key, not one per tick.
+func (n *Node) trackOnce(ctx context.Context, key, kind string, fn func(context.Context) error) {
+	n.inflightMu.Lock()
+	if n.inflight[key] {
+		n.inflightMu.Unlock()
+		return
+	}
+	if n.inflight == nil {
+		n.inflight = map[string]bool{}
+	}
+	n.inflight[key] = true // keys: one per generator, and "holders"
+	n.inflightMu.Unlock()
+	n.track(ctx, kind, func(ctx context.Context) error {
+		defer func() {
+			n.inflightMu.Lock()
+			delete(n.inflight, key)
+			n.inflightMu.Unlock()
+		}()
+		return fn(ctx)
+	})
+}
+
 func (n *Node) track(ctx context.Context, kind string, fn func(context.Context) error) {
 	n.tasks.Add(1)
 	n.m.tasksRunning.WithLabelValues(kind).Inc()

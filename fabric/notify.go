@@ -105,14 +105,15 @@ func (n *notifier) waiters() int {
 	return n.waiting
 }
 
-// waitFor blocks until view(k) >= pos or ctx is done, and then returns
-// ctx.Err() itself so that errors.Is matches context.Canceled and
+// waitFor blocks until view(k) >= pos, ctx is done, or stopped is closed
+// (then it returns ErrStopped). When ctx ends it returns ctx.Err() itself,
+// so that errors.Is matches context.Canceled and
 // context.DeadlineExceeded. A position already covered returns nil at once,
 // even if ctx is done, without allocating.
 //
 // A waiter woken while its position was covered returns nil even if a reset
 // lowered the view again before it ran: the rows were there.
-func (n *notifier) waitFor(ctx context.Context, k core.Key, pos int64) error {
+func (n *notifier) waitFor(ctx context.Context, k core.Key, pos int64, stopped <-chan struct{}) error {
 	n.mu.Lock()
 	ks := n.keys[k]
 	if pos <= 0 || ks != nil && pos <= ks.view {
@@ -129,17 +130,21 @@ func (n *notifier) waitFor(ctx context.Context, k core.Key, pos int64) error {
 	ch := n.addLocked(ks, pos)
 	n.mu.Unlock()
 
+	err := error(nil)
 	select {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
+		err = ctx.Err()
+	case <-stopped:
+		err = ErrStopped
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.withdrawLocked(ks, pos, ch) {
-		return nil // woken as ctx ended: the position was covered
+		return nil // woken as it ended: the position was covered
 	}
-	return ctx.Err()
+	return err
 }
 
 // keyLocked returns k's state, creating it (unknown, at view 0) if needed.

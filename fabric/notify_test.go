@@ -48,7 +48,7 @@ func TestNotifierSamePositionManyWaiters(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range waiters {
 		wg.Go(func() {
-			if err := n.waitFor(context.Background(), notifKeyA, 5); err != nil {
+			if err := n.waitFor(context.Background(), notifKeyA, 5, nil); err != nil {
 				t.Errorf("waiter %d: %v", i, err)
 			}
 			if v := n.view(notifKeyA); v < 5 {
@@ -93,7 +93,7 @@ func TestNotifierWakesInPositionOrder(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, p := range positions {
 		wg.Go(func() {
-			if err := n.waitFor(context.Background(), notifKeyA, p); err != nil {
+			if err := n.waitFor(context.Background(), notifKeyA, p, nil); err != nil {
 				t.Errorf("waiter for %d: %v", p, err)
 			}
 			woken <- wake{p, n.view(notifKeyA)}
@@ -124,7 +124,7 @@ func TestNotifierWaitCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 2)
 	for range 2 {
-		go func() { errc <- n.waitFor(ctx, notifKeyA, 7) }()
+		go func() { errc <- n.waitFor(ctx, notifKeyA, 7, nil) }()
 	}
 	waitersAre(t, n, 2)
 	cancel()
@@ -143,18 +143,18 @@ func TestNotifierWaitCanceled(t *testing.T) {
 	}
 
 	// An ended ctx returns at once without registering...
-	if err := n.waitFor(ctx, notifKeyA, 1); !errors.Is(err, context.Canceled) {
+	if err := n.waitFor(ctx, notifKeyA, 1, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("waitFor with ended ctx = %v, want context.Canceled", err)
 	}
 	// ...unless the position is covered already.
 	n.advance(notifKeyA, 1)
-	if err := n.waitFor(ctx, notifKeyA, 1); err != nil {
+	if err := n.waitFor(ctx, notifKeyA, 1, nil); err != nil {
 		t.Fatalf("waitFor covered with ended ctx = %v, want nil", err)
 	}
 
 	tctx, tcancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer tcancel()
-	if err := n.waitFor(tctx, notifKeyA, 2); !errors.Is(err, context.DeadlineExceeded) {
+	if err := n.waitFor(tctx, notifKeyA, 2, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("waitFor past deadline = %v, want context.DeadlineExceeded", err)
 	}
 	if got := n.waiters(); got != 0 {
@@ -167,10 +167,10 @@ func TestNotifierCancelOneOfMany(t *testing.T) {
 	n := newNotifier()
 	ctx, cancel := context.WithCancel(context.Background())
 	canceled := make(chan error, 1)
-	go func() { canceled <- n.waitFor(ctx, notifKeyA, 3) }()
+	go func() { canceled <- n.waitFor(ctx, notifKeyA, 3, nil) }()
 	stays := make(chan error, 2)
 	for _, p := range []int64{3, 4} {
-		go func() { stays <- n.waitFor(context.Background(), notifKeyA, p) }()
+		go func() { stays <- n.waitFor(context.Background(), notifKeyA, p, nil) }()
 	}
 	waitersAre(t, n, 3)
 	cancel()
@@ -217,7 +217,7 @@ func TestNotifierWaitCoveredAsCtxEnds(t *testing.T) {
 	n := newNotifier()
 	for pos := int64(1); pos <= 200; pos++ {
 		ctx := &notifRacingCtx{Context: context.Background(), fire: func() { n.advance(notifKeyA, pos) }, done: make(chan struct{})}
-		if err := n.waitFor(ctx, notifKeyA, pos); err != nil {
+		if err := n.waitFor(ctx, notifKeyA, pos, nil); err != nil {
 			t.Fatalf("wait for %d covered as ctx ended: %v, want nil", pos, err)
 		}
 		if got := n.waiters(); got != 0 {
@@ -234,7 +234,7 @@ func TestNotifierAdvanceLowerIgnored(t *testing.T) {
 	if got := n.view(notifKeyA); got != 10 {
 		t.Fatalf("view after advance to 10 then 5 = %d, want 10", got)
 	}
-	if err := n.waitFor(context.Background(), notifKeyA, 7); err != nil {
+	if err := n.waitFor(context.Background(), notifKeyA, 7, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := n.view(core.Key{Stream: "s", Writer: "other"}); got != 0 {
@@ -247,7 +247,7 @@ func TestNotifierResetThenAdvance(t *testing.T) {
 	n := newNotifier()
 	n.advance(notifKeyA, 10)
 	errc := make(chan error, 2)
-	go func() { errc <- n.waitFor(context.Background(), notifKeyA, 12) }()
+	go func() { errc <- n.waitFor(context.Background(), notifKeyA, 12, nil) }()
 	waitersAre(t, n, 1)
 
 	n.reset(notifKeyA)
@@ -255,7 +255,7 @@ func TestNotifierResetThenAdvance(t *testing.T) {
 		t.Fatalf("view after reset = %d, want 0", got)
 	}
 	// Positions the old instance had reached are not covered any more.
-	go func() { errc <- n.waitFor(context.Background(), notifKeyA, 5) }()
+	go func() { errc <- n.waitFor(context.Background(), notifKeyA, 5, nil) }()
 	waitersAre(t, n, 2)
 
 	n.advance(notifKeyA, 3)
@@ -307,7 +307,7 @@ func TestNotifierRace(t *testing.T) {
 			ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(5000))*time.Microsecond)
 			defer cancel()
 		}
-		err := n.waitFor(ctx, keys[rng.IntN(writers)], 1+rng.Int64N(top))
+		err := n.waitFor(ctx, keys[rng.IntN(writers)], 1+rng.Int64N(top), nil)
 		if err != nil && ctx.Err() == nil {
 			t.Errorf("wait %d: %v with live ctx", i, err)
 		}
@@ -375,7 +375,7 @@ func BenchmarkWaitAlreadyCovered(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := n.waitFor(ctx, notifKeyA, 50); err != nil {
+		if err := n.waitFor(ctx, notifKeyA, 50, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -389,7 +389,7 @@ func BenchmarkWakeOne(b *testing.B) {
 	woke := make(chan error)
 	go func() {
 		for pos := range next {
-			woke <- n.waitFor(context.Background(), notifKeyA, pos)
+			woke <- n.waitFor(context.Background(), notifKeyA, pos, nil)
 		}
 	}()
 	defer close(next)

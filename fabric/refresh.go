@@ -37,7 +37,7 @@ func (n *Node) refreshAll(ctx context.Context) {
 	if db != nil {
 		// Who holds each writer name, at which epoch: an older holder's
 		// lines (or their replays) are refused before the new one speaks.
-		n.track(ctx, "holders", func(ctx context.Context) error {
+		n.trackOnce(ctx, "holders", "holders", func(ctx context.Context) error {
 			rows, err := streams.Writers(ctx, db)
 			if err != nil {
 				return err
@@ -51,7 +51,7 @@ func (n *Node) refreshAll(ctx context.Context) {
 		})
 	}
 	for _, g := range n.gens {
-		n.track(ctx, "refresh", func(ctx context.Context) error {
+		n.trackOnce(ctx, "refresh:"+g.Stream().Name, "refresh", func(ctx context.Context) error {
 			at := time.Since(n.born) // before the read: conservative
 			if err := g.Refresh(ctx); err != nil {
 				return err

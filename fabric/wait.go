@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -15,12 +16,26 @@ import (
 // View is the local view of a writer of a stream.
 func (n *Node) View(k core.Key) int64 { return max(n.notify.view(k), n.starts[k.Stream]) }
 
-// WaitFor blocks until the local view of k covers pos, or ctx ends.
+// ErrNotFollowed: a wait on a stream this node does not follow
+// (Config.Streams), whose views never move.
+var ErrNotFollowed = errors.New("fabric: stream not followed by this node (Config.Streams)")
+
+// ErrStopped: a wait on a node whose Run has returned, whose views no
+// longer move.
+var ErrStopped = errors.New("fabric: node stopped")
+
+// WaitFor blocks until the local view of k covers pos, or ctx ends. It
+// fails at once with ErrNotFollowed for a stream not in Config.Streams,
+// and with ErrStopped once Run has returned.
 func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
-	if pos <= n.starts[k.Stream] {
+	start, ok := n.starts[k.Stream]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFollowed, k.Stream)
+	}
+	if pos <= start {
 		return nil
 	}
-	return n.notify.waitFor(ctx, k, pos)
+	return n.notify.waitFor(ctx, k, pos, n.done)
 }
 
 // WaitForToken blocks until the local view covers a client's token of a
@@ -31,6 +46,9 @@ func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
 // yet is looked up in the registry; one it does not hold is an error (a
 // token of another cluster, or forged).
 func (n *Node) WaitForToken(ctx context.Context, stream string, t streams.Token) error {
+	if _, ok := n.starts[stream]; !ok {
+		return fmt.Errorf("%w: %s", ErrNotFollowed, stream)
+	}
 	g := n.gens[stream]
 	if g == nil {
 		return fmt.Errorf("fabric: stream %s has no generator to resolve writers", stream)
@@ -62,6 +80,9 @@ func (n *Node) WaitForToken(ctx context.Context, stream string, t streams.Token)
 		cancel()
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, ErrStopped) {
+			return err
 		}
 	}
 }
