@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -181,7 +182,9 @@ func positive[T int | time.Duration](v, def T) T {
 // When ctx ends first, Submit stops waiting and returns ctx's error, but a
 // task that was accepted still runs: the queue cannot know whether a half
 // served caller wants it undone. A caller that must know what happened
-// uses an idempotency key (see Server) or reads the result back.
+// uses an idempotency key (see Server) or reads the result back. The
+// task runs on a copy of t.Payload, so the caller may reuse its buffer
+// once Submit has returned, however it returned.
 //
 // With a Placement, Submit is SubmitAt with no known epoch, and a task the
 // Placement does not admit fails with ErrNotOwner.
@@ -244,6 +247,8 @@ func (q *Queue) enqueue(key string, t Task, epoch int64) (*pending, handover.Dec
 			return nil, d, nil
 		}
 	}
+	// Copied: the task may run after Submit has returned (ctx ended).
+	t.Payload = bytes.Clone(t.Payload)
 	p := &pending{task: t, at: time.Now(), done: make(chan struct{})}
 	kq := q.keys[key]
 	if kq == nil {
