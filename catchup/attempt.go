@@ -69,8 +69,8 @@ func (c *Client) attemptTimeout(ctx context.Context) time.Duration {
 
 // attempt is one HTTP request under the source's concurrency limit, all
 // of it (the wait for a slot included) within attemptTimeout. A source
-// that times out or is unreachable starts its cooldown; one that serves a
-// page ends it.
+// that is unreachable, or times out within the full SourceTimeout, starts
+// its cooldown; one that serves a page ends it.
 func (c *Client) attempt(ctx context.Context, r request) (fabric.Page, error) {
 	timeout := c.attemptTimeout(ctx)
 	actx, cancel := context.WithTimeout(ctx, timeout)
@@ -96,7 +96,11 @@ func (c *Client) attempt(ctx context.Context, r request) (fabric.Page, error) {
 		switch cause := causeOf(err); {
 		case err == nil:
 			c.cool.remove(r.url)
-		case cause == causeTimeout || cause == causeUnreachable:
+		case cause == causeUnreachable,
+			// A timeout within less than SourceTimeout (what was left of
+			// a caller's deadline) says nothing of the source: one
+			// caller's short budget must not turn every caller away.
+			cause == causeTimeout && timeout >= c.cfg.SourceTimeout:
 			c.cool.put(r.url, c.cfg.SourceCooldown)
 		}
 	}

@@ -271,19 +271,27 @@ func (c *Client) page(ctx context.Context, r request) (fabric.Page, error) {
 	}
 	key := r.key()
 	for {
-		v, err, shared := c.flights.Do(key, func() (any, error) {
+		flight := c.flights.DoChan(key, func() (any, error) {
 			p, err := c.fetch(ctx, r)
 			if err != nil && ctx.Err() != nil {
 				return nil, fmt.Errorf("%w: %w", errLeaderGone, err)
 			}
 			return p, err
 		})
-		if err == nil {
-			return v.(fabric.Page), nil
+		var res singleflight.Result
+		select {
+		case res = <-flight:
+		case <-ctx.Done():
+			// A caller that joined another's fetch leaves when its own
+			// context ends, not when the other's fetch does.
+			return fabric.Page{}, fmt.Errorf("catchup: %s: %w", r, ctx.Err())
 		}
-		if shared && errors.Is(err, errLeaderGone) && ctx.Err() == nil {
+		if res.Err == nil {
+			return res.Val.(fabric.Page), nil
+		}
+		if res.Shared && errors.Is(res.Err, errLeaderGone) && ctx.Err() == nil {
 			continue // another caller ran it and gave up: run it again
 		}
-		return fabric.Page{}, err
+		return fabric.Page{}, res.Err
 	}
 }

@@ -153,10 +153,10 @@ func TestClientSingleflight(t *testing.T) {
 			return err
 		})
 	}
-	// Every caller is inside the flight (the leader in its request, the
-	// others waiting for it) before the server answers.
+	// Every caller waits for the flight (the leader's request in its own
+	// goroutine) before the server answers.
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		return goroutinesIn("singleflight.(*Group).Do(") == callers
+		return goroutinesIn("[select", "catchup.(*Client).page(") == callers
 	}, "all %d callers in the flight", callers)
 	close(gate)
 	if err := g.Wait(); err != nil {
@@ -192,7 +192,7 @@ func TestClientSingleflightLeaderCanceled(t *testing.T) {
 		followerDone <- err
 	}()
 	testenv.Eventually(t, 10*time.Second, func() bool {
-		return goroutinesIn("singleflight.(*Group).Do(") == 2
+		return goroutinesIn("[select", "catchup.(*Client).page(") == 2
 	}, "follower joins the flight")
 	cancelLeader()
 	if err := <-leaderDone; !errors.Is(err, context.Canceled) {

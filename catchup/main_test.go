@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,9 +76,10 @@ func rowsAt(pos ...int64) []fabric.Row {
 
 var errBoom = errors.New("boom")
 
-// goroutinesIn counts goroutines whose stack contains fn: a test's way to
-// know that callers are parked where it expects, without sleeping.
-func goroutinesIn(fn string) int {
+// goroutinesIn counts goroutines whose stack contains every one of fns
+// (a function, a state such as "[select"): a test's way to know that
+// callers are parked where it expects, without sleeping.
+func goroutinesIn(fns ...string) int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -89,7 +91,7 @@ func goroutinesIn(fn string) int {
 	}
 	count := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, fn) {
+		if !slices.ContainsFunc(fns, func(fn string) bool { return !strings.Contains(g, fn) }) {
 			count++
 		}
 	}
