@@ -223,8 +223,8 @@ func checkForwarded(t *testing.T, task shard.Task, room, key, user string) {
 }
 
 // FuzzSyncParams checks parseSync against a naive model of the sync query
-// (timeout_ms an integer 0..120000, rooms a comma list of valid rooms,
-// since a token, checked in that order), and that the real handler answers
+// (each parameter at most once, timeout_ms an integer 0..120000, rooms a
+// comma list of valid rooms, since a token, checked in that order), and that the real handler answers
 // a bad query 400 naming the same field without touching the instance.
 func FuzzSyncParams(f *testing.F) {
 	f.Add("m56~2.58~3.59", "30000", "!r:x,!s:x", "", uint8(7))
@@ -284,6 +284,11 @@ func FuzzSyncParams(f *testing.F) {
 
 // modelSync returns the first bad field of a sync query, or "".
 func modelSync(q url.Values) string {
+	for _, field := range []string{"timeout_ms", "rooms", "since"} {
+		if len(q[field]) > 1 { // a repeat is refused before any value is read
+			return field
+		}
+	}
 	if v := q.Get("timeout_ms"); v != "" {
 		n, ok := new(big.Int).SetString(v, 10)
 		if !ok || n.Sign() < 0 || n.Cmp(big.NewInt(120000)) > 0 {

@@ -252,10 +252,11 @@ func (s *Service) putState(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "sender", "sender %.64q: want 1-255 of [A-Za-z0-9@:._=-]", req.Sender)
 		return
 	}
-	switch {
-	case hasNULEscape(req.Value):
-		badRequest(w, "value", "value must not contain U+0000")
+	if p := jsonbProblem(req.Value); p != "" {
+		badRequest(w, "value", "value: %s", p)
 		return
+	}
+	switch {
 	case len(req.TxnID) > 255:
 		badRequest(w, "txn_id", "txn_id: want 1-255 bytes")
 		return
@@ -473,22 +474,6 @@ func parseTimeout(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("timeout_ms %.32q: want 0..120000", v)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
-}
-
-// hasNULEscape reports whether valid JSON text holds U+0000 (\u0000 in a
-// string), which PostgreSQL's jsonb cannot store. In valid JSON a
-// backslash only starts an escape inside a string.
-func hasNULEscape(b []byte) bool {
-	for i := 0; i < len(b); i++ {
-		if b[i] != '\\' {
-			continue
-		}
-		if i+6 <= len(b) && string(b[i+1:i+6]) == "u0000" {
-			return true
-		}
-		i++ // the escaped byte: \\ must not start another escape
-	}
-	return false
 }
 
 // writers are the events stream's writer names a token covers.

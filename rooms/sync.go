@@ -71,6 +71,14 @@ func (e *paramError) Error() string { return e.field + ": " + e.reason }
 func parseSync(q url.Values) (syncParams, *paramError) {
 	var p syncParams
 	var err error
+	// A parameter given twice would be read as its first value, and a
+	// since moved past the events of rooms named the second time would
+	// lose them for good.
+	for _, field := range []string{"timeout_ms", "rooms", "since"} {
+		if len(q[field]) > 1 {
+			return p, &paramError{field, "given more than once (list rooms comma-separated)"}
+		}
+	}
 	if p.timeout, err = parseTimeout(q.Get("timeout_ms")); err != nil {
 		return p, &paramError{"timeout_ms", err.Error()}
 	}

@@ -76,7 +76,7 @@ func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	users := w.rooms[room]
-	_, was := users[r.User]
+	until, was := users[r.User]
 	if r.Typing {
 		if users == nil {
 			users = map[string]time.Time{}
@@ -89,7 +89,18 @@ func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64
 	if was == r.Typing {
 		return w.out.Position(), nil
 	}
-	return w.publishLocked(ctx, room)
+	pos, err := w.publishLocked(ctx, room)
+	if err != nil {
+		// Not published: back as it was, so that the retry the error
+		// invites is a change again, and publishes.
+		if was {
+			users[r.User] = until
+			w.rooms[room] = users
+		} else if delete(users, r.User); len(users) == 0 {
+			delete(w.rooms, room)
+		}
+	}
+	return pos, err
 }
 
 // publishLocked writes the room's typing users at the next position, or

@@ -330,13 +330,20 @@ func TestRequestDigest(t *testing.T) {
 	}
 }
 
-func TestHasNULEscape(t *testing.T) {
+func TestJSONBProblem(t *testing.T) {
 	for in, want := range map[string]bool{
 		`"\u0000"`: true, `{"a":["x\u0000"]}`: true, `{"\u0000":1}`: true,
 		`"\\u0000"`: false, `"\\\u0000"`: true, `"\u00000"`: true, `"\u0001"`: false, `1`: false, `"u0000"`: false, `"\\"`: false,
+		// Surrogates: a pair is a character; either half alone is not.
+		`"\ud83d\ude00"`: false, `"\uD83D\uDE00"`: false, `"\ud800"`: true, `"\udc00"`: true, `"\ud800x"`: true,
+		`"\ud800\u0041"`: true, `["\ud800","\ude00"]`: true, `"\\ud800"`: false,
+		// numeric's range: 131,072 digits before the point, 16,383 after.
+		`1e131071`: false, `1e131072`: true, `1e1000000`: true, `{"a":1e-16383}`: false, `{"a":1e-20000}`: true,
+		`-0.5e-16382`: false, `-0.5e-16383`: true, `0`: false, `-0`: false, `12.5E+3`: false, `[1,2e9999999999999]`: true,
+		`"1e1000000"`: false, // in a string it is text
 	} {
-		if got := hasNULEscape([]byte(in)); got != want {
-			t.Errorf("%s: %v, want %v", in, got, want)
+		if got := jsonbProblem([]byte(in)) != ""; got != want {
+			t.Errorf("%s: %v (%q), want %v", in, got, jsonbProblem([]byte(in)), want)
 		}
 	}
 }
