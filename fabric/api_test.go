@@ -10,6 +10,7 @@ import (
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/internal/fabrictest"
 	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/streams"
 )
 
 // What the public API accepts it can serve: a wait that can never end,
@@ -39,6 +40,7 @@ func TestNewRefusesWhatWouldBreakLater(t *testing.T) {
 		{"Writers[0]: writer name \"persister1\" is not this instance's role name \"node1\"", func(c *Config) { c.Writers = []*Writer{w} }},
 		{"SealExpired", func(c *Config) { c.SealExpired = time.Microsecond }}, // µs for ms: a tight loop on the registry
 		{"SealExpired", func(c *Config) { c.SealExpired = -time.Second }},
+		{"config: Backoff", func(c *Config) { c.Backoff.Initial = -time.Second }},
 	} {
 		cfg := minimalConfig("node1-aaaaaaaa", "redis://127.0.0.1:1")
 		c.tune(&cfg)
@@ -51,6 +53,15 @@ func TestNewRefusesWhatWouldBreakLater(t *testing.T) {
 	cfg.Ephemerals = []*Ephemeral{NewEphemeral("typing")}
 	if _, err := New(cfg); err != nil {
 		t.Errorf("New with good values: %v", err)
+	}
+}
+
+func TestOpenWriterNamesLeaseTTL(t *testing.T) {
+	pool := testDB(t)
+	_, err := OpenWriter(context.Background(), pool, WriterConfig{Instance: "persister1-aaaaaaaa", Name: "persister1", Stream: eventsCfg,
+		LeaseTTL: time.Microsecond})
+	if !errors.Is(err, streams.ErrBadConfig) || !strings.Contains(err.Error(), "LeaseTTL") {
+		t.Fatalf("OpenWriter with a 1us LeaseTTL: %v, want ErrBadConfig naming LeaseTTL", err)
 	}
 }
 

@@ -131,6 +131,9 @@ func (c *Config) Validate() error {
 	if c.AnnounceInterval != 0 && c.AnnounceInterval < 50*time.Millisecond {
 		return fmt.Errorf("fabric: config: AnnounceInterval %v is below 50ms", c.AnnounceInterval)
 	}
+	if err := c.Backoff.Validate(); err != nil {
+		return fmt.Errorf("fabric: config: Backoff: %w", err)
+	}
 	// A sealer scans the writer registry this often: a unit typed wrong
 	// (µs for ms) would have it query in a tight loop.
 	if c.SealExpired < 0 || (c.SealExpired > 0 && c.SealExpired < 50*time.Millisecond) {

@@ -78,6 +78,11 @@ func OpenWriter(ctx context.Context, db streams.DB, cfg WriterConfig) (*Writer, 
 	if err := cfg.Stream.Validate(); err != nil {
 		return nil, fmt.Errorf("fabric: writer config: Stream: %w", err)
 	}
+	// Checked here too, so that the error names the field that was set
+	// (the lease's would name its own LeaseConfig.TTL).
+	if !cfg.NoLease && cfg.LeaseTTL != 0 && cfg.LeaseTTL < time.Millisecond {
+		return nil, fmt.Errorf("%w: fabric: writer config: LeaseTTL %v: want 0 (the default) or at least 1ms", streams.ErrBadConfig, cfg.LeaseTTL)
+	}
 	w := &Writer{db: db, name: cfg.Name}
 	if !cfg.NoLease {
 		l, err := streams.Claim(ctx, db, cfg.Name, cfg.Instance, streams.LeaseConfig{TTL: cfg.LeaseTTL, Wait: cfg.Wait,
