@@ -176,7 +176,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, done: make(chan struct{}),
 		gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
-		writesSet: map[string]bool{}, liveApplied: map[string]prometheus.Counter{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{}}
+		writesSet: map[string]bool{}, liveApplied: map[string]prometheus.Counter{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{},
+		inflight: map[string]bool{}}
 
 	writes := map[string]int64{}
 	n.epoch = cfg.Epoch
@@ -407,9 +408,6 @@ func (n *Node) trackOnce(ctx context.Context, key, kind string, fn func(context.
 	if n.inflight[key] {
 		n.inflightMu.Unlock()
 		return
-	}
-	if n.inflight == nil {
-		n.inflight = map[string]bool{}
 	}
 	n.inflight[key] = true // keys: one per generator, and "holders"
 	n.inflightMu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/fabric/core"
@@ -52,6 +53,59 @@ func TestWireRows(t *testing.T) {
 	}
 }
 
+// wireRig is a writer of the events stream and of an Ephemeral "typing",
+// and a raw subscriber to both streams' channels, subscribed before
+// anything is written.
+type wireRig struct {
+	w      *member
+	typing *Ephemeral
+	ps     *redis.PubSub
+}
+
+func newWireRig(t *testing.T, pool *pgxpool.Pool, redisURL string) wireRig {
+	t.Helper()
+	typing := NewEphemeral("typing")
+	w := startMember(t, pool, redisURL, "persister1", clusterOpts{tune: func(c *Config) {
+		c.Ephemerals = []*Ephemeral{typing}
+		c.Streams = append(c.Streams, core.StreamSpec{Name: "typing", Ephemeral: true})
+	}})
+	opts, _ := redis.ParseURL(redisURL)
+	rc := redis.NewClient(opts)
+	t.Cleanup(func() { rc.Close() })
+	ctx := context.Background()
+	ps := rc.Subscribe(ctx, StreamChannel("test", "typing"), StreamChannel("test", "events"))
+	t.Cleanup(func() { ps.Close() })
+	for range 2 {
+		if _, err := ps.Receive(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return wireRig{w: w, typing: typing, ps: ps}
+}
+
+// rows reads RDATA lines off the wire until each stream has want[stream]
+// of them, and returns their rows by stream, in order.
+func (r wireRig) rows(t *testing.T, want map[string]int) map[string][]string {
+	t.Helper()
+	seen := map[string][]string{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for stream := range want {
+		for len(seen[stream]) < want[stream] {
+			msg, err := r.ps.ReceiveMessage(ctx)
+			if err != nil {
+				t.Fatalf("RDATA lines seen %v, want %v: %v", seen, want, err)
+			}
+			for line := range strings.SplitSeq(msg.Payload, "\n") { // a frame
+				if f := strings.Fields(line); len(f) >= 6 && f[0] == "RDATA" {
+					seen[f[1]] = append(seen[f[1]], f[5])
+				}
+			}
+		}
+	}
+	return seen
+}
+
 // TestRowsInAnyLayoutGoLive: rows as encoding/json lays them out (the
 // Encoder's trailing newline, MarshalIndent's lines, spaces around) are
 // accepted by every way in, so they must go out live, on one line. They
@@ -61,28 +115,14 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
 	var fetches atomic.Int64
-	typing := NewEphemeral("typing")
-	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{tune: func(c *Config) {
-		c.Ephemerals = []*Ephemeral{typing}
-		c.Streams = append(c.Streams, core.StreamSpec{Name: "typing", Ephemeral: true})
-	}})
+	rig := newWireRig(t, pool, rds.URL())
+	w, typing := rig.w, rig.typing
 	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{fetcher: &dbFetcher{pool: pool, gate: func(context.Context) error {
 		fetches.Add(1)
 		return nil
 	}}})
 	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "not ready")
-
-	opts, _ := redis.ParseURL(rds.URL())
-	rc := redis.NewClient(opts)
-	defer rc.Close()
 	ctx := context.Background()
-	ps := rc.Subscribe(ctx, StreamChannel("test", "typing"), StreamChannel("test", "events"))
-	defer ps.Close()
-	for range 2 {
-		if _, err := ps.Receive(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	var enc bytes.Buffer
 	if err := json.NewEncoder(&enc).Encode([]map[string]int{{"n": 1}}); err != nil {
@@ -118,21 +158,7 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 	}
 
 	// Every change is one RDATA line with the rows on it, compact.
-	seen := map[string][]string{}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for len(seen["typing"]) < len(layouts) || len(seen["events"]) < 2*len(layouts) {
-		msg, err := ps.ReceiveMessage(rctx)
-		if err != nil {
-			t.Fatalf("RDATA lines seen %v: %v", seen, err)
-		}
-		for line := range strings.SplitSeq(msg.Payload, "\n") {
-			f := strings.Fields(line)
-			if len(f) >= 6 && f[0] == "RDATA" {
-				seen[f[1]] = append(seen[f[1]], f[5])
-			}
-		}
-	}
+	seen := rig.rows(t, map[string]int{"typing": len(layouts), "events": 2 * len(layouts)})
 	if got := seen["typing"]; !slices.Equal(got, want) {
 		t.Errorf("typing rows on the wire %q, want %q", got, want)
 	}
@@ -159,23 +185,10 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 func TestRowsAreNotRetained(t *testing.T) {
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
-	typing := NewEphemeral("typing")
-	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{tune: func(c *Config) {
-		c.Ephemerals = []*Ephemeral{typing}
-		c.Streams = append(c.Streams, core.StreamSpec{Name: "typing", Ephemeral: true})
-	}})
+	rig := newWireRig(t, pool, rds.URL())
+	w, typing := rig.w, rig.typing
 	testenv.Eventually(t, 10*time.Second, func() bool { return w.node.Ready() }, "not ready")
-	opts, _ := redis.ParseURL(rds.URL())
-	rc := redis.NewClient(opts)
-	defer rc.Close()
 	ctx := context.Background()
-	ps := rc.Subscribe(ctx, StreamChannel("test", "typing"), StreamChannel("test", "events"))
-	defer ps.Close()
-	for range 2 {
-		if _, err := ps.Receive(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	const n = 200
 	buf := make([]byte, 0, 64)
@@ -202,21 +215,7 @@ func TestRowsAreNotRetained(t *testing.T) {
 		}
 		scribble()
 	}
-	seen := map[string][]string{}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for len(seen["typing"]) < n || len(seen["events"]) < 2*n {
-		msg, err := ps.ReceiveMessage(rctx)
-		if err != nil {
-			t.Fatalf("RDATA lines seen: typing %d, events %d: %v", len(seen["typing"]), len(seen["events"]), err)
-		}
-		for line := range strings.SplitSeq(msg.Payload, "\n") {
-			f := strings.Fields(line)
-			if len(f) >= 6 && f[0] == "RDATA" {
-				seen[f[1]] = append(seen[f[1]], f[5])
-			}
-		}
-	}
+	seen := rig.rows(t, map[string]int{"typing": n, "events": 2 * n})
 	for i := range n {
 		want := fmt.Sprintf(`[{"n":"%04d"}]`, i)
 		if got := seen["typing"][i]; got != want {
