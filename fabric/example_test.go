@@ -90,7 +90,8 @@ func ExampleOpenWriter() {
 }
 
 // The one-statement write: the statement draws its IDs from the sequence
-// and returns each with the index of its row.
+// and returns each with the index of its row. The rows go in as PerRow,
+// so that the Inserts that group-commit together run as one statement.
 func ExampleWriter_Insert() {
 	ctx := context.Background()
 	var w *fabric.Writer // from OpenWriter, bound to a node
@@ -99,7 +100,7 @@ func ExampleWriter_Insert() {
 	ids, err := w.Insert(ctx, rows, `WITH src AS MATERIALIZED (
 			SELECT nextval('ledger_seq') AS id, r, i FROM unnest($2::text[]) WITH ORDINALITY AS u(r, i)),
 		ins AS (INSERT INTO ledger (stream_id, writer, rows) SELECT id, $1, r::jsonb FROM src)
-		SELECT id, i FROM src`, w.Name(), texts)
+		SELECT id, i FROM src`, w.Name(), fabric.PerRow(texts))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -70,6 +70,9 @@ type committer struct {
 	mu    sync.Mutex
 	busy  bool
 	queue []*call
+	// proven: the statements that have run joined (PerRow) and returned
+	// every row's index right. Only the leader reads or writes it.
+	proven map[string]struct{}
 }
 
 // do runs s in a transaction of w, alone or with the calls queued beside
@@ -202,9 +205,10 @@ func (w *Writer) runAlone(node *Node, c *call) {
 	node.handOver(w.Stream(), c.res.ids, c.res.rows)
 }
 
-// runPipeline runs a group of Inserts as one pipeline of their statements:
-// one round trip on the pool without a lease (its implicit transaction
-// commits all or none), or inside one fenced transaction. It reports
+// runPipeline runs a group of Inserts as one pipeline of their statements,
+// the calls that PerRow lets join sharing one: one round trip on the pool
+// without a lease and without joins (its implicit transaction commits all
+// or none), or inside one transaction, fenced by the lease. It reports
 // false, with nothing committed or tracked, when the group is not all
 // Inserts, or when a statement failed: then runGroup runs the calls
 // again behind savepoints, so that only the failing one fails.
@@ -213,17 +217,23 @@ func (w *Writer) runPipeline(node *Node, batch []*call) bool {
 	if !ok {
 		return false
 	}
-	stmts := make([]streams.Statement, len(batch))
+	calls := make([]*insertCall, len(batch))
 	for i, c := range batch {
 		if c.ins == nil || c.ctx.Err() != nil {
 			return false
 		}
-		stmts[i] = c.ins.statement()
+		calls[i] = c.ins
 	}
+	stmts, carried := insertStatements(calls)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), groupTimeout)
 	defer cancel()
+	// Without a lease the pipeline commits as its last statement ends,
+	// before the scans have checked a joined statement's row indexes. So
+	// until a statement has once run joined and returned every index
+	// right, its joined runs take a transaction: one that cannot be joined
+	// rolls back, and its calls run again one by one.
 	var tx pgx.Tx
-	if w.lease != nil {
+	if w.lease != nil || !w.group.provenJoins(calls, carried) {
 		var err error
 		if tx, err = w.begin(ctx); err != nil {
 			if errors.Is(err, streams.ErrSealed) {
@@ -241,22 +251,61 @@ func (w *Writer) runPipeline(node *Node, batch []*call) bool {
 	if err != nil {
 		return false
 	}
-	if tx != nil {
-		if err := tx.Commit(ctx); err != nil {
-			for i, c := range batch {
-				c.res.alloc = allocs[i]
-				c.err = fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
-			}
-			return true
+	if node.m != nil {
+		for _, cs := range carried {
+			node.m.writeStatement.WithLabelValues(w.Stream()).Observe(float64(len(cs)))
 		}
 	}
-	for i, c := range batch {
-		c.res, c.err = c.ins.result(w.Stream(), allocs[i])
-		if c.err == nil {
-			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+	var cerr error
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			cerr = fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
+		}
+	}
+	for k, cs := range carried {
+		proven := len(cs) > 1 && cerr == nil
+		for j, i := range cs {
+			c := batch[i]
+			if c.res, c.err = c.ins.result(w.Stream()); cerr != nil {
+				c.res, c.err = stepResult{}, cerr
+			}
+			if j == 0 { // one allocation per statement, finished once
+				c.res.alloc = allocs[k]
+			}
+			if c.err == nil {
+				node.handOver(w.Stream(), c.res.ids, c.res.rows)
+			} else {
+				proven = false
+			}
+		}
+		if proven {
+			w.group.prove(batch[cs[0]].ins.sql)
 		}
 	}
 	return true
+}
+
+// maxProven bounds the statements a committer remembers as joining right;
+// past it, a joined run of a statement not remembered takes a transaction.
+const maxProven = 64
+
+// provenJoins reports whether every statement that carries several calls
+// has joined right before.
+func (g *committer) provenJoins(calls []*insertCall, carried [][]int) bool {
+	for _, cs := range carried {
+		if len(cs) > 1 {
+			if _, ok := g.proven[calls[cs[0]].sql]; !ok {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (g *committer) prove(sql string) {
+	if _, ok := g.proven[sql]; !ok && len(g.proven) < maxProven {
+		g.proven[sql] = struct{}{}
+	}
 }
 
 // runGroup runs several calls in one transaction, each behind a savepoint

@@ -72,7 +72,13 @@ func insertRow(ctx context.Context, tx pgx.Tx, m *member, id int64, n int) ([]js
 // call's rows their own xmin, so the database cannot tell.
 func groups(t *testing.T, m *member) (txns uint64, calls float64) {
 	t.Helper()
-	o, err := m.node.m.writeGroup.GetMetricWithLabelValues("events")
+	return histogram(t, m.node.m.writeGroup)
+}
+
+// histogram is the count and sum of h's series for the events stream.
+func histogram(t *testing.T, h *prometheus.HistogramVec) (count uint64, sum float64) {
+	t.Helper()
+	o, err := h.GetMetricWithLabelValues("events")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,10 @@
 package fabric
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -83,7 +81,7 @@ func OpenWriter(ctx context.Context, db streams.DB, cfg WriterConfig) (*Writer, 
 	if !cfg.NoLease && cfg.LeaseTTL != 0 && cfg.LeaseTTL < time.Millisecond {
 		return nil, fmt.Errorf("%w: fabric: writer config: LeaseTTL %v: want 0 (the default) or at least 1ms", streams.ErrBadConfig, cfg.LeaseTTL)
 	}
-	w := &Writer{db: db, name: cfg.Name}
+	w := &Writer{db: db, name: cfg.Name, group: committer{proven: make(map[string]struct{})}}
 	if !cfg.NoLease {
 		l, err := streams.Claim(ctx, db, cfg.Name, cfg.Instance, streams.LeaseConfig{TTL: cfg.LeaseTTL, Wait: cfg.Wait,
 			Poll: 100 * time.Millisecond, URL: cfg.URL, OnWait: cfg.OnWait, Streams: []streams.Config{cfg.Stream}})
@@ -179,98 +177,4 @@ func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error
 		res.rows, res.ret = rows, res.ids
 		return res, nil
 	}, nil)
-}
-
-// Insert writes rows with one statement that draws their IDs from the
-// stream's sequence itself (nextval in the statement) and returns, for
-// each row it writes, its ID and the 1-based index of the row in rows, in
-// any order:
-//
-//	WITH src AS MATERIALIZED (SELECT nextval('events_seq') AS id, r, i
-//	    FROM unnest($2::text[]) WITH ORDINALITY AS u(r, i)),
-//	ins AS (INSERT INTO events (stream_id, writer, rows) SELECT id, $1, r::jsonb FROM src)
-//	SELECT id, i FROM src
-//
-// It saves Write's round trips: alone and without a lease it is one
-// (autocommit); with a lease the statement runs in a transaction fenced
-// by it. Inserts group-commit like Writes, sharing a transaction with the
-// calls queued beside them. The rows are handed to the node after the
-// commit, in position order, then the IDs finish. It returns the ID of
-// each row, in the order of rows.
-func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string, args ...any) ([]int64, error) {
-	node := w.node.Load()
-	if node == nil {
-		return nil, ErrUnbound
-	}
-	lines := rows // the caller's slice, copied only if a row's form changes
-	for i, r := range rows {
-		line, ok := wireRows(r)
-		if !ok {
-			return nil, fmt.Errorf("%w: %s: %.64q", ErrBadRows, w.Stream(), r)
-		}
-		if len(line) != len(r) {
-			if &lines[0] == &rows[0] {
-				lines = slices.Clone(rows)
-			}
-			lines[i] = line
-		}
-	}
-	ins := &insertCall{rows: lines, sql: sql, args: args}
-	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
-		st := ins.statement()
-		a, err := w.gen.AllocQuery(ctx, q, st.Scan, st.SQL, st.Args...)
-		if err != nil {
-			return stepResult{}, err
-		}
-		return ins.result(w.Stream(), a)
-	}, ins)
-}
-
-// insertCall is an Insert's statement, which a group of Inserts sends in
-// one pipeline.
-type insertCall struct {
-	rows  []json.RawMessage
-	sql   string
-	args  []any
-	byRow []int64 // the ID of each row, filled by the statement's scan
-}
-
-// statement is the call's statement, with a scan that records each row's
-// ID (afresh: a failed pipeline runs again behind savepoints).
-func (c *insertCall) statement() streams.Statement {
-	c.byRow = make([]int64, len(c.rows))
-	return streams.Statement{SQL: c.sql, Args: c.args, Scan: func(row pgx.CollectableRow) (int64, error) {
-		var id, i int64
-		if err := row.Scan(&id, &i); err != nil {
-			return 0, err
-		}
-		if i < 1 || i > int64(len(c.byRow)) || c.byRow[i-1] != 0 {
-			return 0, fmt.Errorf("row index %d out of range or returned twice", i)
-		}
-		c.byRow[i-1] = id
-		return id, nil
-	}}
-}
-
-// result checks the statement's IDs against the rows and puts them in
-// position order, as Write hands rows over.
-func (c *insertCall) result(stream string, a *streams.Allocation) (stepResult, error) {
-	res := stepResult{alloc: a}
-	if n := len(a.IDs()); n != len(c.rows) {
-		// Autocommit: what ran has committed; the IDs without rows are
-		// holes. In a transaction it rolls back.
-		return res, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", stream, n, len(c.rows))
-	}
-	order := make([]int, len(c.rows))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(c.byRow[a], c.byRow[b]) })
-	res.ids = make([]int64, len(c.rows))
-	res.rows = make([]json.RawMessage, len(c.rows))
-	for k, i := range order {
-		res.ids[k], res.rows[k] = c.byRow[i], c.rows[i]
-	}
-	res.ret = c.byRow
-	return res, nil
 }

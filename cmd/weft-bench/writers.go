@@ -167,13 +167,14 @@ func (w *weftWriter) write(ctx context.Context, rows json.RawMessage) (int64, er
 }
 
 // writeBatch is rows in one transaction: one INSERT that draws len(rows)
-// IDs and returns each with the index of its row.
+// IDs and returns each with the index of its row. The batches of one
+// writer that group-commit together run as one INSERT (PerRow).
 func (w *weftWriter) writeBatch(ctx context.Context, rows []json.RawMessage) error {
 	texts := make([]string, len(rows))
 	for i, r := range rows {
 		texts[i] = string(r)
 	}
-	if _, err := w.w.Insert(ctx, rows, weftInsertBatch, w.name, texts); err != nil {
+	if _, err := w.w.Insert(ctx, rows, weftInsertBatch, w.name, fabric.PerRow(texts)); err != nil {
 		return fmt.Errorf("writer %s: insert batch: %w", w.name, err)
 	}
 	return nil
