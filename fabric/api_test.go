@@ -27,6 +27,16 @@ func TestNewRefusesWhatWouldBreakLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w1, err := OpenWriter(context.Background(), pool, WriterConfig{Instance: "node1-aaaaaaaa", Name: "node1", Stream: eventsCfg, NoLease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gens := make([]*streams.Generator, 2)
+	for i := range gens {
+		if gens[i], err = streams.Open(context.Background(), pool, eventsCfg, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, c := range []struct {
 		field string
 		tune  func(*Config)
@@ -41,6 +51,11 @@ func TestNewRefusesWhatWouldBreakLater(t *testing.T) {
 		{"SealExpired", func(c *Config) { c.SealExpired = time.Microsecond }}, // µs for ms: a tight loop on the registry
 		{"SealExpired", func(c *Config) { c.SealExpired = -time.Second }},
 		{"config: Backoff", func(c *Config) { c.Backoff.Initial = -time.Second }},
+		// The second generator would replace the first, whose positions
+		// would then never move.
+		{"Generators[1]: stream events given twice", func(c *Config) { c.Generators = gens }},
+		{"Generators[0] is nil", func(c *Config) { c.Generators = []*streams.Generator{nil} }},
+		{"Writers: stream events is also in Generators", func(c *Config) { c.Generators, c.Writers = gens[:1], []*Writer{w1} }},
 	} {
 		cfg := minimalConfig("node1-aaaaaaaa", "redis://127.0.0.1:1")
 		c.tune(&cfg)

@@ -60,11 +60,12 @@ type Ephemeral struct {
 type ephemeralBinding struct {
 	instance string
 	handOver func(stream string, rows []Row, pos int64)
+	stopped  func() bool // the node's Run has returned
 }
 
 // bind attaches e to an instance; it reports false if e already is.
-func (e *Ephemeral) bind(instance string, handOver func(string, []Row, int64)) bool {
-	return e.bound.CompareAndSwap(nil, &ephemeralBinding{instance: instance, handOver: handOver})
+func (e *Ephemeral) bind(b *ephemeralBinding) bool {
+	return e.bound.CompareAndSwap(nil, b)
 }
 
 type stateRow struct {
@@ -108,6 +109,9 @@ func (e *Ephemeral) change(ctx context.Context, key string, rows json.RawMessage
 	b := e.bound.Load()
 	if b == nil {
 		return 0, ErrUnbound
+	}
+	if b.stopped() {
+		return 0, ErrStopped
 	}
 	line, ok := wireRows(rows)
 	if !ok {

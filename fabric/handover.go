@@ -108,10 +108,55 @@ func (n *Node) handOverEphemeral(stream string, rows []Row, pos int64) {
 
 // local queues an input from this instance's own writers: not bound to a
 // caller's context (what it reports has happened), only to the loop.
+// Before the loop runs it is held in n.early, in order.
 func (n *Node) local(in input) {
+	if !n.looping.Load() && n.holdEarly(in) {
+		return
+	}
 	select {
 	case n.in <- in:
 	case <-n.done:
+	}
+}
+
+func (n *Node) holdEarly(in input) bool {
+	n.earlyMu.Lock()
+	defer n.earlyMu.Unlock()
+	if n.looping.Load() {
+		return false
+	}
+	n.early = append(n.early, in)
+	return true
+}
+
+// takeEarly steps what own writers handed over before the loop ran, in
+// order, then lets them send to n.in. The lock is not held while
+// stepping: what arrives meanwhile is taken in the next round.
+func (n *Node) takeEarly(ctx context.Context) {
+	for {
+		n.earlyMu.Lock()
+		early := n.early
+		n.early = nil
+		if len(early) == 0 {
+			n.looping.Store(true)
+			n.earlyMu.Unlock()
+			return
+		}
+		n.earlyMu.Unlock()
+		for _, in := range early {
+			n.step(ctx, in)
+		}
+	}
+}
+
+// stopped reports whether Run has returned: a write then would commit
+// rows that no loop announces, or change state nothing publishes.
+func (n *Node) stopped() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -71,11 +71,14 @@ type member struct {
 	gen  *streams.Generator
 	rec  *fabrictest.Recorder
 	stop func()
+	run  func() // starts Run (startMember does, unless deferRun)
+	ran  bool
 	done chan error
 }
 
 type clusterOpts struct {
-	lease   bool // a writer claims its name with a lease (sealed on a graceful stop)
+	lease    bool // a writer claims its name with a lease (sealed on a graceful stop)
+	deferRun bool // New only: the test calls member.run
 	fetcher *dbFetcher
 	tune    func(*Config)
 }
@@ -127,15 +130,23 @@ func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clus
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	m := &member{node: n, w: w, gen: gen, rec: rec, stop: cancel, done: make(chan error, 1)}
-	go func() { m.done <- n.Run(runCtx) }()
+	m.run = func() {
+		m.ran = true
+		go func() { m.done <- n.Run(runCtx) }()
+	}
+	if !o.deferRun {
+		m.run()
+	}
 	t.Cleanup(m.shutdown)
 	return m
 }
 
 func (m *member) shutdown() {
 	m.stop()
-	<-m.done
-	m.done <- nil // idempotent for a second call
+	if m.ran {
+		<-m.done
+		m.done <- nil // idempotent for a second call
+	}
 }
 
 // write commits one row as this member's writer and hands it to the node.

@@ -39,6 +39,9 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 	if node == nil {
 		return nil, ErrUnbound
 	}
+	if node.stopped() {
+		return nil, ErrStopped
+	}
 	lines := rows // the caller's slice, copied only if a row's form changes
 	for i, r := range rows {
 		line, ok := wireRows(r)

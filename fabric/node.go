@@ -46,7 +46,14 @@ type Node struct {
 	chans  *channels
 	gens   map[string]*streams.Generator
 	in     chan input
-	tasks  sync.WaitGroup
+	// Own writers' inputs handed over before the loop runs wait in early,
+	// unbounded, so that a Write or Put between New and Run never blocks
+	// (n.in would, once full, with nothing to take from it); the loop
+	// takes them first, then sets looping.
+	earlyMu sync.Mutex
+	early   []input
+	looping atomic.Bool
+	tasks   sync.WaitGroup
 	// inflight: the periodic tasks running now, by key (trackOnce).
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -187,9 +194,17 @@ func New(cfg Config) (*Node, error) {
 		}
 		writes[e.stream] = e.Position()
 	}
-	for _, g := range cfg.Generators {
+	// One generator per stream: a second would be silently replaced, and
+	// its positions would never move again.
+	for i, g := range cfg.Generators {
+		if g == nil {
+			return nil, fmt.Errorf("fabric: config: Generators[%d] is nil", i)
+		}
 		if g.Self() != "" {
 			return nil, fmt.Errorf("fabric: config: Generators: %s is opened as writer %s: pass a Writer (OpenWriter) in Writers", g.Stream().Name, g.Self())
+		}
+		if n.gens[g.Stream().Name] != nil {
+			return nil, fmt.Errorf("fabric: config: Generators[%d]: stream %s given twice", i, g.Stream().Name)
 		}
 		n.gens[g.Stream().Name] = g
 	}
@@ -197,6 +212,9 @@ func New(cfg Config) (*Node, error) {
 		name := w.Stream()
 		if _, dup := writes[name]; dup {
 			return nil, fmt.Errorf("fabric: config: Writers: %s written twice", name)
+		}
+		if n.gens[name] != nil {
+			return nil, fmt.Errorf("fabric: config: Writers: stream %s is also in Generators: a Writer brings its own generator", name)
 		}
 		n.gens[name] = w.gen
 		writes[name] = w.gen.Position()
@@ -297,7 +315,7 @@ func (n *Node) bind(ephemerals []*Ephemeral) error {
 		}
 	}
 	for i, e := range ephemerals {
-		if !e.bind(n.cfg.Instance, n.handOverEphemeral) {
+		if !e.bind(&ephemeralBinding{instance: n.cfg.Instance, handOver: n.handOverEphemeral, stopped: n.stopped}) {
 			for _, b := range ephemerals[:i] {
 				b.bound.Store(nil)
 			}
@@ -445,6 +463,7 @@ func (n *Node) loop(ctx context.Context, stop <-chan struct{}) {
 	statusEvery := time.NewTicker(250 * time.Millisecond)
 	defer statusEvery.Stop()
 	n.exec(ctx, n.core.Tick(time.Now()))
+	n.takeEarly(ctx)
 	for {
 		select {
 		case <-stop:

@@ -62,10 +62,10 @@ type wireRig struct {
 	ps     *redis.PubSub
 }
 
-func newWireRig(t *testing.T, pool *pgxpool.Pool, redisURL string) wireRig {
+func newWireRig(t *testing.T, pool *pgxpool.Pool, redisURL string, deferRun bool) wireRig {
 	t.Helper()
 	typing := NewEphemeral("typing")
-	w := startMember(t, pool, redisURL, "persister1", clusterOpts{tune: func(c *Config) {
+	w := startMember(t, pool, redisURL, "persister1", clusterOpts{deferRun: deferRun, tune: func(c *Config) {
 		c.Ephemerals = []*Ephemeral{typing}
 		c.Streams = append(c.Streams, core.StreamSpec{Name: "typing", Ephemeral: true})
 	}})
@@ -115,7 +115,7 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
 	var fetches atomic.Int64
-	rig := newWireRig(t, pool, rds.URL())
+	rig := newWireRig(t, pool, rds.URL(), false)
 	w, typing := rig.w, rig.typing
 	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{fetcher: &dbFetcher{pool: pool, gate: func(context.Context) error {
 		fetches.Add(1)
@@ -185,7 +185,7 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 func TestRowsAreNotRetained(t *testing.T) {
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
-	rig := newWireRig(t, pool, rds.URL())
+	rig := newWireRig(t, pool, rds.URL(), false)
 	w, typing := rig.w, rig.typing
 	testenv.Eventually(t, 10*time.Second, func() bool { return w.node.Ready() }, "not ready")
 	ctx := context.Background()

@@ -20,8 +20,10 @@ func (n *Node) View(k core.Key) int64 { return max(n.notify.view(k), n.starts[k.
 // (Config.Streams), whose views never move.
 var ErrNotFollowed = errors.New("fabric: stream not followed by this node (Config.Streams)")
 
-// ErrStopped: a wait on a node whose Run has returned, whose views no
-// longer move.
+// ErrStopped: the node's Run has returned. Its views no longer move, so
+// a wait fails with it; nothing would publish a write's rows, so Write,
+// Insert, Put and Remove fail with it before doing anything. (Between New
+// and Run they are kept, in order, for Run to publish.)
 var ErrStopped = errors.New("fabric: node stopped")
 
 // WaitFor blocks until the local view of k covers pos, or ctx ends. It

@@ -146,6 +146,9 @@ func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error
 	if node == nil {
 		return nil, ErrUnbound
 	}
+	if node.stopped() {
+		return nil, ErrStopped
+	}
 	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
 		var res stepResult
 		tx := q.(pgx.Tx)
