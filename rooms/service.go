@@ -448,10 +448,13 @@ func (s *Service) putTyping(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var out struct {
-		StreamPos int64 `json:"stream_pos"`
-	}
+	var out typingAns
 	_ = json.Unmarshal(value, &out)
+	if out.Refused != "" {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, apiError{Error: out.Refused})
+		return
+	}
 	if !s.visibleAt(w, r, core.Key{Stream: TypingStream, Writer: s.typingWriter}, out.StreamPos) {
 		return
 	}

@@ -1,6 +1,7 @@
 package rooms
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -27,12 +28,36 @@ type typingReq struct {
 // to stop (or expire) removes the room, here and in the stream's
 // fabric.Ephemeral, which keeps a bounded number of tombstones for readers
 // that missed it.
+//
+// It is bounded: a user who starts typing where MaxPerRoom users already
+// type, or when MaxUsers type in all, is refused (the API's 429) and not
+// recorded. A room's row lists its typers, so without the per-room bound
+// every change in a crowded room would publish a row as large as the crowd.
 type TypingWriter struct {
+	// MaxPerRoom bounds the users typing in one room [DefaultMaxTypingPerRoom].
+	MaxPerRoom int
+	// MaxUsers bounds the users typing in all rooms [DefaultMaxTyping].
+	MaxUsers int
+
 	out typingOut
 	now func() time.Time
 
 	mu    sync.Mutex
 	rooms map[string]map[string]time.Time // room -> user -> expiry
+	users int                             // in all rooms
+}
+
+// The typing writer's bounds when its fields are zero.
+const (
+	DefaultMaxTypingPerRoom = 256
+	DefaultMaxTyping        = 100_000
+)
+
+// typingAns is a typing task's value: the position that shows the change,
+// or why it was refused (the bound reached: the API's 429).
+type typingAns struct {
+	StreamPos int64  `json:"stream_pos"`
+	Refused   string `json:"refused,omitempty"`
 }
 
 // typingOut is what the writer needs of its fabric.Ephemeral.
@@ -61,9 +86,9 @@ func (w *TypingWriter) Exec(ctx context.Context, room string, tasks []shard.Task
 			out[i].Err = fmt.Errorf("rooms: typing payload: %w", err)
 			continue
 		}
-		pos, err := w.set(ctx, room, r)
+		ans, err := w.set(ctx, room, r)
 		out[i].Err = err
-		out[i].Value, _ = json.Marshal(map[string]int64{"stream_pos": pos})
+		out[i].Value, _ = json.Marshal(ans)
 	}
 	return out
 }
@@ -72,11 +97,16 @@ func (w *TypingWriter) Exec(ctx context.Context, room string, tasks []shard.Task
 // readers see its effect. A request that changes nothing readers see (a
 // user who was not typing stops, one who is goes on) publishes nothing:
 // the current position already says it.
-func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64, error) {
+func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (typingAns, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	users := w.rooms[room]
 	until, was := users[r.User]
+	if r.Typing && !was {
+		if why := w.fullLocked(users); why != "" {
+			return typingAns{StreamPos: w.out.Position(), Refused: why}, nil
+		}
+	}
 	if r.Typing {
 		if users == nil {
 			users = map[string]time.Time{}
@@ -87,7 +117,12 @@ func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64
 		delete(users, r.User)
 	}
 	if was == r.Typing {
-		return w.out.Position(), nil
+		return typingAns{StreamPos: w.out.Position()}, nil
+	}
+	if was {
+		w.users--
+	} else {
+		w.users++
 	}
 	pos, err := w.publishLocked(ctx, room)
 	if err != nil {
@@ -96,11 +131,28 @@ func (w *TypingWriter) set(ctx context.Context, room string, r typingReq) (int64
 		if was {
 			users[r.User] = until
 			w.rooms[room] = users
-		} else if delete(users, r.User); len(users) == 0 {
-			delete(w.rooms, room)
+			w.users++
+		} else {
+			w.users--
+			if delete(users, r.User); len(users) == 0 {
+				delete(w.rooms, room)
+			}
 		}
 	}
-	return pos, err
+	return typingAns{StreamPos: pos}, err
+}
+
+// fullLocked says why one more user cannot start typing in a room where
+// users type, or "" if one can.
+func (w *TypingWriter) fullLocked(users map[string]time.Time) string {
+	perRoom, all := cmp.Or(w.MaxPerRoom, DefaultMaxTypingPerRoom), cmp.Or(w.MaxUsers, DefaultMaxTyping)
+	if len(users) >= perRoom {
+		return fmt.Sprintf("%d users are typing in this room, the most it holds; retry when one stops", len(users))
+	}
+	if w.users >= all {
+		return fmt.Sprintf("%d users are typing, the most this server holds; retry when one stops", w.users)
+	}
+	return ""
 }
 
 // publishLocked writes the room's typing users at the next position, or
@@ -140,6 +192,7 @@ func (w *TypingWriter) expire(ctx context.Context) {
 		n := len(users)
 		maps.DeleteFunc(users, func(_ string, until time.Time) bool { return !until.After(now) })
 		if len(users) < n {
+			w.users -= n - len(users)
 			changed = append(changed, room)
 		}
 	}

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/shard"
 )
 
 const typingInstance = "master-aaaaaaaa"
@@ -74,11 +77,14 @@ func newTestTypingWriter(t testing.TB, maxTombstones int) (*TypingWriter, *fabri
 
 func setTyping(t testing.TB, w *TypingWriter, room, user string, typing bool) int64 {
 	t.Helper()
-	pos, err := w.set(context.Background(), room, typingReq{User: user, Typing: typing, TimeoutMS: 30000})
+	ans, err := w.set(context.Background(), room, typingReq{User: user, Typing: typing, TimeoutMS: 30000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pos
+	if ans.Refused != "" {
+		t.Fatalf("%s typing in %s refused: %s", user, room, ans.Refused)
+	}
+	return ans.StreamPos
 }
 
 // catchUpLive brings a reader's Live from view to to through the source,
@@ -186,5 +192,69 @@ func TestTypingNoChangePublishesNothing(t *testing.T) {
 	}
 	if p := setTyping(t, w, "!a:x", "@u:x", false); p != 2 || pub.settled(t).rows.Load() != 2 {
 		t.Fatalf("stopping: position %d, %d rows; want 2, 2", p, pub.rows.Load())
+	}
+}
+
+// The typing state is bounded: a user who starts typing in a full room, or
+// when the server holds its most typers, is refused and not recorded;
+// users already typing go on, stopping frees a place, and expiry counts.
+func TestTypingIsBounded(t *testing.T) {
+	w, _, pub, now := newTestTypingWriter(t, 0)
+	w.MaxPerRoom, w.MaxUsers = 3, 5
+	try := func(room, user string, typing bool) typingAns {
+		t.Helper()
+		ans, err := w.set(context.Background(), room, typingReq{User: user, Typing: typing, TimeoutMS: 30000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ans
+	}
+	for i := range 3 {
+		setTyping(t, w, "!a:x", fmt.Sprint("@u", i, ":x"), true)
+	}
+	if ans := try("!a:x", "@u3:x", true); !strings.Contains(ans.Refused, "3 users are typing in this room") {
+		t.Fatalf("a fourth typer in a room of 3: %+v", ans)
+	}
+	setTyping(t, w, "!a:x", "@u0:x", true) // goes on: not a new typer
+	setTyping(t, w, "!b:x", "@u0:x", true)
+	setTyping(t, w, "!b:x", "@u1:x", true)
+	if ans := try("!c:x", "@u0:x", true); !strings.Contains(ans.Refused, "5 users are typing, the most this server holds") {
+		t.Fatalf("a sixth typer on a server of 5: %+v", ans)
+	}
+	if rooms, users := w.size(); rooms != 2 || users != 5 {
+		t.Fatalf("the writer holds %d rooms, %d users; want 2, 5 (refused typers not recorded)", rooms, users)
+	}
+	setTyping(t, w, "!a:x", "@u2:x", false)
+	setTyping(t, w, "!c:x", "@u0:x", true) // a place freed by stopping
+	*now = now.Add(31 * time.Second)
+	w.expire(context.Background())
+	if rooms, users := w.size(); rooms != 0 || users != 0 || w.users != 0 {
+		t.Fatalf("after expiry the writer holds %d rooms, %d users, counts %d", rooms, users, w.users)
+	}
+	for i := range 5 {
+		setTyping(t, w, "!d:x", fmt.Sprint("@v", i%3, ":x"), true) // the count came back down
+		setTyping(t, w, "!e:x", fmt.Sprint("@v", i%2, ":x"), true)
+	}
+	pub.settled(t)
+}
+
+// typingExec runs typing tasks on a TypingWriter in process: the owner's
+// side of a forward, as the API's Forwarder.
+type typingExec struct{ w *TypingWriter }
+
+func (f typingExec) Do(ctx context.Context, key string, t shard.Task, _ string) (shard.Result, error) {
+	return f.w.Exec(ctx, key, []shard.Task{t})[0], nil
+}
+
+// The API answers a refused typer 429, with Retry-After and the reason.
+func TestTypingBoundIs429(t *testing.T) {
+	w, _, _, _ := newTestTypingWriter(t, 0)
+	w.MaxPerRoom = 1
+	mux := http.NewServeMux()
+	NewService(Config{TypingForwarder: typingExec{w}, TypingWriter: "w1"}).Routes(mux)
+	setTyping(t, w, "!r:x", "@a:x", true)
+	rec := do(mux, "PUT", "/v1/rooms/!r:x/typing/@b:x", `{"typing":true}`)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "1 users are typing in this room") {
+		t.Fatalf("a typer past the room's bound: %d %q (Retry-After %q)", rec.Code, rec.Body, rec.Header().Get("Retry-After"))
 	}
 }
