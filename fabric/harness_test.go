@@ -79,8 +79,8 @@ type member struct {
 type clusterOpts struct {
 	lease    bool // a writer claims its name with a lease (sealed on a graceful stop)
 	deferRun bool // New only: the test calls member.run
-	fetcher *dbFetcher
-	tune    func(*Config)
+	fetcher  *dbFetcher
+	tune     func(*Config)
 }
 
 // startMember starts a node for writer name (or a reader when name is
