@@ -50,6 +50,33 @@ func TestStateValueJSONBCannotStoreIs400(t *testing.T) {
 	}
 }
 
+// A request the database refuses (here content holding U+0000, which the
+// API refuses before forwarding) fails the transaction of its batch; it
+// alone must fail, and the requests batched with it must be written.
+func TestOneBadPersistFailsAlone(t *testing.T) {
+	w := newWriters(t)
+	task := func(txn, body string) shard.Task {
+		p, _ := json.Marshal(persistReq{Sender: "@u:x", TxnID: txn, Kind: "message", Content: json.RawMessage(`{"body":` + body + `}`)})
+		return shard.Task{Kind: KindPersist, Payload: p, Batchable: true}
+	}
+	res := w.exec(context.Background(), "!r:x", []shard.Task{task("1", `"a"`), task("2", `"b\u0000"`), task("3", `"c"`)})
+	if res[0].Err != nil || res[2].Err != nil {
+		t.Fatalf("the good requests of the batch failed: %v, %v", res[0].Err, res[2].Err)
+	}
+	if res[1].Err == nil {
+		t.Fatal("the request PostgreSQL refuses succeeded")
+	}
+	var a, c persistAns
+	_ = json.Unmarshal(res[0].Value, &a)
+	_ = json.Unmarshal(res[2].Value, &c)
+	if a.StreamPos == 0 || c.StreamPos <= a.StreamPos {
+		t.Fatalf("answers %s and %s: want positions in request order", res[0].Value, res[2].Value)
+	}
+	if n := w.count(t, `room = '!r:x'`); n != 2 {
+		t.Fatalf("%d events stored, want 2", n)
+	}
+}
+
 // fakeTypingOut records what the typing writer publishes; fail makes the
 // next Put fail once.
 type fakeTypingOut struct {

@@ -37,6 +37,7 @@ type writers struct {
 	owner, worker http.Handler
 	workerFwd     *shard.Forwarder
 	srv           *httptest.Server
+	exec          shard.Exec // the owner's, called directly
 
 	mu       sync.Mutex
 	ownerURL string // what the worker resolves w1 to; "" for none
@@ -93,7 +94,7 @@ func newWriters(t *testing.T) *writers {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = node.Run(runCtx) })
 	wg.Go(func() { _ = q.Run(runCtx) })
-	w := &writers{pool: pool, srv: httptest.NewServer(srv)}
+	w := &writers{pool: pool, srv: httptest.NewServer(srv), exec: OwnerExec(ew)}
 	w.ownerURL = w.srv.URL
 	ownerFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: "w1", Map: m, Local: q,
 		Resolve: func(string) (string, bool) { return "", false }})

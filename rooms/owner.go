@@ -7,10 +7,12 @@ import (
 	"encoding/base32"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/shard"
@@ -100,10 +102,53 @@ func (o *owner) exec(ctx context.Context, room string, tasks []shard.Task) []sha
 		}
 	}
 	answers, err := o.persist(ctx, room, reqs, results)
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && live(results) > 1 {
+		// The database refused one statement, which failed the whole
+		// transaction: each request runs again alone, in order, so that
+		// only the one at fault fails.
+		return o.oneByOne(ctx, room, reqs, results)
+	}
 	for i := range results {
 		if results[i].Err != nil {
 			continue
 		}
+		if err != nil {
+			results[i].Err = err
+			continue
+		}
+		results[i].Value, results[i].Err = json.Marshal(answers[i])
+	}
+	return results
+}
+
+// live counts the requests not failed already.
+func live(results []shard.Result) int {
+	n := 0
+	for _, r := range results {
+		if r.Err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// errNotThisRun marks the requests a run of oneByOne leaves to another.
+var errNotThisRun = errors.New("rooms: not in this run")
+
+// oneByOne persists each request not failed already in a transaction of
+// its own.
+func (o *owner) oneByOne(ctx context.Context, room string, reqs []persistReq, results []shard.Result) []shard.Result {
+	alone := make([]shard.Result, len(reqs))
+	for i := range reqs {
+		if results[i].Err != nil {
+			continue
+		}
+		for j := range alone {
+			alone[j].Err = errNotThisRun
+		}
+		alone[i].Err = nil
+		answers, err := o.persist(ctx, room, reqs, alone)
 		if err != nil {
 			results[i].Err = err
 			continue
