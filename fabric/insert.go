@@ -42,6 +42,11 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 	if node.stopped() {
 		return nil, ErrStopped
 	}
+	if len(rows) == 0 {
+		// Alone the statement would return no ID and fail; joined with
+		// others it would succeed: refused either way.
+		return nil, fmt.Errorf("%w: %s: Insert of no rows", ErrBadRows, w.Stream())
+	}
 	lines := rows // the caller's slice, copied only if a row's form changes
 	for i, r := range rows {
 		line, ok := wireRows(r)

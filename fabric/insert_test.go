@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -139,7 +140,8 @@ func TestJoinedStatementThatCannotJoin(t *testing.T) {
 }
 
 // A PerRow argument must hold one value per row: a mismatch is refused at
-// once, naming the argument.
+// once, naming the argument. An Insert of no rows is refused too (joined,
+// it would have succeeded where alone it fails).
 func TestPerRowCountsRows(t *testing.T) {
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
@@ -148,6 +150,9 @@ func TestPerRowCountsRows(t *testing.T) {
 	_, err := w.w.Insert(context.Background(), rows, joinable, w.gen.Self(), PerRow([]string{"[1]"}))
 	if err == nil || !strings.Contains(err.Error(), "argument $2 (PerRow) holds 1 values for 2 rows") {
 		t.Fatalf("Insert with a short PerRow: %v", err)
+	}
+	if _, err := w.w.Insert(context.Background(), nil, joinable, w.gen.Self(), PerRow([]string{})); !errors.Is(err, ErrBadRows) {
+		t.Fatalf("Insert of no rows: %v, want ErrBadRows", err)
 	}
 	if n := len(committed(t, pool, "persister1")); n != 0 {
 		t.Fatalf("%d rows committed, want 0", n)
