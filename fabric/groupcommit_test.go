@@ -89,6 +89,19 @@ func histogram(t *testing.T, h *prometheus.HistogramVec) (count uint64, sum floa
 	return pb.Histogram.GetSampleCount(), pb.Histogram.GetSampleSum()
 }
 
+// writerAndReader starts the writer persister1 (with a lease or not) and a
+// reader of the events stream on a Redis of their own, and waits until
+// both are ready.
+func writerAndReader(t *testing.T, lease bool) (*pgxpool.Pool, *member, *member) {
+	t.Helper()
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: lease})
+	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+	return pool, w, reader
+}
+
 // xmins counts the distinct xmin of the rows at ids: one per transaction,
 // or per savepoint.
 func xmins(t *testing.T, pool *pgxpool.Pool, ids []int64) int {
@@ -104,11 +117,7 @@ func xmins(t *testing.T, pool *pgxpool.Pool, ids []int64) int {
 // the next one, keep their arrival order in positions, and reach readers
 // once and in order; the writer's position passes each at its commit.
 func TestWriterGroupCommit(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
-	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true})
-	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
-	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+	pool, w, reader := writerAndReader(t, true)
 
 	release, first := held(t, w)
 	const k = 6
@@ -316,11 +325,7 @@ func TestWriterGroupSealed(t *testing.T) {
 func TestWriterGroupInsertsPipelined(t *testing.T) {
 	for _, lease := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
-			pool := testDB(t)
-			rds := testenv.StartRedis(t)
-			w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: lease})
-			reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
-			testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+			pool, w, reader := writerAndReader(t, lease)
 			const insert = `INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`
 			// Fails when it runs: 1/0 on the row's index.
 			const failing = `INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1 / (length($1) - length($1))`

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -31,11 +30,7 @@ SELECT id, i FROM src`
 func TestInsertsJoinOneStatement(t *testing.T) {
 	for _, lease := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
-			pool := testDB(t)
-			rds := testenv.StartRedis(t)
-			w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: lease})
-			reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
-			testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+			pool, w, reader := writerAndReader(t, lease)
 			for round := range 2 {
 				joinRound(t, pool, w, round)
 				if _, ok := w.w.group.proven[joinable]; !ok {
@@ -101,11 +96,7 @@ func TestJoinedStatementThatCannotJoin(t *testing.T) {
 	SELECT nextval('events_seq'), $1, r::jsonb FROM unnest($2::text[]) AS u(r) RETURNING stream_id, 1`
 	for _, lease := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
-			pool := testDB(t)
-			rds := testenv.StartRedis(t)
-			w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: lease})
-			reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{})
-			testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w.node.Ready() }, "nodes not ready")
+			pool, w, reader := writerAndReader(t, lease)
 
 			release, first := held(t, w)
 			const k = 3
