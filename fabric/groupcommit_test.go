@@ -76,7 +76,7 @@ func groups(t *testing.T, m *member) (txns uint64, calls float64) {
 }
 
 // histogram is the count and sum of h's series for the events stream.
-func histogram(t *testing.T, h *prometheus.HistogramVec) (count uint64, sum float64) {
+func histogram(t testing.TB, h *prometheus.HistogramVec) (count uint64, sum float64) {
 	t.Helper()
 	o, err := h.GetMetricWithLabelValues("events")
 	if err != nil {

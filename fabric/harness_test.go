@@ -85,7 +85,7 @@ type clusterOpts struct {
 
 // startMember starts a node for writer name (or a reader when name is
 // "reader"), following the events stream.
-func startMember(t *testing.T, pool *pgxpool.Pool, redisURL, name string, o clusterOpts) *member {
+func startMember(t testing.TB, pool *pgxpool.Pool, redisURL, name string, o clusterOpts) *member {
 	t.Helper()
 	ctx := context.Background()
 	id := name + "-" + "aaaaaaaa"
