@@ -60,7 +60,7 @@ type Ephemeral struct {
 type ephemeralBinding struct {
 	instance string
 	handOver func(stream string, rows []Row, pos int64)
-	stopped  func() bool // the node's Run has returned
+	admit    func(context.Context) error // Node.admit
 }
 
 // bind attaches e to an instance; it reports false if e already is.
@@ -110,8 +110,8 @@ func (e *Ephemeral) change(ctx context.Context, key string, rows json.RawMessage
 	if b == nil {
 		return 0, ErrUnbound
 	}
-	if b.stopped() {
-		return 0, ErrStopped
+	if err := b.admit(ctx); err != nil {
+		return 0, err
 	}
 	line, ok := wireRows(rows)
 	if !ok {

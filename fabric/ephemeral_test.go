@@ -45,7 +45,7 @@ type stateWriterModel struct {
 func newStateWriter(t tb, maxTombs int) *stateWriterModel {
 	w := &stateWriterModel{t: t, src: NewEphemeral("state"), state: map[string]int{}}
 	w.src.MaxTombstones = maxTombs
-	w.src.bind(&ephemeralBinding{instance: stateWriter, stopped: func() bool { return false }, handOver: func(_ string, rows []Row, pos int64) {
+	w.src.bind(&ephemeralBinding{instance: stateWriter, admit: func(context.Context) error { return nil }, handOver: func(_ string, rows []Row, pos int64) {
 		for _, r := range rows {
 			if len(w.handed) > 0 && r.Pos <= w.handed[len(w.handed)-1].Pos {
 				t.Fatalf("handed over %d after %d", r.Pos, w.handed[len(w.handed)-1].Pos)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/weft-dev/weft/streams"
 )
@@ -139,6 +140,7 @@ func (n *Node) takeEarly(ctx context.Context) {
 		n.early = nil
 		if len(early) == 0 {
 			n.looping.Store(true)
+			close(n.looped)
 			n.earlyMu.Unlock()
 			return
 		}
@@ -146,6 +148,37 @@ func (n *Node) takeEarly(ctx context.Context) {
 		for _, in := range early {
 			n.step(ctx, in)
 		}
+	}
+}
+
+// maxEarly bounds the inputs a node holds before Run (see Node.early): a
+// write each, at most a statement's rows or one key's change.
+const maxEarly = 65536
+
+// admit lets a write in: at once while the loop runs, or before it while
+// fewer than earlyCap inputs wait for it; else once Run starts. After Run
+// has returned it fails with ErrStopped, and a write it refuses has done
+// nothing.
+func (n *Node) admit(ctx context.Context) error {
+	if n.stopped() {
+		return ErrStopped
+	}
+	if n.looping.Load() {
+		return nil
+	}
+	n.earlyMu.Lock()
+	full := len(n.early) >= n.earlyCap
+	n.earlyMu.Unlock()
+	if !full {
+		return nil
+	}
+	select {
+	case <-n.looped:
+		return nil
+	case <-n.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return fmt.Errorf("fabric: %d writes wait for Run: %w", n.earlyCap, ctx.Err())
 	}
 }
 

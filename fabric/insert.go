@@ -39,8 +39,8 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 	if node == nil {
 		return nil, ErrUnbound
 	}
-	if node.stopped() {
-		return nil, ErrStopped
+	if err := node.admit(ctx); err != nil {
+		return nil, err
 	}
 	if len(rows) == 0 {
 		// Alone the statement would return no ID and fail; joined with

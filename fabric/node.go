@@ -47,13 +47,18 @@ type Node struct {
 	gens   map[string]*streams.Generator
 	in     chan input
 	// Own writers' inputs handed over before the loop runs wait in early,
-	// unbounded, so that a Write or Put between New and Run never blocks
-	// (n.in would, once full, with nothing to take from it); the loop
-	// takes them first, then sets looping.
-	earlyMu sync.Mutex
-	early   []input
-	looping atomic.Bool
-	tasks   sync.WaitGroup
+	// so that a Write or Put between New and Run does not block on n.in,
+	// which nothing takes from yet; the loop takes them first, then sets
+	// looping and closes looped. A write that finds earlyCap held waits
+	// for looped, its ctx or the end of Run before it commits anything
+	// (admit), so early holds at most earlyCap inputs plus one per caller
+	// that passed admit at once.
+	earlyMu  sync.Mutex
+	early    []input
+	earlyCap int
+	looping  atomic.Bool
+	looped   chan struct{}
+	tasks    sync.WaitGroup
 	// inflight: the periodic tasks running now, by key (trackOnce).
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -182,6 +187,7 @@ func New(cfg Config) (*Node, error) {
 		cfg.SealTimeout = 500 * time.Millisecond
 	}
 	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, done: make(chan struct{}),
+		looped: make(chan struct{}), earlyCap: maxEarly,
 		gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
 		writesSet: map[string]bool{}, liveApplied: map[string]prometheus.Counter{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{},
 		inflight: map[string]bool{}}
@@ -315,7 +321,7 @@ func (n *Node) bind(ephemerals []*Ephemeral) error {
 		}
 	}
 	for i, e := range ephemerals {
-		if !e.bind(&ephemeralBinding{instance: n.cfg.Instance, handOver: n.handOverEphemeral, stopped: n.stopped}) {
+		if !e.bind(&ephemeralBinding{instance: n.cfg.Instance, handOver: n.handOverEphemeral, admit: n.admit}) {
 			for _, b := range ephemerals[:i] {
 				b.bound.Store(nil)
 			}

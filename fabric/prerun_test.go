@@ -77,3 +77,61 @@ func TestWritesAfterRunFail(t *testing.T) {
 		t.Errorf("%d rows committed after Run returned, want 0", n)
 	}
 }
+
+// What waits for Run is bounded: past earlyCap held inputs a write waits,
+// before it commits or changes anything, until Run starts or its ctx
+// ends; once Run starts, what was held and what waited go out in order.
+func TestWritesBeforeRunAreBounded(t *testing.T) {
+	pool := testDB(t)
+	rds := testenv.StartRedis(t)
+	rig := newWireRig(t, pool, rds.URL(), true)
+	w, typing := rig.w, rig.typing
+	const capacity = 100
+	w.node.earlyCap = capacity
+	ctx := context.Background()
+	for i := range capacity {
+		if _, err := typing.Put(ctx, fmt.Sprint("k", i), json.RawMessage(fmt.Sprintf(`[%d]`, i))); err != nil {
+			t.Fatalf("Put %d before Run: %v", i, err)
+		}
+	}
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := typing.Put(short, "refused", json.RawMessage(`["refused"]`)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Put past the bound: %v, want it to wait for Run until its ctx ends", err)
+	}
+	if _, err := w.w.Insert(short, []json.RawMessage{json.RawMessage(`[{"n":1}]`)}, joinable, w.gen.Self(), PerRow([]string{`[{"n":1}]`})); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Insert past the bound: %v, want it to wait for Run until its ctx ends", err)
+	}
+	if size := typing.Size(); size.Live != capacity {
+		t.Errorf("the Ephemeral holds %d keys, want %d: a refused Put changed it", size.Live, capacity)
+	}
+	if n := len(committed(t, pool, "persister1")); n != 0 {
+		t.Errorf("%d rows committed by a refused Insert", n)
+	}
+	w.node.earlyMu.Lock()
+	held := len(w.node.early)
+	w.node.earlyMu.Unlock()
+	if held != capacity {
+		t.Errorf("%d inputs held before Run, want %d", held, capacity)
+	}
+
+	waited := make(chan error, 1)
+	go func() {
+		_, err := typing.Put(ctx, "last", json.RawMessage(`["last"]`))
+		waited <- err
+	}()
+	w.run()
+	if err := <-waited; err != nil {
+		t.Fatalf("Put that waited for Run: %v", err)
+	}
+	seen := rig.rows(t, map[string]int{"typing": capacity + 1})["typing"]
+	for i, r := range seen[:capacity] {
+		if r != fmt.Sprintf(`[%d]`, i) {
+			t.Fatalf("typing row %d went out as %s", i, r)
+		}
+	}
+	if last := seen[capacity]; last != `["last"]` {
+		t.Fatalf("the write that waited went out as %s, want [\"last\"] after the held ones", last)
+	}
+}

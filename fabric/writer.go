@@ -146,8 +146,8 @@ func (w *Writer) Write(ctx context.Context, n int, fn WriteFunc) ([]int64, error
 	if node == nil {
 		return nil, ErrUnbound
 	}
-	if node.stopped() {
-		return nil, ErrStopped
+	if err := node.admit(ctx); err != nil {
+		return nil, err
 	}
 	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
 		var res stepResult
