@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // testStamp stamps lines with a counter, so the order they were stamped
@@ -128,7 +130,7 @@ func TestFramerAllocs(t *testing.T) {
 		batch = append(batch, outLine{fmt.Sprintf("s%d", i%4), "RDATA s w 1 2 [1]"})
 	}
 	f.pack(batch, time.Now())
-	if n := testing.AllocsPerRun(20, func() { f.pack(batch, time.Now()) }); n != 0 {
+	if n := testenv.AllocsPerRun(20, func() { f.pack(batch, time.Now()) }); n != 0 {
 		t.Fatalf("%v allocations per batch", n)
 	}
 }

@@ -48,7 +48,7 @@ func TestWireRows(t *testing.T) {
 	if got, _ := wireRows(in); &got[0] != &in[0] {
 		t.Error("rows already on one line were copied")
 	}
-	if n := testing.AllocsPerRun(100, func() { wireRows(in) }); n != 0 {
+	if n := testenv.AllocsPerRun(100, func() { wireRows(in) }); n != 0 {
 		t.Errorf("rows already on one line: %v allocations, want 0", n)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // Vectors computed with Python, independently of the Go code:
@@ -285,7 +287,7 @@ func TestOwnerDoesNotAllocate(t *testing.T) {
 	ws := writerNames(64)
 	ws[0] = strings.Repeat("w", 64) // the longest valid name
 	for _, key := range []string{"!foo:test", "!" + strings.Repeat("x", 253) + ":example.org"} {
-		if n := testing.AllocsPerRun(100, func() { _ = Owner(key, ws) }); n != 0 {
+		if n := testenv.AllocsPerRun(100, func() { _ = Owner(key, ws) }); n != 0 {
 			t.Errorf("Owner(%d-byte key) made %v allocations, want 0", len(key), n)
 		}
 	}
