@@ -16,9 +16,7 @@ import (
 // Ephemeral's lock held and ctx ignored, until Run, which a program that
 // writes before it starts Run never reaches.
 func TestWritesBeforeRunGoOutAtRun(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
-	rig := newWireRig(t, pool, rds.URL(), true)
+	rig := newWireRig(t, true)
 	w, typing := rig.w, rig.typing
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -50,10 +48,8 @@ func TestWritesBeforeRunGoOutAtRun(t *testing.T) {
 // Once Run has returned nothing publishes: a write fails with ErrStopped
 // before it commits or changes anything.
 func TestWritesAfterRunFail(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
-	rig := newWireRig(t, pool, rds.URL(), false)
-	w, typing := rig.w, rig.typing
+	rig := newWireRig(t, false)
+	pool, w, typing := rig.pool, rig.w, rig.typing
 	testenv.Eventually(t, 10*time.Second, w.node.Ready, "not ready")
 	w.shutdown()
 
@@ -82,10 +78,8 @@ func TestWritesAfterRunFail(t *testing.T) {
 // before it commits or changes anything, until Run starts or its ctx
 // ends; once Run starts, what was held and what waited go out in order.
 func TestWritesBeforeRunAreBounded(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
-	rig := newWireRig(t, pool, rds.URL(), true)
-	w, typing := rig.w, rig.typing
+	rig := newWireRig(t, true)
+	pool, w, typing := rig.pool, rig.w, rig.typing
 	const capacity = 100
 	w.node.earlyCap = capacity
 	ctx := context.Background()

@@ -54,16 +54,20 @@ func TestWireRows(t *testing.T) {
 }
 
 // wireRig is a writer of the events stream and of an Ephemeral "typing",
-// and a raw subscriber to both streams' channels, subscribed before
-// anything is written.
+// on a database and a Redis of its own, and a raw subscriber to both
+// streams' channels, subscribed before anything is written.
 type wireRig struct {
-	w      *member
-	typing *Ephemeral
-	ps     *redis.PubSub
+	pool     *pgxpool.Pool
+	redisURL string
+	w        *member
+	typing   *Ephemeral
+	ps       *redis.PubSub
 }
 
-func newWireRig(t *testing.T, pool *pgxpool.Pool, redisURL string, deferRun bool) wireRig {
+func newWireRig(t *testing.T, deferRun bool) wireRig {
 	t.Helper()
+	pool := testDB(t)
+	redisURL := testenv.StartRedis(t).URL()
 	typing := NewEphemeral("typing")
 	w := startMember(t, pool, redisURL, "persister1", clusterOpts{deferRun: deferRun, tune: func(c *Config) {
 		c.Ephemerals = []*Ephemeral{typing}
@@ -80,7 +84,7 @@ func newWireRig(t *testing.T, pool *pgxpool.Pool, redisURL string, deferRun bool
 			t.Fatal(err)
 		}
 	}
-	return wireRig{w: w, typing: typing, ps: ps}
+	return wireRig{pool: pool, redisURL: redisURL, w: w, typing: typing, ps: ps}
 }
 
 // rows reads RDATA lines off the wire until each stream has want[stream]
@@ -112,12 +116,10 @@ func (r wireRig) rows(t *testing.T, want map[string]int) map[string][]string {
 // used to be accepted and then dropped at publish ("cannot encode
 // command"), and every reader fetched them through a gap.
 func TestRowsInAnyLayoutGoLive(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
 	var fetches atomic.Int64
-	rig := newWireRig(t, pool, rds.URL(), false)
-	w, typing := rig.w, rig.typing
-	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{fetcher: &dbFetcher{pool: pool, gate: func(context.Context) error {
+	rig := newWireRig(t, false)
+	pool, w, typing := rig.pool, rig.w, rig.typing
+	reader := startMember(t, pool, rig.redisURL, "reader", clusterOpts{fetcher: &dbFetcher{pool: pool, gate: func(context.Context) error {
 		fetches.Add(1)
 		return nil
 	}}})
@@ -183,9 +185,7 @@ func TestRowsInAnyLayoutGoLive(t *testing.T) {
 // Insert has returned (as io.Writer's callers do); the line that goes out
 // later carries the rows as they were at the call.
 func TestRowsAreNotRetained(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
-	rig := newWireRig(t, pool, rds.URL(), false)
+	rig := newWireRig(t, false)
 	w, typing := rig.w, rig.typing
 	testenv.Eventually(t, 10*time.Second, func() bool { return w.node.Ready() }, "not ready")
 	ctx := context.Background()
