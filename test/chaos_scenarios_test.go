@@ -199,6 +199,7 @@ func (ch *chaos) holdPersister1(ctx context.Context, conn *pgx.Conn, cycle int) 
 		return err == nil && n > 0
 	}
 	if !testenv.Poll(20*time.Second, blocked) {
+		logActivity(ctx, t, conn)
 		t.Fatal("no persister1 transaction blocked on the held rows")
 	}
 	var held int64
@@ -539,4 +540,30 @@ func TestChaosRedisCluster(t *testing.T) {
 			ch.loadFor(200)
 		}
 	})
+}
+
+// logActivity logs every other backend's state, wait and blockers: whether
+// a writer waits in PostgreSQL, and on whom, or is idle in a transaction.
+func logActivity(ctx context.Context, t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	rows, err := conn.Query(ctx, `SELECT pid, coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(wait_event, ''),
+			pg_blocking_pids(pid)::text, left(coalesce(query, ''), 120)
+		FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+	if err != nil {
+		t.Logf("pg_stat_activity: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pid int32
+		var state, waitType, wait, blockers, query string
+		if err := rows.Scan(&pid, &state, &waitType, &wait, &blockers, &query); err != nil {
+			t.Logf("pg_stat_activity: %v", err)
+			return
+		}
+		t.Logf("backend %d: %s, waiting %s/%s, blocked by %s: %s", pid, state, waitType, wait, blockers, query)
+	}
+	if err := rows.Err(); err != nil {
+		t.Logf("pg_stat_activity: %v", err)
+	}
 }
