@@ -49,7 +49,7 @@ func benchCallers(b *testing.B, callers int, lease bool) {
 	text := []string{benchRowJSON}
 	rows := []json.RawMessage{row}
 	var next atomic.Int64
-	var failed atomic.Value
+	var failed atomic.Pointer[error] // the first error: atomic.Value panics on a second concrete type
 	groups0, calls0 := histogram(b, w.node.m.writeGroup)
 	b.ResetTimer()
 	start := time.Now()
@@ -58,7 +58,7 @@ func benchCallers(b *testing.B, callers int, lease bool) {
 		wg.Go(func() {
 			for next.Add(1) <= int64(b.N) {
 				if _, err := w.w.Insert(ctx, rows, joinable, w.gen.Self(), PerRow(text)); err != nil {
-					failed.Store(err)
+					failed.CompareAndSwap(nil, &err)
 					return
 				}
 			}
@@ -67,8 +67,8 @@ func benchCallers(b *testing.B, callers int, lease bool) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	if err, _ := failed.Load().(error); err != nil {
-		b.Fatal(err)
+	if err := failed.Load(); err != nil {
+		b.Fatal(*err)
 	}
 	groups, calls := histogram(b, w.node.m.writeGroup)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "rows/s")
