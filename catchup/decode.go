@@ -1,32 +1,27 @@
 package catchup
 
 import (
-	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"strings"
 
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/jsonscan"
 )
 
 // Decoding a page is the client's hot loop. encoding/json validates the
 // whole body with its state machine, then decodes it, then copies every
 // row's JSON; on a 1 MB page that is most of a catch-up's CPU. decodePage
 // reads the one shape a page has in a single pass, checks every row's JSON
-// to the same grammar as json.Valid (the live path's check: a row applied
+// to the same grammar as json.Valid (jsonscan, the live path's check: a row applied
 // from a catch-up must be one the live path would have accepted), and
 // returns rows that point into the body instead of copying it.
 
-// maxDepth is encoding/json's nesting limit, kept so the two agree.
-const maxDepth = 10000
-
-var (
-	errSyntax    = errors.New("invalid JSON")
-	errBadNumber = fmt.Errorf("%w: bad number", errSyntax)
-)
+// errSyntax is the page decoder's own syntax errors; a row's are
+// jsonscan's.
+var errSyntax = jsonscan.ErrSyntax
 
 // decodePage decodes {"rows":[{"pos":P,"rows":V},...],"upto":U,"limited":B}.
 // Keys may come in any order; unknown keys are checked and ignored. The
@@ -107,7 +102,7 @@ func (d *pageDecoder) members(field func(key []byte) error) error {
 	for {
 		d.ws()
 		start := d.i
-		end, err := skipString(d.b, d.i)
+		end, err := jsonscan.SkipString(d.b, d.i)
 		if err != nil {
 			return err
 		}
@@ -157,7 +152,7 @@ func (d *pageDecoder) unknown(key []byte, known ...string) error {
 
 // skip checks and consumes any value.
 func (d *pageDecoder) skip() error {
-	end, err := skipValue(d.b, d.i, 0)
+	end, err := jsonscan.SkipValue(d.b, d.i)
 	if err != nil {
 		return err
 	}
@@ -169,7 +164,7 @@ func (d *pageDecoder) skip() error {
 // in range.
 func (d *pageDecoder) int64() (int64, error) {
 	start := d.i
-	end, err := skipNumber(d.b, d.i)
+	end, err := jsonscan.SkipNumber(d.b, d.i)
 	if err != nil {
 		return 0, err
 	}
@@ -332,200 +327,4 @@ func (d *pageDecoder) element(p *wirePage, first bool) (done bool, err error) {
 
 func hasPrefix(b []byte, s string) bool {
 	return len(b) >= len(s) && string(b[:len(s)]) == s
-}
-
-// validJSON reports whether b is one JSON value, as json.Valid does.
-func validJSON(b []byte) bool {
-	i := skipWS(b, 0)
-	end, err := skipValue(b, i, 0)
-	return err == nil && skipWS(b, end) == len(b)
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipValue checks the value starting at b[i] (no leading space) and
-// returns the index after it.
-func skipValue(b []byte, i, depth int) (int, error) {
-	if i >= len(b) {
-		return i, fmt.Errorf("%w: unexpected end", errSyntax)
-	}
-	switch c := b[i]; {
-	case c == '"':
-		return skipString(b, i)
-	case c == '{' || c == '[':
-		if depth++; depth > maxDepth {
-			return i, fmt.Errorf("%w: nested too deep", errSyntax)
-		}
-		return skipContainer(b, i, depth)
-	case c == '-' || (c >= '0' && c <= '9'):
-		return skipNumber(b, i)
-	case c == 't' && hasPrefix(b[i:], "true"):
-		return i + 4, nil
-	case c == 'f' && hasPrefix(b[i:], "false"):
-		return i + 5, nil
-	case c == 'n' && hasPrefix(b[i:], "null"):
-		return i + 4, nil
-	}
-	return i, fmt.Errorf("%w: unexpected byte %q", errSyntax, b[i])
-}
-
-// skipContainer checks an object or array starting at b[i].
-func skipContainer(b []byte, i, depth int) (int, error) {
-	obj := b[i] == '{'
-	closer := byte(']')
-	if obj {
-		closer = '}'
-	}
-	i = skipWS(b, i+1)
-	if i < len(b) && b[i] == closer {
-		return i + 1, nil
-	}
-	for {
-		var err error
-		if obj {
-			if i >= len(b) || b[i] != '"' {
-				return i, fmt.Errorf("%w: want a key", errSyntax)
-			}
-			if i, err = skipString(b, i); err != nil {
-				return i, err
-			}
-			i = skipWS(b, i)
-			if i >= len(b) || b[i] != ':' {
-				return i, fmt.Errorf("%w: want ':'", errSyntax)
-			}
-			i = skipWS(b, i+1)
-		}
-		if i, err = skipValue(b, i, depth); err != nil {
-			return i, err
-		}
-		i = skipWS(b, i)
-		if i >= len(b) {
-			return i, fmt.Errorf("%w: unexpected end", errSyntax)
-		}
-		switch b[i] {
-		case ',':
-			i = skipWS(b, i+1)
-		case closer:
-			return i + 1, nil
-		default:
-			return i, fmt.Errorf("%w: want ',' or %q", errSyntax, closer)
-		}
-	}
-}
-
-// skipString checks a string starting at the quote b[i]. Like
-// encoding/json it accepts any bytes but controls, and checks escapes.
-func skipString(b []byte, i int) (int, error) {
-	if i >= len(b) || b[i] != '"' {
-		return i, fmt.Errorf("%w: want a string", errSyntax)
-	}
-	i++
-	for i < len(b) {
-		// Most bytes are plain: skip them 8 at a time, then one by one.
-		for i+8 <= len(b) && !hasSpecialByte(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		for i < len(b) && plainStringByte[b[i]] {
-			i++
-		}
-		if i >= len(b) {
-			break
-		}
-		c := b[i]
-		switch {
-		case c == '"':
-			return i + 1, nil
-		case c < 0x20:
-			return i, fmt.Errorf("%w: control byte in string", errSyntax)
-		case c == '\\':
-			if i+1 >= len(b) {
-				return i, fmt.Errorf("%w: unexpected end", errSyntax)
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) {
-					return i, fmt.Errorf("%w: short \\u escape", errSyntax)
-				}
-				for _, h := range b[i+2 : i+6] {
-					if !isHex(h) {
-						return i, fmt.Errorf("%w: bad \\u escape", errSyntax)
-					}
-				}
-				i += 6
-			default:
-				return i, fmt.Errorf("%w: bad escape", errSyntax)
-			}
-		default:
-			i++
-		}
-	}
-	return i, fmt.Errorf("%w: unterminated string", errSyntax)
-}
-
-// plainStringByte marks the bytes that need no attention inside a string.
-var plainStringByte = func() (t [256]bool) {
-	for c := range t {
-		t[c] = c >= 0x20 && c != '"' && c != '\\'
-	}
-	return t
-}()
-
-// hasSpecialByte reports whether any byte of x is a quote, a backslash or
-// a control byte (SWAR: exact, no false negatives or positives).
-func hasSpecialByte(x uint64) bool {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	zero := func(v uint64) uint64 { return (v - ones) & ^v & highs }
-	less := (x - ones*0x20) & ^x & highs
-	return less|zero(x^(ones*'"'))|zero(x^(ones*'\\')) != 0
-}
-
-func isHex(c byte) bool {
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
-}
-
-// skipNumber checks -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
-func skipNumber(b []byte, i int) (int, error) {
-	bad := errBadNumber
-	if i < len(b) && b[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(b) && b[i] == '0':
-		i++
-	case i < len(b) && b[i] >= '1' && b[i] <= '9':
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-	default:
-		return i, bad
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			return i, bad
-		}
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			return i, bad
-		}
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-	}
-	return i, nil
 }

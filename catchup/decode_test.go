@@ -4,42 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/weft-dev/weft/fabric"
 )
-
-var jsonSeeds = []string{
-	`[]`, `{}`, `null`, `true`, `false`, `0`, `-0`, `1.5e+10`, `-1E-2`, `"a\u00e9\n\"\\\/"`,
-	`[{"a":[1,2,{"b":null}]}, "x", 3]`, ` [ 1 , 2 ] `, `{"a" : 1 , "b":[ ]}`,
-	`01`, `1.`, `.5`, `-`, `1e`, `+1`, `[1,]`, `{"a":1,}`, `{"a"}`, `{1:2}`, `[1 2]`, `"\x"`,
-	`"\u12g4"`, "\"a\x01\"", `tru`, `nul`, `[`, `{"a":`, `"abc`, `[1]]`, `{} {}`, "\"\xff\xfe\"",
-	strings.Repeat("[", 10001) + strings.Repeat("]", 10001), strings.Repeat("[", 10000) + strings.Repeat("]", 10000),
-}
-
-func TestValidJSONMatchesEncodingJSON(t *testing.T) {
-	for _, s := range jsonSeeds {
-		if got, want := validJSON([]byte(s)), json.Valid([]byte(s)); got != want {
-			t.Errorf("validJSON(%.40q) = %v, json.Valid says %v", s, got, want)
-		}
-	}
-}
-
-// FuzzValidJSON: the row check accepts exactly what json.Valid (the live
-// path's check) accepts.
-func FuzzValidJSON(f *testing.F) {
-	for _, s := range jsonSeeds {
-		if len(s) < 1000 {
-			f.Add([]byte(s))
-		}
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if got, want := validJSON(b), json.Valid(b); got != want {
-			t.Fatalf("validJSON(%q) = %v, json.Valid says %v", b, got, want)
-		}
-	})
-}
 
 func TestDecodePage(t *testing.T) {
 	rows := []fabric.Row{{Pos: 1, Rows: json.RawMessage(`[{"a": "b\"}"}]`)}, {Pos: 9223372036854775807, Rows: json.RawMessage(`null`)}}
@@ -115,27 +83,4 @@ func FuzzDecodePage(f *testing.F) {
 			t.Fatalf("row %q: %+v", row, p)
 		}
 	})
-}
-
-func TestHasSpecialByte(t *testing.T) {
-	for c := 0; c < 256; c++ {
-		for pos := range 8 {
-			var w [8]byte
-			for i := range w {
-				w[i] = 'a'
-				if i > pos {
-					w[i] = 0xff // high bytes above must not hide or fake a match
-				}
-			}
-			w[pos] = byte(c)
-			x := uint64(0)
-			for i := 7; i >= 0; i-- {
-				x = x<<8 | uint64(w[i])
-			}
-			want := c < 0x20 || c == '"' || c == '\\'
-			if got := hasSpecialByte(x); got != want {
-				t.Fatalf("byte %#x at %d: %v, want %v", c, pos, got, want)
-			}
-		}
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/weft-dev/weft/internal/jsonscan"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -48,7 +49,7 @@ var ErrBadRows = errors.New("fabric: rows must be a non-empty JSON array")
 // line break in it. json.Encoder ends its output with a newline and
 // MarshalIndent lays it out on several lines; either would make a line the
 // wire cannot carry, to be dropped at publish and fetched by every reader.
-// Rows already in that form come back as they are: one json.Valid, no
+// Rows already in that form come back as they are: one jsonscan.Valid, no
 // allocation. This is the one place a row's JSON is parsed on its way out;
 // the node encodes with wire.EncodeChecked.
 func wireRows(rows json.RawMessage) (json.RawMessage, bool) {
@@ -57,7 +58,7 @@ func wireRows(rows json.RawMessage) (json.RawMessage, bool) {
 		return nil, false
 	}
 	if bytes.IndexByte(t, '\n') < 0 && bytes.IndexByte(t, '\r') < 0 {
-		if !json.Valid(t) {
+		if !jsonscan.Valid(t) {
 			return nil, false
 		}
 		return t, true

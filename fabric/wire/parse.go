@@ -2,8 +2,9 @@ package wire
 
 import (
 	"bytes"
-	"encoding/json"
 	"math"
+
+	"github.com/weft-dev/weft/internal/jsonscan"
 )
 
 const (
@@ -125,7 +126,7 @@ func jsonProblem(b []byte, open, close byte) string {
 	if p := shapeProblem(b, open, close); p != "" {
 		return p
 	}
-	if !json.Valid(b) {
+	if !jsonscan.Valid(b) {
 		return "invalid JSON"
 	}
 	return ""
