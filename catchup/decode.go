@@ -15,12 +15,11 @@ import (
 // whole body with its state machine, then decodes it, then copies every
 // row's JSON; on a 1 MB page that is most of a catch-up's CPU. decodePage
 // reads the one shape a page has in a single pass, checks every row's JSON
-// to the same grammar as json.Valid (jsonscan, the live path's check: a row applied
-// from a catch-up must be one the live path would have accepted), and
-// returns rows that point into the body instead of copying it.
+// with jsonscan (json.Valid's grammar, and the live path's check: a row
+// applied from a catch-up must be one the live path would have accepted),
+// and returns rows that point into the body instead of copying it.
 
-// errSyntax is the page decoder's own syntax errors; a row's are
-// jsonscan's.
+// errSyntax wraps the page decoder's syntax errors, as jsonscan's own.
 var errSyntax = jsonscan.ErrSyntax
 
 // decodePage decodes {"rows":[{"pos":P,"rows":V},...],"upto":U,"limited":B}.
