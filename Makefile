@@ -84,8 +84,9 @@ fuzz-ci:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./fabric/wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzCore$$' -fuzztime $(FUZZTIME) ./fabric/core/
 	$(GO) test -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) ./fabric/core/
-	$(GO) test -run '^$$' -fuzz '^FuzzValidJSON$$' -fuzztime $(FUZZTIME) ./catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) ./internal/jsonscan/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodePage$$' -fuzztime $(FUZZTIME) ./catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadPage$$' -fuzztime $(FUZZTIME) ./catchup/
 	$(GO) test -run '^$$' -fuzz '^FuzzUpdatesParams$$' -fuzztime $(FUZZTIME) ./catchup/
 	$(GO) test -run '^$$' -fuzz '^FuzzSyncParams$$' -fuzztime $(FUZZTIME) ./rooms/
 	$(GO) test -run '^$$' -fuzz '^FuzzPathParams$$' -fuzztime $(FUZZTIME) ./rooms/
