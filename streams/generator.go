@@ -313,11 +313,7 @@ func (g *Generator) alloc(ctx context.Context, q DB, n int) (*Allocation, error)
 
 func (g *Generator) finish(ids []int64) {
 	g.mu.Lock()
-	moved := false
-	for _, id := range ids {
-		m, _ := g.tr.Finish(id) // only IDs of this allocation: never unknown
-		moved = moved || m
-	}
+	moved, _ := g.tr.FinishAll(ids) // only IDs of this allocation: never unknown
 	g.mu.Unlock()
 	if moved {
 		g.signal()

@@ -2,6 +2,7 @@ package streams
 
 import (
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -51,6 +52,25 @@ func TestTrackerFinishUnknown(t *testing.T) {
 	}
 	if _, err := tr.Finish(3); !errors.Is(err, ErrNotInFlight) {
 		t.Fatalf("second Finish = %v, want ErrNotInFlight", err)
+	}
+}
+
+// FinishAll with an ID not in flight finishes none of them.
+func TestTrackerFinishAllUnknown(t *testing.T) {
+	tr := NewTracker(1, nil)
+	tr.Allocated(tr.BeginAlloc(), 4, 5)
+	if _, err := tr.FinishAll([]int64{4, 9}); !errors.Is(err, ErrNotInFlight) {
+		t.Fatalf("FinishAll with 9 not in flight = %v, want ErrNotInFlight", err)
+	}
+	if got := tr.SelfPosition(); got != 3 {
+		t.Fatalf("position after a refused FinishAll = %d, want 3 (4 still in flight)", got)
+	}
+	moved, err := tr.FinishAll([]int64{5, 4})
+	if err != nil || !moved {
+		t.Fatalf("FinishAll(5, 4) = %v, %v; want moved", moved, err)
+	}
+	if got := tr.SelfPosition(); got != 5 {
+		t.Fatalf("position = %d, want 5", got)
 	}
 }
 
@@ -345,6 +365,16 @@ type modelAction struct {
 	run    func(*rapid.T)
 }
 
+// cloneTracker is a copy of tr that shares nothing with it.
+func cloneTracker(tr *Tracker) *Tracker {
+	c := *tr
+	c.writers = maps.Clone(tr.writers)
+	c.tickets = maps.Clone(tr.tickets)
+	c.unfinished = slices.Clone(tr.unfinished)
+	c.done = slices.Clone(tr.done)
+	return &c
+}
+
 func (m *trackerModel) markFinished(id int64) {
 	m.finished[id] = true
 	m.done = append(m.done, id)
@@ -492,6 +522,31 @@ func (m *trackerModel) actions() []modelAction {
 			m.markFinished(m.mine[i])
 			m.mine = slices.Delete(m.mine, i, i+1)
 		}},
+		// An allocation's IDs end together (Generator.finish).
+		{"finish several", 2, func() bool { return len(m.mine) > 1 }, func(t *rapid.T) {
+			ids := rapid.SliceOfNDistinct(rapid.SampledFrom(m.mine), 1, len(m.mine), rapid.ID[int64]).Draw(t, "ids")
+			one := cloneTracker(m.tr)
+			oneMoved := false
+			for _, id := range ids {
+				moved, err := one.Finish(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				oneMoved = oneMoved || moved
+			}
+			moved, err := m.tr.FinishAll(ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if moved != oneMoved || m.tr.SelfPosition() != one.SelfPosition() || m.tr.PersistedUpto() != one.PersistedUpto() {
+				t.Fatalf("FinishAll(%v): moved %v, position %d, persisted-upto %d; one by one: %v, %d, %d",
+					ids, moved, m.tr.SelfPosition(), m.tr.PersistedUpto(), oneMoved, one.SelfPosition(), one.PersistedUpto())
+			}
+			for _, id := range ids {
+				m.markFinished(id)
+				m.mine = slices.Delete(m.mine, slices.Index(m.mine, id), slices.Index(m.mine, id)+1)
+			}
+		}},
 		// A writer reads the sequence value as its starting position and
 		// commits its registration, at once or later; only then may it
 		// allocate, so its IDs lie above every cap read before the commit.
@@ -584,8 +639,8 @@ func (m *trackerModel) quiesce(t *rapid.T) {
 		m.tr.Allocated(m.pending[i], m.pendingIDs[i]...)
 		m.mine = append(m.mine, m.pendingIDs[i]...)
 	}
-	for _, id := range m.mine {
-		if _, err := m.tr.Finish(id); err != nil {
+	if len(m.mine) > 0 {
+		if _, err := m.tr.FinishAll(m.mine); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -614,6 +669,44 @@ func BenchmarkTrackerAllocFinish(b *testing.B) {
 			tr.Observe(2, id)
 			tr.Observe(3, id)
 		}
+	}
+}
+
+// An allocation of 64 IDs finished one by one and at once.
+//
+//	go test -run '^$' -bench TrackerFinish64 ./streams/
+func BenchmarkTrackerFinish64(b *testing.B) {
+	for _, all := range []bool{false, true} {
+		name := "one-by-one"
+		if all {
+			name = "all"
+		}
+		b.Run(name, func(b *testing.B) {
+			tr := NewTracker(1, map[WriterID]int64{2: 0, 3: 0})
+			ids := make([]int64, 64)
+			var next int64
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range ids {
+					next++
+					ids[i] = next
+				}
+				tr.Allocated(tr.BeginAlloc(), ids...)
+				if all {
+					if _, err := tr.FinishAll(ids); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					for _, id := range ids {
+						if _, err := tr.Finish(id); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				tr.Observe(2, next)
+				tr.Observe(3, next)
+			}
+		})
 	}
 }
 
