@@ -168,22 +168,13 @@ func (t *Tracker) AbortAlloc(tk Ticket) {
 
 // Finish marks a local ID persisted (its transaction committed or rolled
 // back) and reports whether the local position moved.
-func (t *Tracker) Finish(id int64) (bool, error) {
-	i, found := slices.BinarySearch(t.unfinished, id)
-	if !found {
-		return false, fmt.Errorf("%w: id %d", ErrNotInFlight, id)
-	}
-	t.unfinished = slices.Delete(t.unfinished, i, i+1)
-	t.markDone(id)
-	before := t.writers[t.self]
-	t.update()
-	return t.writers[t.self] != before, nil
-}
+func (t *Tracker) Finish(id int64) (bool, error) { return t.FinishAll([]int64{id}) }
 
 // FinishAll is Finish for every ID of ids (an allocation's), with one
 // recount of the positions at the end instead of one per ID: the same
 // state, a fraction of the work for a batch. When an ID of ids is not in
-// flight it changes nothing and returns an error wrapping ErrNotInFlight.
+// flight it changes nothing and returns an error wrapping ErrNotInFlight;
+// an ID given twice finishes once.
 func (t *Tracker) FinishAll(ids []int64) (bool, error) {
 	for _, id := range ids {
 		if _, found := slices.BinarySearch(t.unfinished, id); !found {

@@ -47,12 +47,13 @@ func (e *benchEnv) fanoutSizes() fanoutSizes {
 // but the burst's count then never reaches.
 const minFanoutDeliveries = 100_000
 
-// burstRows is the burst's size for n readers.
-func (s fanoutSizes) burstRows(n int, quick bool) int {
-	if quick {
-		return s.burst
+// fanoutBurst is the burst's size for n readers.
+func (e *benchEnv) fanoutBurst(n int) int {
+	b := e.fanoutSizes().burst
+	if e.quick {
+		return b
 	}
-	return max(s.burst, minFanoutDeliveries/n)
+	return max(b, minFanoutDeliveries/n)
 }
 
 type fanoutResult struct {
@@ -222,7 +223,7 @@ func fanoutWeft(ctx context.Context, e *benchEnv, n int) (fanoutResult, error) {
 func runFanout(ctx context.Context, e *benchEnv, readers []*readerProc, side fanoutSide) (fanoutResult, error) {
 	var res fanoutResult
 	sz := e.fanoutSizes()
-	sz.burst = sz.burstRows(len(readers), e.quick)
+	sz.burst = e.fanoutBurst(len(readers))
 	rows := make([][]byte, sz.burst)
 	for i := range rows {
 		rows[i] = makeRow(int64(i+1), 0)
