@@ -469,6 +469,7 @@ func (n *Node) loop(ctx context.Context, stop <-chan struct{}) {
 	statusEvery := time.NewTicker(250 * time.Millisecond)
 	defer statusEvery.Stop()
 	n.exec(ctx, n.core.Tick(time.Now()))
+	n.seedStored(ctx)
 	n.takeEarly(ctx)
 	for {
 		select {

@@ -97,6 +97,17 @@ func (n *notifier) view(k core.Key) int64 {
 	return 0
 }
 
+// lookup returns k's current view and whether k has seen an advance (a
+// view given at start counts as one).
+func (n *notifier) lookup(k core.Key) (int64, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ks := n.keys[k]; ks != nil && ks.known {
+		return ks.view, true
+	}
+	return 0, false
+}
+
 // waiters returns the number of waiters blocked in waitFor or waitForToken
 // and not yet woken, for metrics and tests.
 func (n *notifier) waiters() int {

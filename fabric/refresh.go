@@ -59,17 +59,9 @@ func (n *Node) refreshAll(ctx context.Context) {
 			stream := g.Stream().Name
 			if _, follows := n.starts[stream]; follows {
 				want := map[core.Key]int64{}
-				for _, name := range g.Writers() {
-					if name == g.Self() {
-						continue
-					}
-					if id, ok := g.KnownWriterID(name); ok {
-						if pos, ok := g.WriterPosition(id); ok {
-							k := core.Key{Stream: stream, Writer: name}
-							want[k] = pos
-							n.send(ctx, inStored{k, pos})
-						}
-					}
+				for _, sp := range n.storedOf(g) {
+					want[sp.key] = sp.pos
+					n.send(ctx, sp)
 				}
 				n.send(ctx, inRefreshed{stream, freshTarget{at: at, want: want}})
 			}
@@ -110,6 +102,35 @@ func (n *Node) checkFresh() {
 		}
 		if len(n.streamFresh) == n.followed {
 			n.dbFresh.Store(int64(oldest))
+		}
+	}
+}
+
+// storedOf is every other writer's position in g's registry as last read,
+// sealed writers included: a reader behind a writer that has gone (sealed
+// on its way out, or by a survivor) fetches what it lacks from the
+// database, since no line of that writer will ever tell it.
+func (n *Node) storedOf(g *streams.Generator) []inStored {
+	var out []inStored
+	for _, sp := range g.Stored() {
+		if sp.Name != g.Self() {
+			out = append(out, inStored{core.Key{Stream: g.Stream().Name, Writer: sp.Name}, sp.Pos})
+		}
+	}
+	return out
+}
+
+// seedStored hands the core what the generators read from the registry
+// when they opened, before the loop takes any other input: a node that
+// starts behind a writer (one that has gone, above all) fetches from the
+// start rather than count as ready until its first refresh.
+func (n *Node) seedStored(ctx context.Context) {
+	for stream, g := range n.gens {
+		if _, follows := n.starts[stream]; !follows {
+			continue
+		}
+		for _, sp := range n.storedOf(g) {
+			n.exec(ctx, n.core.Stored(sp.key, sp.pos))
 		}
 	}
 }

@@ -13,8 +13,15 @@ import (
 
 // Waiting: read your writes, up to a position or a client's token.
 
-// View is the local view of a writer of a stream.
-func (n *Node) View(k core.Key) int64 { return max(n.notify.view(k), n.starts[k.Stream]) }
+// View is the local view of a writer of a stream: the position up to
+// which its rows are applied. A writer the node has not seen yet, nor been
+// given in Config.Views, is at its stream's StreamSpec.Start.
+func (n *Node) View(k core.Key) int64 {
+	if v, known := n.notify.lookup(k); known {
+		return v
+	}
+	return n.starts[k.Stream]
+}
 
 // ErrNotFollowed: a wait on a stream this node does not follow
 // (Config.Streams), whose views never move.
@@ -34,7 +41,7 @@ func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFollowed, k.Stream)
 	}
-	if pos <= start {
+	if _, known := n.notify.lookup(k); !known && pos <= start {
 		return nil
 	}
 	return n.notify.waitFor(ctx, k, pos, n.done)
@@ -42,9 +49,9 @@ func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
 
 // WaitForToken blocks until the local view covers a client's token of a
 // durable stream, or ctx ends: every writer the token names has reached
-// its entry, and every active writer of the stream (the registry's, sealed
-// ones excluded: they will write nothing more) has reached the token's
-// minimum. A writer the token names that this instance has not read of
+// its entry, every active writer of the stream (the registry's) has
+// reached the token's minimum, and every sealed one has reached it or its
+// final position, whichever is lower. A writer the token names that this instance has not read of
 // yet is looked up in the registry; one it does not hold is an error (a
 // token of another cluster, or forged).
 func (n *Node) WaitForToken(ctx context.Context, stream string, t streams.Token) error {
@@ -95,6 +102,13 @@ func (n *Node) tokenBlocker(stream string, g *streams.Generator, entries map[str
 	need := maps.Clone(entries)
 	for _, name := range g.Writers() {
 		need[name] = max(need[name], tmin)
+	}
+	// A sealed writer's rows up to the token's minimum are covered by it
+	// too; it has none above its final position.
+	for _, sp := range g.Stored() {
+		if sp.Sealed && sp.Name != g.Self() {
+			need[sp.Name] = max(need[sp.Name], min(tmin, sp.Pos))
+		}
 	}
 	names := slices.Sorted(maps.Keys(need))
 	for _, name := range names {

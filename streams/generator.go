@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -28,6 +29,7 @@ type Generator struct {
 	counter  int64 // in-process streams: the last ID handed out
 	names    map[WriterID]string
 	ids      map[string]WriterID
+	stored   []StoredPosition // the registry as last read, sealed writers included
 	advanced chan struct{}
 	lease    atomic.Pointer[Lease]
 }
@@ -68,6 +70,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	if err != nil {
 		return nil, err
 	}
+	g.stored = storedList(stored, sealed)
 	_, registered := stored[self]
 	if self != "" {
 		for _, t := range cfg.Tables {
@@ -178,6 +181,7 @@ func (g *Generator) Refresh(ctx context.Context) error {
 		gone[id] = sealed[n]
 	}
 	g.mu.Lock()
+	g.stored = storedList(stored, sealed)
 	for id, p := range ids {
 		g.tr.Observe(id, p)
 		if gone[id] {
@@ -189,6 +193,34 @@ func (g *Generator) Refresh(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 	return nil
+}
+
+// StoredPosition is one writer's row in the stream's registry
+// (stream_positions): every ID of the writer at or below Pos is persisted.
+// A sealed writer will write nothing more; its Pos is final.
+type StoredPosition struct {
+	Name   string
+	Pos    int64
+	Sealed bool
+}
+
+// Stored lists every writer of the stream the registry held at the last
+// Open or Refresh, sealed writers included, by name. Persisted-upto no
+// longer waits for a sealed writer, but its rows stay to be read: a reader
+// that starts (or restarts) behind one learns here how far to fetch.
+func (g *Generator) Stored() []StoredPosition {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.stored)
+}
+
+func storedList(stored map[string]int64, sealed map[string]bool) []StoredPosition {
+	out := make([]StoredPosition, 0, len(stored))
+	for n, p := range stored {
+		out = append(out, StoredPosition{Name: n, Pos: p, Sealed: sealed[n]})
+	}
+	slices.SortFunc(out, func(a, b StoredPosition) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // RegisterWriter maps a writer name to its small integer ID, creating it
