@@ -32,63 +32,65 @@ import (
 //
 // The contract, which AllocQuery checks where it can:
 //   - the statement names the sequence (a guard against the wrong one);
-//   - every ID it writes a row at is returned, at least one: an ID drawn
-//     and not returned must have no row, like an ID rolled back;
+//   - every ID it writes a row at is returned: an ID drawn and not
+//     returned must have no row, like an ID rolled back. A statement may
+//     write no row (ON CONFLICT DO NOTHING); when it returns none, the
+//     stream's tables are read for rows of this writer above what was
+//     known before it ran, and any found are tracked as Unreturned;
 //   - every returned ID was drawn by this statement: an ID at or below
 //     what was known before it ran, repeated, or already in flight here
 //     is refused with ErrNotFromSequence.
 //
-// On any error the IDs are not tracked. Inside a transaction, roll it back:
-// committing it could publish rows below a position already announced.
-// With autocommit a statement that ran has committed, error or not.
+// Inside a transaction, roll it back on any error: committing it could
+// publish rows below a position already announced. With autocommit a
+// statement that ran has committed, error or not: on an error after which
+// it may have (MayHaveCommitted), AllocQuery returns with the error a
+// pending allocation (Pending) that holds the writer's position below
+// whatever the statement drew, for ResolvePending to settle from the
+// table, or Finish once the statement is known to have rolled back. On
+// any other error the IDs are not tracked and the allocation is nil.
 //
 // q may be a pgx.Tx. AllocQuery does not fence with the lease: on a pool
 // (autocommit) a sealed writer's statement still commits, as an INSERT
 // after Alloc does; for a fenced write, run it in a transaction that has
 // called the lease's Fence first.
 func (g *Generator) AllocQuery(ctx context.Context, q DB, scan pgx.RowToFunc[int64], sql string, args ...any) (*Allocation, error) {
-	if err := g.inStatement(); err != nil {
-		return nil, err
-	}
-	if !strings.Contains(sql, g.cfg.Sequence) {
-		return nil, fmt.Errorf("%w: stream %s: the statement does not name the sequence %s", ErrNotFromSequence, g.cfg.Name, g.cfg.Sequence)
-	}
-	if scan == nil {
-		scan = pgx.RowTo[int64]
-	}
-	g.mu.Lock()
-	tk := g.tr.BeginAlloc()
-	g.mu.Unlock()
-	var ids []int64
-	rows, err := q.Query(ctx, sql, args...)
-	if err == nil {
-		ids, err = pgx.CollectRows(rows, scan)
-	}
-	if err == nil && len(ids) == 0 {
-		err = errors.New("the statement returned no IDs")
-	}
-	slices.Sort(ids)
-	g.mu.Lock()
-	if err == nil {
-		err = g.tr.CheckAllocated(tk, ids)
-	}
-	if err != nil {
-		g.tr.AbortAlloc(tk)
-	} else {
-		g.tr.Allocated(tk, ids...)
-	}
-	g.mu.Unlock()
-	if err != nil {
-		return nil, fmt.Errorf("streams: stream %s: writer %s: allocate in statement: %w", g.cfg.Name, g.self, err)
-	}
-	return &Allocation{g: g, ids: ids}, nil
+	return g.AllocStatement(ctx, q, Statement{SQL: sql, Args: args, Scan: scan})
 }
 
-// Statement is one statement of AllocPipeline, as AllocQuery takes it.
+// Statement is one statement of AllocStatement or AllocPipeline.
 type Statement struct {
 	SQL  string
 	Args []any
 	Scan pgx.RowToFunc[int64] // nil: the ID is the only column
+	// Rows is how many rows the statement was given, 0 if not known. One
+	// that returns fewer IDs (some rows not written: conflicts) has its
+	// writer's rows above its floor read back from the stream's tables,
+	// so that a row written and not returned is still tracked
+	// (Unreturned), as with one that returns none.
+	Rows int
+}
+
+// AllocStatement is AllocQuery of one Statement.
+func (g *Generator) AllocStatement(ctx context.Context, q DB, s Statement) (*Allocation, error) {
+	if err := g.checkStatements([]Statement{s}); err != nil {
+		return nil, err
+	}
+	tks := g.beginAllocs(1)
+	var ids []int64
+	rows, err := q.Query(ctx, s.SQL, s.Args...)
+	if err == nil {
+		ids, err = pgx.CollectRows(rows, scanOf(s))
+	}
+	allocs, err := g.endAllocs(ctx, q, []Statement{s}, tks, [][]int64{ids}, err)
+	if err != nil {
+		var a *Allocation
+		if allocs != nil {
+			a = allocs[0]
+		}
+		return a, fmt.Errorf("streams: stream %s: writer %s: allocate in statement: %w", g.cfg.Name, g.self, err)
+	}
+	return allocs[0], nil
 }
 
 // Batcher sends a pipeline of statements: a *pgxpool.Pool, *pgx.Conn or
@@ -99,78 +101,157 @@ type Batcher interface {
 
 // AllocPipeline is AllocQuery for several statements sent in one round
 // trip (a pgx.Batch), with one allocation per statement. On a pool they
-// run as one implicit transaction: an error in any of them commits none.
-// In a transaction, an error aborts it: roll it back. Either way it
-// returns an error and tracks no ID of any statement.
+// run as one implicit transaction: the server's error in any of them
+// commits none. In a transaction, an error aborts it: roll it back. On
+// an error after which the pipeline may have committed
+// (MayHaveCommitted), it returns every statement's allocation pending, as
+// AllocQuery does; on any other error, none. Rows written and returned by
+// no statement (see Statement.Rows) are tracked as the Unreturned IDs of
+// the first allocation.
 func (g *Generator) AllocPipeline(ctx context.Context, q Batcher, stmts []Statement) ([]*Allocation, error) {
-	if err := g.inStatement(); err != nil {
+	if err := g.checkStatements(stmts); err != nil {
 		return nil, err
 	}
 	b := &pgx.Batch{}
-	for i, s := range stmts {
-		if !strings.Contains(s.SQL, g.cfg.Sequence) {
-			return nil, fmt.Errorf("%w: stream %s: statement %d does not name the sequence %s", ErrNotFromSequence, g.cfg.Name, i, g.cfg.Sequence)
-		}
+	for _, s := range stmts {
 		b.Queue(s.SQL, s.Args...)
 	}
-	tks := make([]Ticket, len(stmts))
-	g.mu.Lock()
-	for i := range tks {
-		tks[i] = g.tr.BeginAlloc() // before sending, as AllocQuery
-	}
-	g.mu.Unlock()
+	tks := g.beginAllocs(len(stmts)) // before sending, as AllocQuery
 	ids := make([][]int64, len(stmts))
 	br := q.SendBatch(ctx, b)
 	var err error
 	for i, s := range stmts {
-		scan := s.Scan
-		if scan == nil {
-			scan = pgx.RowTo[int64]
-		}
 		rows, qerr := br.Query()
 		if qerr == nil {
-			ids[i], qerr = pgx.CollectRows(rows, scan)
-		}
-		if qerr == nil && len(ids[i]) == 0 {
-			qerr = errors.New("the statement returned no IDs")
+			ids[i], qerr = pgx.CollectRows(rows, scanOf(s))
 		}
 		if qerr != nil {
 			err = fmt.Errorf("statement %d: %w", i, qerr)
 			break
 		}
-		slices.Sort(ids[i])
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
+	var db DB
+	if d, ok := q.(DB); ok {
+		db = d
+	}
+	allocs, err := g.endAllocs(ctx, db, stmts, tks, ids, err)
+	if err != nil {
+		return allocs, fmt.Errorf("streams: stream %s: writer %s: allocate in pipeline: %w", g.cfg.Name, g.self, err)
+	}
+	return allocs, nil
+}
+
+func scanOf(s Statement) pgx.RowToFunc[int64] {
+	if s.Scan == nil {
+		return pgx.RowTo[int64]
+	}
+	return s.Scan
+}
+
+// checkStatements refuses what cannot be tracked before anything is sent.
+func (g *Generator) checkStatements(stmts []Statement) error {
+	if err := g.inStatement(); err != nil {
+		return err
+	}
+	for i, s := range stmts {
+		if !strings.Contains(s.SQL, g.cfg.Sequence) {
+			return fmt.Errorf("%w: stream %s: statement %d does not name the sequence %s", ErrNotFromSequence, g.cfg.Name, i, g.cfg.Sequence)
+		}
+	}
+	return nil
+}
+
+func (g *Generator) beginAllocs(n int) []Ticket {
+	tks := make([]Ticket, n)
 	g.mu.Lock()
+	for i := range tks {
+		tks[i] = g.tr.BeginAlloc()
+	}
+	g.mu.Unlock()
+	return tks
+}
+
+// endAllocs settles the tickets of statements that ran and returned ids
+// (or failed with err): it checks the IDs, reads back the rows of
+// statements that returned fewer than they were given, and records
+// everything, or leaves the tickets open (pending) where the outcome is
+// unknown. q reads back; nil means no read back is possible.
+func (g *Generator) endAllocs(ctx context.Context, q DB, stmts []Statement, tks []Ticket, ids [][]int64, err error) ([]*Allocation, error) {
+	var returned []int64
+	short := false
+	for i, s := range stmts {
+		slices.Sort(ids[i])
+		returned = append(returned, ids[i]...)
+		short = short || len(ids[i]) == 0 || (s.Rows > 0 && len(ids[i]) < s.Rows)
+	}
+	slices.Sort(returned)
 	if err == nil {
-		var all []int64
+		g.mu.Lock()
 		for i := range stmts {
 			if err = g.tr.CheckAllocated(tks[i], ids[i]); err != nil {
 				break
 			}
-			all = append(all, ids[i]...)
 		}
-		slices.Sort(all)
-		if err == nil && len(slices.Compact(all)) != len(all) {
+		g.mu.Unlock()
+		if err == nil && len(slices.Compact(slices.Clone(returned))) != len(returned) {
 			err = fmt.Errorf("%w: an id returned by two statements", ErrNotFromSequence)
 		}
 	}
-	allocs := make([]*Allocation, len(stmts))
-	for i, tk := range tks {
-		if err != nil {
-			g.tr.AbortAlloc(tk)
-			continue
+	var unreturned []int64
+	unsure := false // the statements ran, but what they wrote is not known
+	if err == nil && short {
+		// Fewer IDs than rows: conflicts, or a statement that hides what
+		// it wrote. The table says which.
+		if q == nil {
+			err, unsure = errors.New("fewer IDs than rows and no way to read the table back"), true
+		} else {
+			g.mu.Lock()
+			floor := g.tr.tickets[tks[0].id]
+			g.mu.Unlock()
+			var found []int64
+			if found, err = g.committedAbove(ctx, q, floor); err != nil {
+				unsure = true
+			}
+			for _, id := range found {
+				if _, ok := slices.BinarySearch(returned, id); !ok {
+					unreturned = append(unreturned, id)
+				}
+			}
 		}
-		g.tr.Allocated(tk, ids[i]...)
-		allocs[i] = &Allocation{g: g, ids: ids[i]}
 	}
-	g.mu.Unlock()
-	if err != nil {
-		return nil, fmt.Errorf("streams: stream %s: writer %s: allocate in pipeline: %w", g.cfg.Name, g.self, err)
+	allocs := make([]*Allocation, len(stmts))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil && len(unreturned) > 0 {
+		err = g.tr.CheckAllocated(tks[0], unreturned)
 	}
-	return allocs, nil
+	pending := err != nil && (unsure || MayHaveCommitted(err))
+	for i, tk := range tks {
+		switch {
+		case pending:
+			allocs[i] = &Allocation{g: g, open: true, tk: tk}
+		case err != nil:
+			g.tr.AbortAlloc(tk)
+		default:
+			all := ids[i]
+			if i == 0 && len(unreturned) > 0 {
+				all = append(slices.Clone(all), unreturned...)
+				slices.Sort(all)
+			}
+			g.tr.Allocated(tk, all...)
+			allocs[i] = &Allocation{g: g, ids: all}
+			if i == 0 {
+				allocs[i].unreturned = unreturned
+			}
+		}
+	}
+	if err != nil && !pending {
+		return nil, err
+	}
+	return allocs, err
 }
 
 // inStatement reports why this generator cannot track IDs a statement draws

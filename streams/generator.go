@@ -261,15 +261,49 @@ type Allocation struct {
 	g    *Generator
 	ids  []int64
 	once sync.Once
+	// open: a statement drew IDs that never came back (Pending); tk holds
+	// the position at or below its floor until ResolvePending or Finish.
+	open bool
+	tk   Ticket
+	// unreturned: IDs the table shows the statement wrote and it did not
+	// return (AllocStatement).
+	unreturned []int64
 }
 
 // IDs are the allocated stream IDs, ascending.
 func (a *Allocation) IDs() []int64 { return a.ids }
 
+// Unreturned are the IDs among IDs that the stream's tables show a
+// statement wrote and that no statement returned: rows to deliver whose
+// content the caller does not hold (readers fetch them).
+func (a *Allocation) Unreturned() []int64 { return a.unreturned }
+
+// Pending reports that the allocation's statement may have drawn IDs, and
+// committed rows at them, that it never returned (its connection failed
+// with the statement sent): the writer's position stays below them until
+// ResolvePending reads them from the table.
+func (a *Allocation) Pending() bool {
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	return a.open
+}
+
 // Finish records that the IDs' transaction ended, committed or rolled back:
-// either way no row will appear at them later. It is idempotent.
+// either way no row will appear at them later. On a pending allocation it
+// says its statement is known not to have committed. It is idempotent.
 func (a *Allocation) Finish() {
-	a.once.Do(func() { a.g.finish(a.ids) })
+	a.once.Do(func() {
+		a.g.mu.Lock()
+		open := a.open
+		if open {
+			a.g.tr.AbortAlloc(a.tk)
+			a.open = false
+		}
+		a.g.mu.Unlock()
+		if !open {
+			a.g.finish(a.ids)
+		}
+	})
 }
 
 // Alloc allocates n IDs in one round trip. The caller must Finish the
