@@ -157,10 +157,18 @@ func (w *Writer) lead(node *Node, first *call) {
 	if node.m != nil {
 		node.m.writeGroup.WithLabelValues(w.Stream()).Observe(float64(len(batch)))
 	}
+	var d *doubt
 	if len(batch) == 1 {
-		w.runAlone(node, first)
-	} else if !w.runPipeline(node, batch) {
-		w.runGroup(node, batch)
+		d = w.runAlone(node, first)
+	} else if ran, pd := w.runPipeline(node, batch); ran {
+		d = pd
+	} else {
+		d = w.runGroup(node, batch)
+	}
+	if d != nil {
+		// Nothing of this writer runs until the table has said: the lead
+		// is held, and the IDs finish (deferred) only once resolved.
+		w.resolve(node, d)
 	}
 	finished = true
 }
@@ -169,58 +177,80 @@ func (w *Writer) lead(node *Node, first *call) {
 // caller's context, and without a transaction for an unfenced Insert.
 //
 // What commits (the COMMIT, or an unfenced Insert, its own commit) runs
-// without the caller's cancellation, bounded by groupTimeout: canceled in
-// flight, it may commit on the server and fail here, and the IDs of a
-// failed call finish as holes: every reader would pass over a committed
-// row for good. A caller that gives up (a client that disconnects) must
-// not be able to do that.
-func (w *Writer) runAlone(node *Node, c *call) {
+// without the caller's cancellation, bounded by groupTimeout: a caller
+// that gives up (a client that disconnects) must not make a commit's
+// outcome unknown. One that is unknown anyway (the reply lost) is
+// returned as a doubt.
+func (w *Writer) runAlone(node *Node, c *call) *doubt {
 	if c.ins != nil && w.lease == nil {
 		if c.err = c.ctx.Err(); c.err != nil {
-			return
+			return nil
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), groupTimeout)
 		defer cancel()
-		c.res, c.err = c.run(ctx, w.db)
-		if c.err == nil {
-			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+		s, err := w.session(ctx)
+		if err != nil {
+			c.err = err
+			return nil
 		}
-		return
+		defer s.release()
+		c.res, c.err = c.run(ctx, s.q)
+		switch {
+		case c.err == nil:
+			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+			node.handOverCommitted(w.Stream(), c.res.alloc.Unreturned())
+		case c.res.alloc != nil && c.res.alloc.Pending():
+			return &doubt{calls: []*call{c}, conn: s.conn, err: c.err, idsLost: true}
+		}
+		return nil
 	}
 	tx, err := w.begin(c.ctx)
 	if err != nil {
 		c.err = err
-		return
+		return nil
 	}
 	defer tx.Rollback(context.WithoutCancel(c.ctx)) // after a commit: a no-op
 	if c.res, c.err = c.run(c.ctx, tx); c.err != nil {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), groupTimeout)
 	defer cancel()
 	if err := tx.Commit(ctx); err != nil {
+		if streams.MayHaveCommitted(err) {
+			return &doubt{calls: []*call{c}, conn: tx.Conn(), err: fmt.Errorf("commit: %w", err)}
+		}
 		c.err = fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err)
-		return
+		return nil
 	}
+	w.handOverCall(node, c)
+	return nil
+}
+
+// handOverCall gives the node a committed call's rows.
+func (w *Writer) handOverCall(node *Node, c *call) {
 	node.handOver(w.Stream(), c.res.ids, c.res.rows)
+	if c.res.alloc != nil {
+		node.handOverCommitted(w.Stream(), c.res.alloc.Unreturned())
+	}
 }
 
 // runPipeline runs a group of Inserts as one pipeline of their statements,
-// the calls that PerRow lets join sharing one: one round trip on the pool
-// without a lease and without joins (its implicit transaction commits all
-// or none), or inside one transaction, fenced by the lease. It reports
-// false, with nothing committed or tracked, when the group is not all
-// Inserts, or when a statement failed: then runGroup runs the calls
-// again behind savepoints, so that only the failing one fails.
-func (w *Writer) runPipeline(node *Node, batch []*call) bool {
-	pipe, ok := w.db.(streams.Batcher)
-	if !ok {
-		return false
+// the calls that PerRow lets join sharing one: one round trip on one
+// connection without a lease and without joins (its implicit transaction
+// commits all or none), or inside one transaction, fenced by the lease.
+// It reports false, with nothing committed or tracked, when the group is
+// not all Inserts, or when the server refused a statement: then runGroup
+// runs the calls again behind savepoints, so that only the failing one
+// fails. A pipeline that may have committed is never run again: it is
+// returned as a doubt.
+func (w *Writer) runPipeline(node *Node, batch []*call) (bool, *doubt) {
+	if _, ok := w.db.(streams.Batcher); !ok {
+		return false, nil
 	}
 	calls := make([]*insertCall, len(batch))
 	for i, c := range batch {
 		if c.ins == nil || c.ctx.Err() != nil {
-			return false
+			return false, nil
 		}
 		calls[i] = c.ins
 	}
@@ -233,6 +263,8 @@ func (w *Writer) runPipeline(node *Node, batch []*call) bool {
 	// right, its joined runs take a transaction: one that cannot be joined
 	// rolls back, and its calls run again one by one.
 	var tx pgx.Tx
+	var pipe streams.Batcher
+	var conn *pgx.Conn
 	if w.lease != nil || !w.group.provenJoins(calls, carried) {
 		var err error
 		if tx, err = w.begin(ctx); err != nil {
@@ -240,49 +272,89 @@ func (w *Writer) runPipeline(node *Node, batch []*call) bool {
 				for _, c := range batch {
 					c.err = err
 				}
-				return true
+				return true, nil
 			}
-			return false
+			return false, nil
 		}
 		defer tx.Rollback(ctx) // after a commit: a no-op
-		pipe = tx
+		pipe, conn = tx, tx.Conn()
+	} else {
+		s, err := w.session(ctx)
+		if err != nil {
+			return false, nil
+		}
+		defer s.release()
+		pipe, conn = s.b, s.conn
 	}
 	allocs, err := w.gen.AllocPipeline(ctx, pipe, stmts)
 	if err != nil {
-		return false
+		if tx == nil && len(allocs) > 0 { // pending: it may have committed
+			for k, cs := range carried {
+				batch[cs[0]].res.alloc = allocs[k]
+			}
+			return true, &doubt{calls: batch, conn: conn, err: err, idsLost: true}
+		}
+		if tx != nil {
+			_ = tx.Rollback(ctx)
+		}
+		for _, a := range allocs {
+			a.Finish() // rolled back
+		}
+		return false, nil
 	}
 	if node.m != nil {
 		for _, cs := range carried {
 			node.m.writeStatement.WithLabelValues(w.Stream()).Observe(float64(len(cs)))
 		}
 	}
-	var cerr error
-	if tx != nil {
-		if err := tx.Commit(ctx); err != nil {
-			cerr = fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
-		}
-	}
 	for k, cs := range carried {
-		proven := len(cs) > 1 && cerr == nil
 		for j, i := range cs {
 			c := batch[i]
-			if c.res, c.err = c.ins.result(w.Stream()); cerr != nil {
-				c.res, c.err = stepResult{}, cerr
-			}
+			c.res, c.err = c.ins.result(), nil
 			if j == 0 { // one allocation per statement, finished once
 				c.res.alloc = allocs[k]
 			}
-			if c.err == nil {
-				node.handOver(w.Stream(), c.res.ids, c.res.rows)
-			} else {
-				proven = false
-			}
 		}
-		if proven {
+	}
+	if tx != nil {
+		if err := tx.Commit(ctx); err != nil {
+			if streams.MayHaveCommitted(err) {
+				return true, &doubt{calls: okCalls(batch), conn: conn, err: fmt.Errorf("commit: %w", err)}
+			}
+			for _, c := range batch {
+				c.res.ids, c.res.rows, c.res.ret = nil, nil, nil
+				c.err = fmt.Errorf("fabric: insert %s: commit: %w", w.Stream(), err)
+			}
+			return true, nil
+		}
+	}
+	for k, cs := range carried {
+		proven := len(cs) > 1
+		for _, i := range cs {
+			c := batch[i]
+			if c.err != nil {
+				proven = false
+				continue
+			}
+			proven = proven && c.ins.got == len(c.ins.rows)
+			w.handOverCall(node, c)
+		}
+		if proven && len(allocs[k].Unreturned()) == 0 {
 			w.group.prove(batch[cs[0]].ins.sql)
 		}
 	}
-	return true
+	return true, nil
+}
+
+// okCalls are the calls of batch that have not failed on their own.
+func okCalls(batch []*call) []*call {
+	var out []*call
+	for _, c := range batch {
+		if c.err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // maxProven bounds the statements a committer remembers as joining right;
@@ -310,8 +382,9 @@ func (g *committer) prove(sql string) {
 
 // runGroup runs several calls in one transaction, each behind a savepoint
 // so that one call's error undoes only its own rows (its IDs become
-// holes, which readers skip).
-func (w *Writer) runGroup(node *Node, batch []*call) {
+// holes, which readers skip). A COMMIT whose outcome is unknown is
+// returned as a doubt.
+func (w *Writer) runGroup(node *Node, batch []*call) *doubt {
 	fail := func(err error) {
 		for _, c := range batch {
 			if c.err == nil {
@@ -324,7 +397,7 @@ func (w *Writer) runGroup(node *Node, batch []*call) {
 	tx, err := w.begin(ctx)
 	if err != nil {
 		fail(err)
-		return
+		return nil
 	}
 	defer tx.Rollback(ctx) // after a commit: a no-op
 	ran := 0
@@ -335,7 +408,7 @@ func (w *Writer) runGroup(node *Node, batch []*call) {
 		}
 		if _, err := tx.Exec(ctx, "SAVEPOINT weft_call"); err != nil {
 			fail(fmt.Errorf("fabric: write %s: savepoint: %w", w.Stream(), err))
-			return
+			return nil
 		}
 		cctx, ccancel := context.WithDeadline(context.WithoutCancel(c.ctx), deadline(ctx))
 		c.res, c.err = c.run(cctx, tx)
@@ -346,21 +419,25 @@ func (w *Writer) runGroup(node *Node, batch []*call) {
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT weft_call"); err != nil {
 			fail(fmt.Errorf("fabric: write %s: rollback to savepoint after %w: %w", w.Stream(), c.err, err))
-			return
+			return nil
 		}
 	}
 	if ran == 0 {
-		return
+		return nil
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if streams.MayHaveCommitted(err) {
+			return &doubt{calls: okCalls(batch), conn: tx.Conn(), err: fmt.Errorf("commit: %w", err)}
+		}
 		fail(fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err))
-		return
+		return nil
 	}
 	for _, c := range batch {
 		if c.err == nil {
-			node.handOver(w.Stream(), c.res.ids, c.res.rows)
+			w.handOverCall(node, c)
 		}
 	}
+	return nil
 }
 
 // begin opens a transaction fenced by the lease.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/weft-dev/weft/internal/jsonscan"
 	"github.com/weft-dev/weft/streams"
@@ -100,6 +101,15 @@ func (n *Node) handOver(stream string, ids []int64, rows []json.RawMessage) {
 		}
 	}
 	n.local(inRows{stream: stream, rows: out})
+}
+
+// handOverCommitted gives the loop IDs this instance's writer committed
+// without holding their rows (a write whose reply was lost, read back from
+// the table): they go out as "POSITION s w id id", and readers fetch them.
+func (n *Node) handOverCommitted(stream string, ids []int64) {
+	if len(ids) > 0 {
+		n.local(inCommitted{stream: stream, ids: slices.Clone(ids)})
+	}
 }
 
 // handOverEphemeral gives the loop an Ephemeral's changes (rows it owns)

@@ -31,6 +31,22 @@ import (
 // commit, in position order, then the IDs finish. It returns the ID of
 // each row, in the order of rows.
 //
+// The statement may write fewer rows than it is given (ON CONFLICT DO
+// NOTHING): it must then return the ID and index of each row it wrote and
+// of no other (select from the INSERT's RETURNING, joined to the source
+// on the ID). Insert succeeds; a row not written has ID 0. The writer
+// reads its rows above what it knew back from the stream's tables when a
+// statement returns fewer IDs than rows, so a row written and not
+// returned still reaches readers (from the database), though its caller
+// is told it was not written.
+//
+// When the outcome is unknown (the COMMIT's reply lost, or, autocommit,
+// the connection failed with the statement sent), Insert waits until the
+// table says, as Write does: committed, it returns the IDs. An autocommit
+// statement whose reply was lost committed rows whose IDs it cannot match
+// to rows: it returns an error wrapping ErrOutcomeUnknown that names
+// them, and readers get them from the database.
+//
 // Pass the arguments that hold one value per row through PerRow (above,
 // $2 as PerRow(texts)), and the Inserts that share a transaction and a
 // statement also share one execution of it.
@@ -65,14 +81,13 @@ func (w *Writer) Insert(ctx context.Context, rows []json.RawMessage, sql string,
 		return nil, fmt.Errorf("fabric: insert %s: %w", w.Stream(), err)
 	}
 	return w.do(ctx, node, func(ctx context.Context, q streams.DB) (stepResult, error) {
-		st := ins.statement()
-		a, err := w.gen.AllocQuery(ctx, q, st.Scan, st.SQL, st.Args...)
+		a, err := w.gen.AllocStatement(ctx, q, ins.statement())
 		if err != nil {
-			return stepResult{}, err
+			return stepResult{alloc: a}, err
 		}
-		res, err := ins.result(w.Stream())
+		res := ins.result()
 		res.alloc = a
-		return res, err
+		return res, nil
 	}, ins)
 }
 
@@ -173,7 +188,7 @@ func (c *insertCall) record(id, i int64) error {
 // statement is the call's own statement.
 func (c *insertCall) statement() streams.Statement {
 	c.reset()
-	return streams.Statement{SQL: c.sql, Args: c.plain, Scan: func(row pgx.CollectableRow) (int64, error) {
+	return streams.Statement{SQL: c.sql, Args: c.plain, Rows: len(c.rows), Scan: func(row pgx.CollectableRow) (int64, error) {
 		var id, i int64
 		if err := row.Scan(&id, &i); err != nil {
 			return 0, err
@@ -252,7 +267,7 @@ func joined(calls []*insertCall) streams.Statement {
 		n += int64(len(c.rows))
 		ends[k] = n
 	}
-	return streams.Statement{SQL: first.sql, Args: args, Scan: func(row pgx.CollectableRow) (int64, error) {
+	return streams.Statement{SQL: first.sql, Args: args, Rows: int(n), Scan: func(row pgx.CollectableRow) (int64, error) {
 		var id, i int64
 		if err := row.Scan(&id, &i); err != nil {
 			return 0, err
@@ -265,25 +280,23 @@ func joined(calls []*insertCall) streams.Statement {
 	}}
 }
 
-// result checks that every row got an ID and puts them in position order,
-// as Write hands rows over. Its alloc is the caller's to set.
-func (c *insertCall) result(stream string) (stepResult, error) {
+// result puts the rows the statement wrote in position order, as Write
+// hands rows over; the rows it did not write have ID 0 in ret. Its alloc
+// is the caller's to set.
+func (c *insertCall) result() stepResult {
 	var res stepResult
-	if c.got != len(c.rows) {
-		// Autocommit: what ran has committed; the IDs without rows are
-		// holes. In a transaction it rolls back.
-		return res, fmt.Errorf("fabric: insert %s: %d IDs for %d rows", stream, c.got, len(c.rows))
-	}
-	order := make([]int, len(c.rows))
-	for i := range order {
-		order[i] = i
+	order := make([]int, 0, c.got)
+	for i, id := range c.byRow {
+		if id != 0 {
+			order = append(order, i)
+		}
 	}
 	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(c.byRow[a], c.byRow[b]) })
-	res.ids = make([]int64, len(c.rows))
-	res.rows = make([]json.RawMessage, len(c.rows))
+	res.ids = make([]int64, len(order))
+	res.rows = make([]json.RawMessage, len(order))
 	for k, i := range order {
 		res.ids[k], res.rows[k] = c.byRow[i], c.rows[i]
 	}
 	res.ret = c.byRow
-	return res, nil
+	return res
 }

@@ -28,6 +28,8 @@ type metrics struct {
 	taskErrors     *prometheus.CounterVec
 	writeGroup     *prometheus.HistogramVec
 	writeStatement *prometheus.HistogramVec
+	writeOutcomes  *prometheus.CounterVec
+	writesInDoubt  *prometheus.GaugeVec
 	applied        *prometheus.CounterVec
 	persisted      *prometheus.GaugeVec
 	position       *prometheus.GaugeVec
@@ -102,6 +104,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.writeStatement = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 		Name: "write_statement_calls", Help: "Inserts of this instance's writer run by one statement of a group's pipeline (joined by PerRow), by stream.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 7)}, []string{"stream"})
+	m.writeOutcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "write_outcomes_resolved_total", Help: "Transactions (or autocommit statements) of this instance's writer whose outcome was unknown (a COMMIT's reply lost, a connection failed mid-statement) and was read from the table, by stream and outcome (committed, rolled_back, unknown: nothing in the table could tell)."},
+		[]string{"stream", "outcome"})
+	m.writesInDoubt = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "writes_in_doubt", Help: "1 while a transaction of this instance's writer has an unknown outcome: the writer's position waits below its IDs until the table says, by stream."},
+		[]string{"stream"})
 	m.degraded = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "degraded", Help: "1 while the connection, once established, is not (Redis down or reconnecting): readiness then rests on positions followed from PostgreSQL."})
 	m.peers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -112,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "position", Help: "Each writer's position (delivered view; the own position for writers) as this instance knows it."}, []string{"stream", "writer"})
 	for _, c := range []prometheus.Collector{m.persisted, m.position, m.commandsIn, m.linesIn, m.echoes, m.commandsOut, m.invalid, m.notes, m.gaps, m.reconnects,
 		m.connected, m.established, m.ready, m.viewLag, m.viewLagSecs, m.viewPos, m.tasksRunning, m.taskSeconds, m.taskErrors, m.applied,
-		m.degraded, m.peers, m.writeGroup, m.writeStatement} {
+		m.degraded, m.peers, m.writeGroup, m.writeStatement, m.writeOutcomes, m.writesInDoubt} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

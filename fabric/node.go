@@ -133,6 +133,11 @@ type (
 		stream string
 		pos    int64
 	}
+	// inCommitted: own rows committed whose content is not held here.
+	inCommitted struct {
+		stream string
+		ids    []int64
+	}
 	inFetched struct {
 		f    core.Fetch
 		page Page
@@ -536,6 +541,10 @@ func (n *Node) step(ctx context.Context, in input) {
 		}
 	case inPosition:
 		n.exec(ctx, n.core.LocalPosition(in.stream, in.pos))
+	case inCommitted:
+		for _, id := range in.ids {
+			n.exec(ctx, n.core.LocalCommitted(in.stream, id))
+		}
 	case inFetched:
 		n.fetched(ctx, in)
 	case inSealed:

@@ -29,6 +29,9 @@ func (n *Node) NotReady() string {
 	if n.deaf(now) {
 		return "every line of the other instances is refused: is the secret the same everywhere?"
 	}
+	if why := n.doubtWhy(time.Now()); why != "" {
+		return why
+	}
 	stalled := n.stalledAt.Load()
 	fresh := n.freshAt.Load()
 	why := ""

@@ -34,6 +34,7 @@ type Writer struct {
 	name  string
 	node  atomic.Pointer[Node]
 	group committer
+	doubt atomic.Pointer[doubtState] // a write in doubt (doubt.go), nil if none
 }
 
 // WriterConfig configures OpenWriter. Zero values mean the documented
@@ -131,6 +132,14 @@ type WriteFunc func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMess
 // was (a sealed writer gets one wrapping streams.ErrSealed); the rows are
 // handed to the node only after the commit. With n = 0 it is a fenced
 // transaction that writes no row of the stream (derived state, say).
+//
+// A COMMIT whose reply is lost may have committed or not. Write then
+// waits, and the writer runs nothing else, until the server process that
+// ran it has ended and the stream's tables say: a row of it there means
+// it committed, and Write returns its IDs; none, that it did not. A
+// transaction that wrote no row of the stream cannot be told: Write
+// returns an error wrapping ErrOutcomeUnknown (as it does if the node
+// stops first). Meanwhile the writer's position waits below its IDs.
 //
 // Writes group-commit: while one transaction of this writer is in flight,
 // the Writes that arrive wait and then share the next one, each behind a

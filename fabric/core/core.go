@@ -200,8 +200,9 @@ type view struct {
 }
 
 type pendingRows struct {
-	pos  int64
-	rows json.RawMessage
+	pos   int64
+	rows  json.RawMessage
+	fetch bool // committed, content not held: readers fetch it (LocalCommitted)
 }
 
 type ownStream struct {

@@ -28,6 +28,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	apply-failed STREAM/WRITER PREV POS
 //	rows STREAM POS JSON           (LocalRows)
 //	position STREAM POS            (LocalPosition)
+//	committed STREAM POS           (LocalCommitted)
 //	stored STREAM/WRITER POS       (Stored)
 //	state                          (views, readiness)
 //	peers                          (the peer table)
@@ -285,6 +286,9 @@ func step(cp **Core, codec *wire.Codec, now *time.Time, seq *uint64, line string
 	case "position":
 		pos, _ := strconv.ParseInt(f[2], 10, 64)
 		return c.LocalPosition(f[1], pos), nil
+	case "committed":
+		pos, _ := strconv.ParseInt(f[2], 10, 64)
+		return c.LocalCommitted(f[1], pos), nil
 	case "stored":
 		st, w, _ := strings.Cut(f[1], "/")
 		pos, _ := strconv.ParseInt(f[2], 10, 64)

@@ -24,17 +24,47 @@ func (c *Core) LocalRows(stream string, pos int64, rows json.RawMessage) []Actio
 		c.note(NoteDropped, stream, "late_rows")
 		return c.flush()
 	}
-	i, found := slices.BinarySearchFunc(o.pending, pos, func(p pendingRows, pos int64) int { return cmp.Compare(p.pos, pos) })
-	if found {
-		// Two calls for one stream ID: its rows travel together.
-		merged, err := appendRows(o.pending[i].rows, rows)
-		if err == nil {
-			o.pending[i].rows = merged
-		}
-	} else {
-		o.pending = slices.Insert(o.pending, i, pendingRows{pos: pos, rows: rows})
-	}
+	c.queueOwn(o, pendingRows{pos: pos, rows: rows})
 	return c.flush()
+}
+
+// LocalCommitted queues a row this instance's writer committed at pos
+// without holding its content: a write whose outcome was unknown and that
+// the table showed committed, at an ID the statement never returned. It
+// goes out as "POSITION s w pos pos" once the position passes pos, so
+// every reader behind pos fetches it from the database, this instance's
+// own view included. The same rules as LocalRows apply.
+func (c *Core) LocalCommitted(stream string, pos int64) []Action {
+	o, ok := c.own[stream]
+	if !ok {
+		c.note(NoteDropped, stream, "not_writer")
+		return c.flush()
+	}
+	if pos <= o.pos {
+		c.note(NoteDropped, stream, "late_rows")
+		return c.flush()
+	}
+	c.queueOwn(o, pendingRows{pos: pos, fetch: true})
+	return c.flush()
+}
+
+func (c *Core) queueOwn(o *ownStream, p pendingRows) {
+	i, found := slices.BinarySearchFunc(o.pending, p.pos, func(q pendingRows, pos int64) int { return cmp.Compare(q.pos, pos) })
+	if !found {
+		o.pending = slices.Insert(o.pending, i, p)
+		return
+	}
+	q := &o.pending[i]
+	switch {
+	case q.fetch || p.fetch:
+		// Readers fetch the whole position: whatever else is at it too.
+		q.fetch, q.rows = true, nil
+	default:
+		// Two calls for one stream ID: its rows travel together.
+		if merged, err := appendRows(q.rows, p.rows); err == nil {
+			q.rows = merged
+		}
+	}
 }
 
 // LocalPosition moves this instance's writer position on a stream. Pending
@@ -69,19 +99,21 @@ func (c *Core) release(o *ownStream) {
 		if p.pos > o.pos {
 			break
 		}
-		if len(p.rows) > c.cfg.MaxRowsBytes {
-			// Too big for the channel: "POSITION s w pos pos" makes every
-			// reader behind pos fetch the range, rows included.
+		prev := o.sent
+		if p.fetch || len(p.rows) > c.cfg.MaxRowsBytes {
+			// Too big for the channel, or not held here: "POSITION s w pos
+			// pos" makes every reader behind pos fetch the range, rows
+			// included.
 			c.emit(Publish{&wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: p.pos, Pos: p.pos}})
 		} else {
 			c.emit(Publish{&wire.RData{Stream: o.name, Writer: c.cfg.Instance, Prev: o.sent, Pos: p.pos, Rows: p.rows}})
 		}
 		o.sent = p.pos
 		n++
-		c.deliverOwn(o, p.pos, p.rows)
+		c.deliverOwn(o, prev, p)
 	}
 	o.pending = o.pending[:copy(o.pending, o.pending[n:])]
-	c.deliverOwn(o, o.pos, nil)
+	c.deliverOwn(o, o.sent, pendingRows{pos: o.pos})
 	switch {
 	case o.pos <= o.sent:
 		o.dirty = false
@@ -91,24 +123,33 @@ func (c *Core) release(o *ownStream) {
 	}
 }
 
-// deliverOwn gives this instance its own rows, and moves its own view of
-// the stream: its readers see what it wrote, in the same order as others.
-func (c *Core) deliverOwn(o *ownStream, pos int64, rows json.RawMessage) {
+// deliverOwn gives this instance its own rows at p (published with prev),
+// and moves its own view of the stream: its readers see what it wrote, in
+// the same order as others. A row it does not hold (p.fetch) is fetched
+// like any reader's, and what follows it waits in the view's buffer.
+func (c *Core) deliverOwn(o *ownStream, prev int64, p pendingRows) {
 	if _, follows := c.streams[o.name]; !follows {
 		return
 	}
 	v := c.view(Key{Stream: o.name, Writer: c.selfName})
-	if pos <= v.pos {
+	if p.pos <= v.pos {
 		return
 	}
 	v.instance = c.cfg.Instance
-	v.announced = max(v.announced, pos)
-	if rows != nil {
-		c.deliver(v, c.cfg.Instance, pos, rows)
-		return
+	v.announced = max(v.announced, p.pos)
+	switch {
+	case p.fetch:
+		c.handle(v, &wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: p.pos, Pos: p.pos}, "unknown_outcome")
+	case v.catching && p.rows != nil:
+		c.handle(v, &wire.RData{Stream: o.name, Writer: c.cfg.Instance, Prev: prev, Pos: p.pos, Rows: p.rows}, "")
+	case v.catching:
+		c.handle(v, &wire.Position{Stream: o.name, Writer: c.cfg.Instance, Prev: prev, Pos: p.pos}, "")
+	case p.rows != nil:
+		c.deliver(v, c.cfg.Instance, p.pos, p.rows)
+	default:
+		v.pos = p.pos
+		c.emit(Advance{Key: v.key, Pos: p.pos})
 	}
-	v.pos = pos
-	c.emit(Advance{Key: v.key, Pos: pos})
 }
 
 func (c *Core) announce(o *ownStream) {
