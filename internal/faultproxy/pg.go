@@ -25,8 +25,9 @@ const (
 	CutBeforeCommit Fault = iota + 1
 	// CutAfterCommit sends the COMMIT on, and when the server's answer to
 	// it arrives (its CommandComplete, or an ErrorResponse), drops that
-	// answer and closes: the server has committed, the client hears only
-	// that the connection is gone.
+	// answer and closes: the server has committed (unless the transaction
+	// had failed, and COMMIT rolled it back), the client hears only that
+	// the connection is gone.
 	CutAfterCommit
 	// CutAfterSync lets a matching statement run and, when the server
 	// ends the unit it ran in (the simple Query, or the extended-protocol

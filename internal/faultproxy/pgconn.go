@@ -76,22 +76,11 @@ func (c *pgConn) fromClient(up net.Conn) {
 		break
 	}
 
-	var out []byte
-	flush := func() bool {
-		if len(out) == 0 {
-			return true
-		}
-		_, err := up.Write(out)
-		out = out[:0]
-		if cap(out) > keepBuf {
-			out = nil
-		}
-		return err == nil
-	}
+	out := &sender{w: up}
 	for {
 		typ, msg, err := rd.next()
 		if err != nil {
-			flush()
+			out.flush()
 			c.readError(err)
 			return
 		}
@@ -102,19 +91,19 @@ func (c *pgConn) fromClient(up net.Conn) {
 		}
 		switch st {
 		case stepCutBefore:
-			flush()
+			out.flush()
 			c.cut(CutBeforeCommit)
 			return
 		case stepHold:
-			out = append(out, msg...)
-			if flush() {
+			out.add(msg)
+			if out.flush() {
 				<-c.done
 			}
 			return
 		}
-		out = append(out, msg...)
-		if rd.r.Buffered() == 0 || len(out) >= readChunk {
-			if !flush() {
+		out.add(msg)
+		if rd.r.Buffered() == 0 || len(out.buf) >= readChunk {
+			if !out.flush() {
 				return
 			}
 		}
@@ -125,24 +114,13 @@ func (c *pgConn) fromClient(up net.Conn) {
 // they arrived, until a plan says to cut.
 func (c *pgConn) fromServer(up net.Conn) {
 	rd := newPGReader(bufio.NewReaderSize(up, readChunk))
-	var out []byte
-	flush := func() bool {
-		if len(out) == 0 {
-			return true
-		}
-		_, err := c.client.Write(out)
-		out = out[:0]
-		if cap(out) > keepBuf {
-			out = nil
-		}
-		return err == nil
-	}
+	out := &sender{w: c.client}
 	var unit uint64 // ReadyForQuery messages read
 	completions := 0
 	for {
 		typ, msg, err := rd.next()
 		if err != nil {
-			flush()
+			out.flush()
 			c.readError(err)
 			return
 		}
@@ -161,7 +139,7 @@ func (c *pgConn) fromServer(up net.Conn) {
 			}
 		}
 		if cut {
-			flush()
+			out.flush()
 			c.p.stats.dropped.Add(1)
 			c.cut(pl.fault)
 			return
@@ -176,10 +154,10 @@ func (c *pgConn) fromServer(up net.Conn) {
 		if drop {
 			c.p.stats.dropped.Add(1)
 		} else {
-			out = append(out, msg...)
+			out.add(msg)
 		}
-		if rd.r.Buffered() == 0 || len(out) >= readChunk {
-			if !flush() {
+		if rd.r.Buffered() == 0 || len(out.buf) >= readChunk {
+			if !out.flush() {
 				return
 			}
 		}
@@ -200,4 +178,26 @@ func (c *pgConn) readError(err error) {
 	if errors.Is(err, errPGProtocol) {
 		c.p.stats.protoErrors.Add(1)
 	}
+}
+
+// sender batches messages bound for one side: the pumps flush when no
+// more have arrived behind them, so that what came together goes together.
+type sender struct {
+	w   net.Conn
+	buf []byte
+}
+
+func (s *sender) add(msg []byte) { s.buf = append(s.buf, msg...) }
+
+// flush writes what is batched; it reports whether the write succeeded.
+func (s *sender) flush() bool {
+	if len(s.buf) == 0 {
+		return true
+	}
+	_, err := s.w.Write(s.buf)
+	s.buf = s.buf[:0]
+	if cap(s.buf) > keepBuf {
+		s.buf = nil
+	}
+	return err == nil
 }

@@ -140,7 +140,7 @@ func (s *pgSession) statement(sql string) (cutBefore bool, fresh *plan) {
 	case txCommit, txEnd:
 		clear(s.tx)
 	case txNone:
-		if len(s.tx) < maxTxStatements {
+		if sql != "" && len(s.tx) < maxTxStatements {
 			s.tx[sql] = struct{}{}
 		}
 	}
