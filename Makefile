@@ -91,6 +91,7 @@ fuzz-ci:
 	$(GO) test -run '^$$' -fuzz '^FuzzSyncParams$$' -fuzztime $(FUZZTIME) ./rooms/
 	$(GO) test -run '^$$' -fuzz '^FuzzPathParams$$' -fuzztime $(FUZZTIME) ./rooms/
 	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzPGMessages$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
 
 tidy:
 	$(GO) mod tidy

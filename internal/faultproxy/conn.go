@@ -19,13 +19,8 @@ const maxPending = 16 << 20
 // writer that hands them to the client in order once released, and a plain
 // copy of the client's bytes to the server.
 type conn struct {
-	p      *Proxy
-	client net.Conn
-
-	mu       sync.Mutex
-	upstream net.Conn // nil until dialled
-	closed   bool
-	done     chan struct{} // closed by close
+	*link
+	p *Proxy
 
 	qmu    sync.Mutex
 	queue  []batch
@@ -45,51 +40,19 @@ type batch struct {
 	release time.Time
 }
 
-func newConn(p *Proxy, client net.Conn) *conn {
+func newConn(p *Proxy, l *link) *conn {
 	return &conn{
-		p:      p,
-		client: client,
-		done:   make(chan struct{}),
-		wake:   make(chan struct{}, 1),
-		space:  make(chan struct{}, 1),
+		link:  l,
+		p:     p,
+		wake:  make(chan struct{}, 1),
+		space: make(chan struct{}, 1),
 	}
 }
 
-// close closes both sides; it reports whether this call closed them.
-func (c *conn) close() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return false
-	}
-	c.closed = true
-	close(c.done)
-	c.client.Close()
-	if c.upstream != nil {
-		c.upstream.Close()
-	}
-	return true
-}
-
-// run dials the target and pumps both directions until either side ends or
-// the connection is closed; it returns once its goroutines have.
-func (c *conn) run() {
+// run pumps both directions until either side ends or the connection is
+// closed; it returns once its goroutines have.
+func (c *conn) run(up net.Conn) {
 	defer c.close()
-	d := net.Dialer{Timeout: dialTimeout}
-	up, err := d.DialContext(c.p.ctx, "tcp", c.p.target)
-	if err != nil {
-		c.p.stats.dialErrors.Add(1)
-		return
-	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		up.Close()
-		return
-	}
-	c.upstream = up
-	c.mu.Unlock()
-
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer c.close()
