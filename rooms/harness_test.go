@@ -117,7 +117,7 @@ func newWriters(t *testing.T) *writers {
 	service := func(f Forwarder) http.Handler {
 		mux := http.NewServeMux()
 		NewService(Config{Pool: pool, Events: gen, Node: node, Live: live, EventsForwarder: f,
-			EventWriters: []string{"w1"}, TypingWriter: "w1", VisibleTimeout: 10 * time.Second, Logger: log}).Routes(mux)
+			TypingWriter: "w1", VisibleTimeout: 10 * time.Second, Logger: log}).Routes(mux)
 		return mux
 	}
 	w.owner, w.worker = service(ownerFwd), service(w.workerFwd)

@@ -67,7 +67,7 @@ func (f *fakeForwarder) last() (string, shard.Task, bool) {
 func newTestAPI() (http.Handler, *fakeForwarder) {
 	fwd := &fakeForwarder{}
 	s := NewService(Config{EventsForwarder: fwd, TypingForwarder: fwd,
-		EventWriters: []string{"persister1"}, TypingWriter: "master", Live: NewLive()})
+		TypingWriter: "master", Live: NewLive()})
 	mux := http.NewServeMux()
 	s.Routes(mux)
 	return mux, fwd

@@ -215,7 +215,7 @@ func TestSyncThroughReadReplica(t *testing.T) {
 	}
 	head := &syncEnv{node: e.node, live: e.live, w: e.w, gen: e.gen, pool: e.pool}
 	head.svc = NewService(Config{Pool: e.svc.pool, Reads: headRouter, Events: e.gen, Node: e.node, Live: e.live,
-		EventWriters: []string{"p1"}, TypingWriter: "master"})
+		TypingWriter: "master"})
 
 	// Writes for 3 s, as an owner's batches of a few events.
 	stop := make(chan struct{})

@@ -38,8 +38,6 @@ type Service struct {
 	live         *Live
 	eventsFwd    Forwarder
 	typingFwd    Forwarder
-	eventWriters []string
-	writerNames  func() []string
 	typingWriter string
 	log          *slog.Logger
 	visible      time.Duration
@@ -74,19 +72,18 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Reads sends sync's range reads to a read replica once it holds them;
 	// nil reads them on Pool.
-	Reads  *catchup.ReadRouter
-	Events *streams.Generator // the events stream, as writer or reader
+	Reads *catchup.ReadRouter
+	// Events is the events stream, as writer or reader, one that Node
+	// refreshes (a writer's, or in fabric.Config.Generators): sync tokens
+	// cover the writers of its registry (streams.Registry).
+	Events *streams.Generator
 	Node   *fabric.Node
 	Live   *Live // the node's Handler
 	// EventsForwarder sends room tasks to the room's event writer;
 	// TypingForwarder sends typing to the typing writer.
 	EventsForwarder, TypingForwarder Forwarder
-	// EventWriters are the events stream's writer names, when they are
-	// fixed; EventWriterNames, if set, is called instead on every sync
-	// (the shard map changes at runtime: membership.Follower.Writers).
-	EventWriters     []string
-	EventWriterNames func() []string
-	TypingWriter     string
+	// TypingWriter is the typing stream's writer name.
+	TypingWriter string
 	// VisibleTimeout bounds read-your-writes [5 s].
 	VisibleTimeout time.Duration
 	Logger         *slog.Logger
@@ -106,8 +103,7 @@ func NewService(cfg Config) *Service {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}
 	s := &Service{pool: cfg.Pool, reads: cfg.Reads, events: cfg.Events, node: cfg.Node, live: cfg.Live,
-		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, eventWriters: cfg.EventWriters, writerNames: cfg.EventWriterNames,
-		typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
+		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())
 	s.polls.max = int64(cfg.MaxLongPolls)
 	return s
@@ -373,13 +369,26 @@ func (s *Service) persist(w http.ResponseWriter, r *http.Request, room string, r
 	if !s.visibleAt(w, r, core.Key{Stream: EventsStream, Writer: ans.Writer}, ans.StreamPos) {
 		return
 	}
-	tok, err := s.currentToken(r.Context())
+	tok, err := s.writeToken(r.Context(), ans.Writer)
 	if err != nil {
 		s.log.Warn("reading the sync token after a write", "room", room, "err", err)
 		unavailable(w, "the write succeeded but its sync token could not be read; retry with the same txn_id")
 		return
 	}
 	writeJSON(w, http.StatusOK, writeResp{EventID: ans.EventID, StreamPos: ans.StreamPos, Writer: ans.Writer, SyncToken: tok.String()})
+}
+
+// writeToken is currentToken after a write by writer, which it covers
+// even when this instance's registry does not list writer yet.
+func (s *Service) writeToken(ctx context.Context, writer string) (streams.Token, error) {
+	id, err := s.events.WriterID(ctx, writer)
+	if err != nil {
+		return streams.Token{}, err
+	}
+	reg := s.events.Registry()
+	views := s.views(reg)
+	views[id] = max(views[id], s.node.View(core.Key{Stream: EventsStream, Writer: writer}))
+	return reg.Token(views), nil
 }
 
 func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
@@ -477,12 +486,4 @@ func parseTimeout(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("timeout_ms %.32q: want 0..120000", v)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
-}
-
-// writers are the events stream's writer names a token covers.
-func (s *Service) writers() []string {
-	if s.writerNames != nil {
-		return s.writerNames()
-	}
-	return s.eventWriters
 }

@@ -30,25 +30,24 @@ type roomEvents struct {
 	Events []json.RawMessage `json:"events"`
 }
 
-// currentToken is this instance's view of the events stream as a token:
-// every writer's delivered position. Everything at or below it is
-// committed, so the database answers exactly for it.
-func (s *Service) currentToken(ctx context.Context) (streams.Token, error) {
-	writers := s.writers()
-	views := make(map[streams.WriterID]int64, len(writers))
-	low := int64(-1)
-	for _, w := range writers {
-		id, err := s.events.WriterID(ctx, w)
-		if err != nil {
-			return streams.Token{}, err
-		}
-		v := s.node.View(core.Key{Stream: EventsStream, Writer: w})
-		views[id] = v
-		if low < 0 || v < low {
-			low = v
-		}
+// currentToken is this instance's view of the events stream as a token,
+// and the writer registry it was built from: each writer the registry
+// lists is at its delivered position (rows at or below it have committed,
+// so the database answers exactly for it), and the minimum stays at or
+// below the registry's cap, so a writer this instance has not read of yet
+// is never passed over (streams.Registry.Token).
+func (s *Service) currentToken() (streams.Token, streams.Registry) {
+	reg := s.events.Registry()
+	return reg.Token(s.views(reg)), reg
+}
+
+// views are this instance's delivered positions of the registry's writers.
+func (s *Service) views(reg streams.Registry) map[streams.WriterID]int64 {
+	views := make(map[streams.WriterID]int64, reg.Len())
+	for w := range reg.All() {
+		views[w.ID] = s.node.View(core.Key{Stream: EventsStream, Writer: w.Name})
 	}
-	return streams.NewToken(max(low, 0), views), nil
+	return views
 }
 
 // syncParams is a checked sync query.
@@ -118,11 +117,7 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 	}
 	rooms := p.rooms
 	ctx := r.Context()
-	cur, err := s.currentToken(ctx)
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
-		return
-	}
+	cur, _ := s.currentToken()
 	if !p.hasSince {
 		// An initial sync returns the current token and typing at once.
 		s.writeSync(w, rooms, nil, cur)
@@ -171,12 +166,8 @@ func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []strin
 		if !s.waitViews(ctx, deadline, needs) {
 			return // the client left
 		}
-		cur, err := s.currentToken(ctx)
-		if err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
-			return
-		}
-		events, next, err := s.eventsBetween(ctx, since, cur, rooms)
+		cur, reg := s.currentToken()
+		events, next, err := s.eventsBetween(ctx, since, cur, reg, rooms)
 		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 			return
@@ -281,24 +272,24 @@ type roomEvent struct {
 	ev   json.RawMessage
 }
 
-// eventsBetween reads every event in (since, upto] per writer, in stream
-// order per writer, for the rooms (all when nil). A writer with more than a
-// page stops at its last event returned: next says where to go on. With a
-// read replica, a writer's range is read there as far as the replica
-// holds it and the rest on the primary (catchup.ReadRouter): to is this
-// instance's view, so every row in it has committed.
-func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, rooms []string) (map[string][]json.RawMessage, streams.Token, error) {
+// eventsBetween reads every event in (since, upto] per writer of reg, in
+// stream order per writer, for the rooms (all when nil); upto is reg's
+// token of this instance's views, so every row in it has committed. A
+// writer with more than a page stops at its last event returned: next
+// says where to go on. next holds since, so it never goes backwards, and a
+// writer reg does not list stays at since's position or below reg's cap,
+// under any row it holds. With a read replica, a writer's range is read
+// there as far as the replica holds it and the rest on the primary
+// (catchup.ReadRouter).
+func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, reg streams.Registry, rooms []string) (map[string][]json.RawMessage, streams.Token, error) {
 	out := map[string][]json.RawMessage{}
-	next := map[streams.WriterID]int64{}
-	low := int64(-1)
-	for _, wname := range s.writers() {
-		id, err := s.events.WriterID(ctx, wname)
-		if err != nil {
-			return nil, streams.Token{}, err
-		}
+	held := make(map[streams.WriterID]int64, reg.Len())
+	for w := range reg.All() {
+		id, wname := w.ID, w.Name
 		from, to := since.Get(id), upto.Get(id)
 		reached := max(from, to)
 		if to > from {
+			var err error
 			var got []roomEvent
 			read := func(q catchup.Querier, from, to int64) (more bool, err error) {
 				var rows pgx.Rows
@@ -338,12 +329,9 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 				reached = got[len(got)-1].pos
 			}
 		}
-		next[id] = reached
-		if low < 0 || reached < low {
-			low = reached
-		}
+		held[id] = reached
 	}
-	return out, streams.NewToken(max(low, 0), next), nil
+	return out, streams.Merge(since, reg.Token(held)), nil
 }
 
 // beyondStream says why a token ahead of this instance cannot have come

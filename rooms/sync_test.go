@@ -120,7 +120,7 @@ func newSyncEnvOn(t *testing.T, pool *pgxpool.Pool, dbURL string, maxLongPolls i
 		router = reads(readPool)
 	}
 	e.svc = NewService(Config{Pool: readPool, Reads: router, Events: e.gen, Node: e.node, Live: e.live,
-		EventWriters: []string{"p1"}, TypingWriter: "master", MaxLongPolls: maxLongPolls})
+		TypingWriter: "master", MaxLongPolls: maxLongPolls})
 	return e
 }
 

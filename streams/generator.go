@@ -32,6 +32,7 @@ type Generator struct {
 	stored   []StoredPosition // the registry as last read, sealed writers included
 	advanced chan struct{}
 	lease    atomic.Pointer[Lease]
+	reg      Registry // every writer with a stored position, and the cap
 }
 
 // Open loads a stream's positions and runs its startup checks. self is the
@@ -103,6 +104,10 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 			stored[self] = g.counter
 		}
 	}
+	// Self is listed too: it registers before Open returns.
+	if err := g.learnRegistry(ctx, seq, stored); err != nil {
+		return nil, err
+	}
 	positions := make(map[WriterID]int64, len(stored))
 	for n, p := range stored {
 		if sealed[n] && n != self {
@@ -168,6 +173,9 @@ func (g *Generator) Refresh(ctx context.Context) error {
 	}
 	stored, sealed, err := loadPositions(ctx, g.db, g.cfg.Name)
 	if err != nil {
+		return err
+	}
+	if err := g.learnRegistry(ctx, seq, stored); err != nil {
 		return err
 	}
 	ids := make(map[WriterID]int64, len(stored))

@@ -303,7 +303,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	defer typingFwd.Close()
 	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: reads.router, Events: gen, Node: node, Live: live,
-		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, EventWriterNames: follower.Writers, TypingWriter: cfg.TypingWriter,
+		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, TypingWriter: cfg.TypingWriter,
 		MaxLongPolls: cfg.MaxLongPolls, Logger: log})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls",
