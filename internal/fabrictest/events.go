@@ -25,7 +25,14 @@ func Events() streams.Config {
 // EventsDB is a fresh migrated database with the test events stream.
 func EventsDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool, _ := testenv.NewPool(t)
+	pool, _ := EventsDBURL(t)
+	return pool
+}
+
+// EventsDBURL is EventsDB with the database's URL.
+func EventsDBURL(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, url := testenv.NewPool(t)
 	ctx := context.Background()
 	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
@@ -36,7 +43,7 @@ func EventsDB(t testing.TB) *pgxpool.Pool {
 		CREATE INDEX ON events (writer, stream_id);`); err != nil {
 		t.Fatal(err)
 	}
-	return pool
+	return pool, url
 }
 
 // Committed is every stream ID writer committed to the test events table,
