@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,6 +74,9 @@ type committer struct {
 	// proven: the statements that have run joined (PerRow) and returned
 	// every row's index right. Only the leader reads or writes it.
 	proven map[string]struct{}
+	// partial counts the Inserts that wrote fewer rows than given, alone
+	// and in a pipeline (for tests).
+	partialAlone, partialPiped atomic.Int64
 }
 
 // do runs s in a transaction of w, alone or with the calls queued beside
@@ -197,6 +201,9 @@ func (w *Writer) runAlone(node *Node, c *call) *doubt {
 		c.res, c.err = c.run(ctx, s.q)
 		switch {
 		case c.err == nil:
+			if c.ins.got < len(c.ins.rows) {
+				w.group.partialAlone.Add(1)
+			}
 			node.handOver(w.Stream(), c.res.ids, c.res.rows)
 			node.handOverCommitted(w.Stream(), c.res.alloc.Unreturned())
 		case c.res.alloc != nil && c.res.alloc.Pending():
@@ -221,6 +228,9 @@ func (w *Writer) runAlone(node *Node, c *call) *doubt {
 		}
 		c.err = fmt.Errorf("fabric: write %s: commit: %w", w.Stream(), err)
 		return nil
+	}
+	if c.ins != nil && c.ins.got < len(c.ins.rows) {
+		w.group.partialAlone.Add(1)
 	}
 	w.handOverCall(node, c)
 	return nil
@@ -336,7 +346,10 @@ func (w *Writer) runPipeline(node *Node, batch []*call) (bool, *doubt) {
 				proven = false
 				continue
 			}
-			proven = proven && c.ins.got == len(c.ins.rows)
+			if c.ins.got < len(c.ins.rows) {
+				proven = false
+				w.group.partialPiped.Add(1)
+			}
 			w.handOverCall(node, c)
 		}
 		if proven && len(allocs[k].Unreturned()) == 0 {
