@@ -68,7 +68,8 @@ func (e *CheckError) Unwrap() []error {
 
 // Check runs the startup checks of a sequence-backed stream: (a) the
 // sequence is at or above the highest stream ID in every table that shares
-// the stream, and (b) no stored writer position is above it. It returns a
+// the stream, and (b) no stored writer position, nor the stored
+// persisted-upto, is above it. It returns a
 // *CheckError when any fails. Streams without a sequence pass trivially.
 func Check(ctx context.Context, q DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
@@ -102,6 +103,10 @@ func Check(ctx context.Context, q DB, cfg Config) error {
 	if _, err := pgx.ForEachRow(rows, []any{&st.writer, &st.pos}, func() error { positions = append(positions, st); return nil }); err != nil {
 		return fmt.Errorf("streams: stream %s: read stream_positions: %w", cfg.Name, err)
 	}
+	persisted, err := loadPersisted(ctx, q, cfg.Name)
+	if err != nil {
+		return err
+	}
 	seq, err := sequenceValue(ctx, q, cfg.Sequence)
 	if err != nil {
 		return fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
@@ -120,6 +125,10 @@ func Check(ctx context.Context, q DB, cfg Config) error {
 				Where: "stream_positions writer " + p.writer, SequenceValue: seq, Value: p.pos, Fix: fix})
 		}
 	}
+	if persisted > seq {
+		problems = append(problems, Problem{Err: ErrPositionAhead, Stream: cfg.Name, Sequence: cfg.Sequence,
+			Where: "stream_persisted", SequenceValue: seq, Value: persisted, Fix: fix})
+	}
 	if len(problems) > 0 {
 		return &CheckError{Problems: problems}
 	}
@@ -134,8 +143,9 @@ func fixSQL(cfg Config) string {
 	for _, t := range cfg.Tables {
 		parts = append(parts, fmt.Sprintf("(SELECT COALESCE(MAX(%s), 0) FROM %s)", ident(t.IDColumn), ident(t.Name)))
 	}
-	parts = append(parts, fmt.Sprintf("(SELECT COALESCE(MAX(position), 0) FROM stream_positions WHERE stream = '%s')",
-		strings.ReplaceAll(cfg.Name, "'", "''")))
+	name := strings.ReplaceAll(cfg.Name, "'", "''")
+	parts = append(parts, fmt.Sprintf("(SELECT COALESCE(MAX(position), 0) FROM stream_positions WHERE stream = '%s')", name),
+		fmt.Sprintf("(SELECT COALESCE(MAX(upto), 0) FROM stream_persisted WHERE stream = '%s')", name))
 	return fmt.Sprintf("SELECT setval('%s', GREATEST(%s, 1));", cfg.Sequence, strings.Join(parts, ", "))
 }
 

@@ -1,0 +1,49 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The persisted-upto a generator hands out is the one stored in
+// stream_persisted: Open starts from the stored value, and Refresh stores
+// what the tracker computed before handing it out. An instance that starts
+// after another handed out a value therefore never hands out less, however
+// far behind its own reads are (a writer stores its position only at the
+// announce pace, and live positions reach each instance at its own time).
+
+// loadPersisted reads the stream's stored persisted-upto (0 if none).
+func loadPersisted(ctx context.Context, db DB, stream string) (int64, error) {
+	var upto int64
+	err := db.QueryRow(ctx, `SELECT upto FROM stream_persisted WHERE stream = $1`, stream).Scan(&upto)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("streams: stream %s: load persisted-upto: %w", stream, err)
+	}
+	return upto, nil
+}
+
+// storePersisted stores persisted-upto if the tracker computed more than is
+// stored, and then hands it out. The row only ever moves up, and a value
+// not above it writes nothing (no dead tuple).
+func (g *Generator) storePersisted(ctx context.Context) error {
+	g.mu.Lock()
+	upto, stored := g.tr.PersistedUpto(), g.tr.StoredUpto()
+	g.mu.Unlock()
+	if upto <= stored {
+		return nil
+	}
+	_, err := g.db.Exec(ctx, `
+		INSERT INTO stream_persisted AS sp (stream, upto) VALUES ($1, $2)
+		ON CONFLICT (stream) DO UPDATE SET upto = EXCLUDED.upto
+		WHERE sp.upto < EXCLUDED.upto`, g.cfg.Name, upto)
+	if err != nil {
+		return fmt.Errorf("streams: stream %s: store persisted-upto %d: %w", g.cfg.Name, upto, err)
+	}
+	g.mu.Lock()
+	g.tr.Stored(upto) // the row is at or above it now
+	g.mu.Unlock()
+	return nil
+}
