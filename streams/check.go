@@ -25,8 +25,8 @@ type Problem struct {
 	Err      error // ErrSequenceBehind or ErrPositionAhead
 	Stream   string
 	Sequence string
-	// Where names the table (or "stream_positions writer NAME") whose value
-	// is ahead of the sequence.
+	// Where names the table (or "stream_positions writer NAME", or
+	// "stream_persisted") whose value is ahead of the sequence.
 	Where         string
 	SequenceValue int64 // the last ID the sequence handed out
 	Value         int64 // the value in Where that is above it
@@ -69,8 +69,8 @@ func (e *CheckError) Unwrap() []error {
 // Check runs the startup checks of a sequence-backed stream: (a) the
 // sequence is at or above the highest stream ID in every table that shares
 // the stream, and (b) no stored writer position, nor the stored
-// persisted-upto, is above it. It returns a
-// *CheckError when any fails. Streams without a sequence pass trivially.
+// persisted-upto, is above it. It returns a *CheckError when any fails.
+// Streams without a sequence pass trivially.
 func Check(ctx context.Context, q DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err

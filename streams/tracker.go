@@ -91,7 +91,8 @@ func (t *Tracker) Position(w WriterID) (int64, bool) {
 // SelfPosition is the local writer's position (0 for a reader).
 func (t *Tracker) SelfPosition() int64 { return t.writers[t.self] }
 
-// PersistedUpto is the position at or below which every ID is persisted.
+// PersistedUpto is the position at or below which every ID is persisted,
+// as this tracker computes it: what to store before handing it out.
 func (t *Tracker) PersistedUpto() int64 { return t.upto }
 
 // StoredUpto is the highest persisted-upto the database is known to hold:
