@@ -117,7 +117,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	if cfg.Sequence != "" {
 		g.tr.SetCap(seq)
 	}
-	floor, err := loadPersisted(ctx, db, cfg.Name)
+	floor, err := openPersisted(ctx, db, cfg.Name)
 	if err != nil {
 		return nil, err
 	}

@@ -25,9 +25,27 @@ func loadPersisted(ctx context.Context, db DB, stream string) (int64, error) {
 	return upto, nil
 }
 
+// openPersisted reads the stream's stored persisted-upto, creating its row
+// at 0 if there is none: stores then only raise it.
+func openPersisted(ctx context.Context, db DB, stream string) (int64, error) {
+	var upto int64
+	err := db.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO stream_persisted (stream, upto) VALUES ($1, 0)
+			ON CONFLICT (stream) DO NOTHING RETURNING upto
+		)
+		SELECT upto FROM ins UNION ALL SELECT upto FROM stream_persisted WHERE stream = $1
+		LIMIT 1`, stream).Scan(&upto)
+	if err != nil {
+		return 0, fmt.Errorf("streams: stream %s: load persisted-upto: %w", stream, err)
+	}
+	return upto, nil
+}
+
 // storePersisted stores persisted-upto if the tracker computed more than is
-// stored, and then hands it out. The row only ever moves up, and a value
-// not above it writes nothing (no dead tuple).
+// stored, and then hands it out. The row (created by Open, never deleted)
+// only moves up; a value not above it writes and locks nothing, so the
+// instances of a cluster storing about the same value do not queue on it.
 func (g *Generator) storePersisted(ctx context.Context) error {
 	g.mu.Lock()
 	upto, stored := g.tr.PersistedUpto(), g.tr.StoredUpto()
@@ -35,10 +53,7 @@ func (g *Generator) storePersisted(ctx context.Context) error {
 	if upto <= stored {
 		return nil
 	}
-	_, err := g.db.Exec(ctx, `
-		INSERT INTO stream_persisted AS sp (stream, upto) VALUES ($1, $2)
-		ON CONFLICT (stream) DO UPDATE SET upto = EXCLUDED.upto
-		WHERE sp.upto < EXCLUDED.upto`, g.cfg.Name, upto)
+	_, err := g.db.Exec(ctx, `UPDATE stream_persisted SET upto = $2 WHERE stream = $1 AND upto < $2`, g.cfg.Name, upto)
 	if err != nil {
 		return fmt.Errorf("streams: stream %s: store persisted-upto %d: %w", g.cfg.Name, upto, err)
 	}

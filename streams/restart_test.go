@@ -79,3 +79,43 @@ func TestStoredPersistedUptoAboveSequenceRefused(t *testing.T) {
 		t.Fatalf("persisted-upto %d after the repair, want the stored 40", got)
 	}
 }
+
+// Two readers store persisted-upto: the one behind neither lowers the row
+// nor writes a tuple version, and hands out what it computed, which the row
+// covers.
+func TestStoredPersistedUptoOnlyUp(t *testing.T) {
+	pool, _ := setup(t)
+	ctx := context.Background()
+	w := open(t, pool, eventsCfg, "persister1")
+	ahead, behind := open(t, pool, eventsCfg, ""), open(t, pool, eventsCfg, "")
+	a, err := w.Alloc(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Finish()
+	row := func() (upto int64, ctid string) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT upto, ctid::text FROM stream_persisted WHERE stream = 'events'`).Scan(&upto, &ctid); err != nil {
+			t.Fatal(err)
+		}
+		return upto, ctid
+	}
+	ahead.Observe(w.SelfID(), 5)
+	behind.Observe(w.SelfID(), 3) // an older POSITION
+	if err := ahead.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	upto, ctid := row()
+	if upto != 5 || ahead.PersistedUpto() != 5 {
+		t.Fatalf("stored %d, handed out %d; want 5 and 5", upto, ahead.PersistedUpto())
+	}
+	if err := behind.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := behind.PersistedUpto(); got != 3 {
+		t.Fatalf("the reader behind hands out %d, want the 3 it computed", got)
+	}
+	if upto2, ctid2 := row(); upto2 != 5 || ctid2 != ctid {
+		t.Fatalf("a lower store left the row at %d (ctid %s -> %s), want 5 untouched", upto2, ctid, ctid2)
+	}
+}
