@@ -129,7 +129,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 			return nil, err
 		}
 	}
-	if err := g.storePersisted(ctx); err != nil {
+	if err := g.StorePersisted(ctx); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -200,7 +200,7 @@ func (g *Generator) Refresh(ctx context.Context) error {
 		g.tr.SetCap(seq)
 	}
 	g.mu.Unlock()
-	return g.storePersisted(ctx)
+	return g.StorePersisted(ctx)
 }
 
 // RegisterWriter maps a writer name to its small integer ID, creating it

@@ -42,11 +42,13 @@ func openPersisted(ctx context.Context, db DB, stream string) (int64, error) {
 	return upto, nil
 }
 
-// storePersisted stores persisted-upto if the tracker computed more than is
-// stored, and then hands it out. The row (created by Open, never deleted)
+// StorePersisted stores persisted-upto if this instance computed more than
+// is stored, and PersistedUpto hands it out from then on. Refresh does it
+// too; calling it between refreshes makes the persisted-upto handed out
+// trail the one computed by less. The row (created by Open, never deleted)
 // only moves up; a value not above it writes and locks nothing, so the
 // instances of a cluster storing about the same value do not queue on it.
-func (g *Generator) storePersisted(ctx context.Context) error {
+func (g *Generator) StorePersisted(ctx context.Context) error {
 	g.mu.Lock()
 	upto, stored := g.tr.PersistedUpto(), g.tr.StoredUpto()
 	g.mu.Unlock()

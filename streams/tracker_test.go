@@ -439,7 +439,7 @@ func (m *trackerModel) readRegistry(t *rapid.T) {
 	}
 	m.tr.SetCap(m.refreshCap)
 	m.cap, m.refreshing = m.refreshCap, false
-	// Then it stores persisted-upto (Generator.storePersisted).
+	// Then it stores persisted-upto (Generator.StorePersisted).
 	if upto := m.tr.PersistedUpto(); upto > m.tr.StoredUpto() {
 		m.stored = max(m.stored, upto)
 		m.tr.Stored(upto)
