@@ -415,7 +415,8 @@ func (g *Generator) WriterPosition(w WriterID) (int64, bool) {
 // PersistedUpto is the position at or below which every ID is persisted,
 // as stored in the database: Open starts from the stored value and Refresh
 // stores a higher one before it is handed out, so it never goes backwards,
-// across restarts of any instance too. It moves at Refresh.
+// across restarts of any instance too. It moves when Refresh or
+// StorePersisted stores it.
 func (g *Generator) PersistedUpto() int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
