@@ -372,6 +372,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 	}
 	wg.Go(func() { n.housekeeping(runCtx) })
+	wg.Go(func() { n.storePersisted(runCtx) })
 	wg.Go(func() { n.watchStalls(runCtx) })
 	if n.cfg.SealExpired > 0 && len(n.gens) > 0 {
 		var db streams.DB

@@ -25,8 +25,8 @@ type Problem struct {
 	Err      error // ErrSequenceBehind or ErrPositionAhead
 	Stream   string
 	Sequence string
-	// Where names the table (or "stream_positions writer NAME") whose value
-	// is ahead of the sequence.
+	// Where names the table (or "stream_positions writer NAME", or
+	// "stream_persisted") whose value is ahead of the sequence.
 	Where         string
 	SequenceValue int64 // the last ID the sequence handed out
 	Value         int64 // the value in Where that is above it
@@ -68,8 +68,9 @@ func (e *CheckError) Unwrap() []error {
 
 // Check runs the startup checks of a sequence-backed stream: (a) the
 // sequence is at or above the highest stream ID in every table that shares
-// the stream, and (b) no stored writer position is above it. It returns a
-// *CheckError when any fails. Streams without a sequence pass trivially.
+// the stream, and (b) no stored writer position, nor the stored
+// persisted-upto, is above it. It returns a *CheckError when any fails.
+// Streams without a sequence pass trivially.
 func Check(ctx context.Context, q DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -102,6 +103,10 @@ func Check(ctx context.Context, q DB, cfg Config) error {
 	if _, err := pgx.ForEachRow(rows, []any{&st.writer, &st.pos}, func() error { positions = append(positions, st); return nil }); err != nil {
 		return fmt.Errorf("streams: stream %s: read stream_positions: %w", cfg.Name, err)
 	}
+	persisted, err := loadPersisted(ctx, q, cfg.Name)
+	if err != nil {
+		return err
+	}
 	seq, err := sequenceValue(ctx, q, cfg.Sequence)
 	if err != nil {
 		return fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
@@ -120,6 +125,10 @@ func Check(ctx context.Context, q DB, cfg Config) error {
 				Where: "stream_positions writer " + p.writer, SequenceValue: seq, Value: p.pos, Fix: fix})
 		}
 	}
+	if persisted > seq {
+		problems = append(problems, Problem{Err: ErrPositionAhead, Stream: cfg.Name, Sequence: cfg.Sequence,
+			Where: "stream_persisted", SequenceValue: seq, Value: persisted, Fix: fix})
+	}
 	if len(problems) > 0 {
 		return &CheckError{Problems: problems}
 	}
@@ -134,8 +143,9 @@ func fixSQL(cfg Config) string {
 	for _, t := range cfg.Tables {
 		parts = append(parts, fmt.Sprintf("(SELECT COALESCE(MAX(%s), 0) FROM %s)", ident(t.IDColumn), ident(t.Name)))
 	}
-	parts = append(parts, fmt.Sprintf("(SELECT COALESCE(MAX(position), 0) FROM stream_positions WHERE stream = '%s')",
-		strings.ReplaceAll(cfg.Name, "'", "''")))
+	name := strings.ReplaceAll(cfg.Name, "'", "''")
+	parts = append(parts, fmt.Sprintf("(SELECT COALESCE(MAX(position), 0) FROM stream_positions WHERE stream = '%s')", name),
+		fmt.Sprintf("(SELECT COALESCE(MAX(upto), 0) FROM stream_persisted WHERE stream = '%s')", name))
 	return fmt.Sprintf("SELECT setval('%s', GREATEST(%s, 1));", cfg.Sequence, strings.Join(parts, ", "))
 }
 

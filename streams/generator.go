@@ -40,7 +40,9 @@ type Generator struct {
 //
 // Loading reads stream_positions, then scans the stream's tables for rows
 // of self above its stored position: a crash can leave committed rows that
-// were never recorded there.
+// were never recorded there. Persisted-upto starts at the stored one
+// (stream_persisted) or at what the positions read give, stored first,
+// whichever is higher.
 func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, error) {
 	if err := Check(ctx, db, cfg); err != nil {
 		return nil, err
@@ -123,12 +125,20 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	if cfg.Sequence != "" {
 		g.tr.SetCap(seq)
 	}
+	floor, err := openPersisted(ctx, db, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	g.tr.Stored(floor)
 	if self != "" {
 		// Register for the stream before the first allocation, so every
 		// reader that loads positions from now on counts this writer.
 		if err := g.SavePosition(ctx); err != nil {
 			return nil, err
 		}
+	}
+	if err := g.StorePersisted(ctx); err != nil {
+		return nil, err
 	}
 	return g, nil
 }
@@ -163,6 +173,8 @@ func loadPositions(ctx context.Context, db DB, stream string) (stored map[string
 // writers that were sealed, and lifts the cap on persisted-upto to the
 // sequence value read first. A sealed name that is claimed again comes
 // back at its next Refresh; until then the cap keeps its new IDs safe.
+// It then stores persisted-upto, which PersistedUpto hands out from then
+// on.
 func (g *Generator) Refresh(ctx context.Context) error {
 	var seq int64
 	if g.cfg.Sequence != "" {
@@ -200,7 +212,7 @@ func (g *Generator) Refresh(ctx context.Context) error {
 		g.tr.SetCap(seq)
 	}
 	g.mu.Unlock()
-	return nil
+	return g.StorePersisted(ctx)
 }
 
 // StoredPosition is one writer's row in the stream's registry
@@ -474,11 +486,15 @@ func (g *Generator) WriterPosition(w WriterID) (int64, bool) {
 	return g.tr.Position(w)
 }
 
-// PersistedUpto is the position at or below which every ID is persisted.
+// PersistedUpto is the position at or below which every ID is persisted,
+// as stored in the database: Open starts from the stored value and Refresh
+// stores a higher one before it is handed out, so it never goes backwards,
+// across restarts of any instance too. It moves when Refresh or
+// StorePersisted stores it.
 func (g *Generator) PersistedUpto() int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.tr.PersistedUpto()
+	return g.tr.StoredUpto()
 }
 
 // Token is the current view as a vector clock.

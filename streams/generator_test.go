@@ -345,6 +345,9 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 		t.Fatalf("idle B reports %d, want A's last ID 100", got)
 	}
 	reader.Observe(b.SelfID(), b.Position())
+	if err := reader.Refresh(ctx); err != nil { // stores it, to hand it out
+		t.Fatal(err)
+	}
 	if got := reader.PersistedUpto(); got != 100 {
 		t.Fatalf("persisted-upto %d, want 100", got)
 	}

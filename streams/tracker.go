@@ -30,6 +30,10 @@ const maxDone = 1 << 16
 //     later at a lower position); it then skips forward over IDs known to
 //     be persisted, never passes the cap (once past where NewTracker
 //     started it), and never goes backwards.
+//   - Persisted-upto is handed out (StoredUpto) only once the database
+//     holds it (Stored); an instance starts from the value stored, so what
+//     it hands out never goes below what any instance handed out before,
+//     across restarts too.
 type Tracker struct {
 	self    WriterID
 	writers map[WriterID]int64
@@ -44,6 +48,7 @@ type Tracker struct {
 	sound   int64 // every ID at or below is persisted, whoever holds it; only moves up
 	cap     int64
 	capped  bool
+	stored  int64 // persisted-upto as the database holds it; only moves up
 }
 
 // Ticket marks one allocation in flight between BeginAlloc and Allocated.
@@ -86,8 +91,14 @@ func (t *Tracker) Position(w WriterID) (int64, bool) {
 // SelfPosition is the local writer's position (0 for a reader).
 func (t *Tracker) SelfPosition() int64 { return t.writers[t.self] }
 
-// PersistedUpto is the position at or below which every ID is persisted.
+// PersistedUpto is the position at or below which every ID is persisted,
+// as this tracker computes it: what to store before handing it out.
 func (t *Tracker) PersistedUpto() int64 { return t.upto }
+
+// StoredUpto is the highest persisted-upto the database is known to hold:
+// the value to hand out. It never goes backwards, and a tracker started
+// later from the stored value starts at or above it.
+func (t *Tracker) StoredUpto() int64 { return t.stored }
 
 // MaxSeen is the highest ID or position this tracker has heard of.
 func (t *Tracker) MaxSeen() int64 { return t.maxSeen }
@@ -223,6 +234,20 @@ func (t *Tracker) RemoveWriter(w WriterID) {
 	}
 	delete(t.writers, w)
 	t.update()
+}
+
+// Stored records that the database holds p as the stream's persisted-upto
+// (read on start, or left there by a store). Every ID at or below p is
+// persisted, so persisted-upto moves up to p, past the cap if need be:
+// whoever stored p had read a later sequence value.
+func (t *Tracker) Stored(p int64) {
+	if p <= t.stored {
+		return
+	}
+	t.stored = p
+	t.sound = max(t.sound, p)
+	t.update()
+	t.upto = max(t.upto, p)
 }
 
 // SetCap bounds persisted-upto by a sequence value read before the writer

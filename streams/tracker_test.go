@@ -263,8 +263,10 @@ func TestTrackerAllWritersSealed(t *testing.T) {
 // against the ground truth of which IDs are finished. Remote writers
 // register at any time, at the sequence value then, and commit their
 // registration later; the tracker learns them from a HELLO or POSITION or
-// at its next refresh (sequence read, registry read, cap lifted), while the
-// others keep allocating, finishing, announcing and getting sealed.
+// at its next refresh (sequence read, registry read, cap lifted, then
+// persisted-upto stored), while the others keep allocating, finishing,
+// announcing and getting sealed. A reader's process may restart: the
+// persisted-upto handed out never goes backwards, across restarts too.
 func TestTrackerModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		m := newTrackerModel(rapid.SampledFrom([]WriterID{0, 1}).Draw(t, "self"))
@@ -338,8 +340,9 @@ type trackerModel struct {
 	refreshing bool  // the sequence was read, the registry not yet
 	refreshCap int64 // the sequence value that refresh read
 	cap        int64 // the last cap set
+	stored     int64 // the stream_persisted row
 
-	lastSelf, lastUpto int64
+	lastSelf, lastUpto, lastHanded int64
 }
 
 func newTrackerModel(self WriterID) *trackerModel {
@@ -428,14 +431,7 @@ func (m *trackerModel) freeNames() []WriterID {
 // its stored position, the sealed ones dropped (in any order, as Refresh
 // ranges over a map), then the cap lifted to the sequence value read first.
 func (m *trackerModel) readRegistry(t *rapid.T) {
-	last := make([]*remoteWriter, m.names)
-	for _, w := range m.remotes {
-		if w.committed {
-			last[w.id-2] = w
-		}
-	}
-	last = slices.DeleteFunc(last, func(w *remoteWriter) bool { return w == nil })
-	for _, w := range rapid.Permutation(last).Draw(t, "registry") {
+	for _, w := range rapid.Permutation(m.registry()).Draw(t, "registry") {
 		m.tr.Observe(w.id, w.stored)
 		if w.sealed {
 			m.tr.RemoveWriter(w.id)
@@ -443,6 +439,23 @@ func (m *trackerModel) readRegistry(t *rapid.T) {
 	}
 	m.tr.SetCap(m.refreshCap)
 	m.cap, m.refreshing = m.refreshCap, false
+	// Then it stores persisted-upto (Generator.StorePersisted).
+	if upto := m.tr.PersistedUpto(); upto > m.tr.StoredUpto() {
+		m.stored = max(m.stored, upto)
+		m.tr.Stored(upto)
+	}
+}
+
+// registry is what a read of the registry returns: every name's last
+// committed registration.
+func (m *trackerModel) registry() []*remoteWriter {
+	last := make([]*remoteWriter, m.names)
+	for _, w := range m.remotes {
+		if w.committed {
+			last[w.id-2] = w
+		}
+	}
+	return slices.DeleteFunc(last, func(w *remoteWriter) bool { return w == nil })
 }
 
 // announce delivers a HELLO or POSITION from w: anything from its last
@@ -605,6 +618,23 @@ func (m *trackerModel) actions() []modelAction {
 			}
 			m.readRegistry(t)
 		}},
+		// The reader's process restarts: its successor opens the stream,
+		// reading the sequence, the registry and the stored persisted-upto.
+		// What it computes may be below what its predecessor computed;
+		// what it hands out may not.
+		{"restart", 1, func() bool { return m.self == 0 }, func(t *rapid.T) {
+			positions := map[WriterID]int64{}
+			for _, w := range m.registry() {
+				if !w.sealed {
+					positions[w.id] = w.stored
+				}
+			}
+			m.tr = NewTracker(0, positions)
+			m.tr.SetCap(m.seq)
+			m.tr.Stored(m.stored)
+			m.cap, m.refreshing = m.seq, false
+			m.lastUpto = 0
+		}},
 		// A row seen in a table or on the bus is persisted, whoever wrote it.
 		{"row-seen", 1, func() bool { return len(m.done) > 0 }, func(t *rapid.T) {
 			m.tr.ObservePersisted(rapid.SampledFrom(m.done).Draw(t, "id"))
@@ -618,9 +648,19 @@ func (m *trackerModel) check(t *rapid.T) {
 		t.Fatalf("went backwards: self %d->%d, upto %d->%d", m.lastSelf, selfPos, m.lastUpto, upto)
 	}
 	m.lastSelf, m.lastUpto = selfPos, upto
-	if upto > m.cap {
-		t.Fatalf("persisted-upto %d passed the cap %d", upto, m.cap)
+	if upto > max(m.cap, m.stored) {
+		t.Fatalf("persisted-upto %d passed the cap %d and the stored %d", upto, m.cap, m.stored)
 	}
+	handed := m.tr.StoredUpto()
+	switch {
+	case handed < m.lastHanded:
+		t.Fatalf("persisted-upto handed out went backwards: %d after %d", handed, m.lastHanded)
+	case handed > m.stored:
+		t.Fatalf("persisted-upto %d handed out, above the stored %d", handed, m.stored)
+	case handed > upto:
+		t.Fatalf("persisted-upto %d handed out, above the %d computed", handed, upto)
+	}
+	m.lastHanded = handed
 	for id := int64(1); id <= m.seq; id++ {
 		if m.self > 0 && m.owner[id] == m.self && id <= selfPos && !m.finished[id] {
 			t.Fatalf("own position %d passed unfinished id %d", selfPos, id)
@@ -651,6 +691,9 @@ func (m *trackerModel) quiesce(t *rapid.T) {
 	m.readRegistry(t)
 	if got := m.tr.PersistedUpto(); got != m.seq {
 		t.Fatalf("quiescent persisted-upto = %d, want sequence head %d", got, m.seq)
+	}
+	if got := m.tr.StoredUpto(); got != m.seq {
+		t.Fatalf("quiescent persisted-upto handed out = %d, want sequence head %d", got, m.seq)
 	}
 }
 
