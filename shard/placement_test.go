@@ -119,6 +119,74 @@ func TestQueuePlacementParksGainedKeys(t *testing.T) {
 	}
 }
 
+// The old owner of a moved key releases the epoch only once every task it
+// admitted for the key has ended: not while one waits, and not while one
+// runs, since a running task's commit may still land after the new owner
+// has begun. The executor holds each task open, as a commit in flight.
+func TestQueueReleasesMovedKeyOnlyAfterItsTasksEnd(t *testing.T) {
+	v1, v2 := []string{"a", "b"}, []string{"a", "b", "c"}
+	moving := movingKey(t, "a", v1, "c", v2)
+	pl := newNodePlacement("a", v1)
+	running := make(chan int, 2)
+	commits := []gate{make(gate), make(gate)}
+	q := startQueue(t, QueueConfig{Placement: pl, Exec: func(_ context.Context, _ string, tasks []Task) []Result {
+		for _, task := range tasks {
+			running <- payloadInt(task)
+			<-commits[payloadInt(task)]
+		}
+		return echo(tasks)
+	}})
+	t.Cleanup(func() { // before the queue stops (cleanups run last first): a failed run leaves no executor blocked
+		for _, g := range commits {
+			select {
+			case <-g:
+			default:
+				g.open()
+			}
+		}
+	})
+	awaitRunning := func(want int) {
+		t.Helper()
+		select {
+		case got := <-running:
+			if got != want {
+				t.Fatalf("task %d runs, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d never ran", want)
+		}
+	}
+	released := func() (epoch int64) {
+		pl.Update(func(n *handover.Node) {
+			if e, ok := n.Release(); ok {
+				epoch = e
+			}
+		})
+		return epoch
+	}
+
+	first := mustEnqueue(t, q, moving, seqTask("recompute", false, 0))
+	second := mustEnqueue(t, q, moving, seqTask("recompute", false, 1))
+	awaitRunning(0)
+	pl.Update(func(n *handover.Node) { n.Learn(handover.Version{Epoch: 2, Writers: v2}) })
+	if _, d, err := q.SubmitAt(context.Background(), moving, Task{Kind: "persist"}, 2); err != nil || d.Verdict != handover.Refuse || d.Owner != "c" {
+		t.Fatalf("a task for the moved key: %+v %v, want refuse naming c", d, err)
+	}
+	if e := released(); e >= 2 {
+		t.Fatalf("released epoch %d while the first task's commit is in flight and the second waits", e)
+	}
+	commits[0].open()
+	awaitRunning(1)
+	if e := released(); e >= 2 {
+		t.Fatalf("released epoch %d while the second task's commit is in flight", e)
+	}
+	commits[1].open()
+	first.wait(t)
+	second.wait(t)
+	// The queue ends a task in the Placement after it handed out the result.
+	testenv.Eventually(t, 10*time.Second, func() bool { return released() == 2 }, "epoch 2 never released after both tasks ended")
+}
+
 // The cost of fencing on the queue's hot path: tasks of settled keys
 // through a Placement (a handover.Node behind a mutex, as
 // membership.Follower keeps it) against the same queue without one. The

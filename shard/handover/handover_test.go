@@ -44,26 +44,31 @@ func TestSimulation(t *testing.T) {
 	}
 	t.Logf("%d seeds: %s", n, total)
 	// The faults must have happened, or the seeds proved nothing.
-	if total.changes < int(n) || total.crashes == 0 || total.partitions == 0 || total.refused == 0 {
+	if total.changes < int(n) || total.crashes == 0 || total.partitions == 0 || total.refused == 0 ||
+		total.unknownCommitted == 0 || total.unknownCommitted == total.unknown {
 		t.Fatalf("the seeds exercised too little: %s", total)
 	}
 }
 
-// Each part of the fence is needed: break any one and the simulation
-// finds a violation within the seeds make test runs.
+// Each part of the fence is needed: break any one, or let a writer end a
+// task or an ID before it knows whether its commit happened, and the
+// simulation finds a violation within the seeds make test runs.
 func TestSimulationCatchesBrokenFence(t *testing.T) {
-	for name, b := range map[string]breakage{
-		"no barrier":        noBarrier,
-		"fence vouches":     fenceVouches,
-		"release undrained": releaseUndrained,
-		"release ahead":     releaseAhead,
+	for name, b := range map[string]simConfig{
+		"no barrier":                          {broken: noBarrier},
+		"fence vouches":                       {broken: fenceVouches},
+		"release undrained":                   {broken: releaseUndrained},
+		"release ahead":                       {broken: releaseAhead},
+		"unknown commit taken for a rollback": {guessRollback: true},
+		"unknown commit read before it ended": {readEarly: true},
+		"task done as it begins":              {doneAtBegin: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if raceEnabled {
 				t.Skip("thousands of seeds; make test runs this without -race")
 			}
 			cfg := defaultSim
-			cfg.broken = b
+			cfg.broken, cfg.guessRollback, cfg.readEarly, cfg.doneAtBegin = b.broken, b.guessRollback, b.readEarly, b.doneAtBegin
 			for seed := uint64(1); seed <= simSeeds(t); seed++ {
 				if fail := newSim(seed, cfg).run(); len(fail) > 0 {
 					t.Logf("seed %d caught it: %s", seed, fail[0])
@@ -82,6 +87,8 @@ func (st *simStats) add(o simStats) {
 	st.partitions += o.partitions
 	st.refused += o.refused
 	st.waits += o.waits
+	st.unknown += o.unknown
+	st.unknownCommitted += o.unknownCommitted
 }
 
 // testOwner is rendezvous hashing as weft's shard.Owner does it, in short
