@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -31,6 +32,7 @@ type Generator struct {
 	ids      map[string]WriterID
 	stored   []StoredPosition // the registry as last read, sealed writers included
 	advanced chan struct{}
+	changed  chan struct{} // positions or persisted-upto may have moved (Changed)
 	lease    atomic.Pointer[Lease]
 	reg      Registry // every writer with a stored position, and the cap
 }
@@ -47,7 +49,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	if err := Check(ctx, db, cfg); err != nil {
 		return nil, err
 	}
-	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1)}
+	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
 	if self != "" {
 		id, err := RegisterWriter(ctx, db, self)
 		if err != nil {
@@ -212,6 +214,7 @@ func (g *Generator) Refresh(ctx context.Context) error {
 		g.tr.SetCap(seq)
 	}
 	g.mu.Unlock()
+	g.change()
 	return g.StorePersisted(ctx)
 }
 
@@ -406,12 +409,27 @@ func (g *Generator) finish(ids []int64) {
 	}
 }
 
+// signal says the local writer's position moved (Advanced), and so may
+// have persisted-upto (Changed).
 func (g *Generator) signal() {
 	select {
 	case g.advanced <- struct{}{}:
 	default:
 	}
+	g.change()
 }
+
+func (g *Generator) change() {
+	select {
+	case g.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Changed signals (without blocking, coalesced) that a position this
+// generator tracks may have moved, and with it ComputedUpto: a follower
+// of persisted-upto waits on it rather than poll.
+func (g *Generator) Changed() <-chan struct{} { return g.changed }
 
 // SetLease makes every InTx fence with l (the lease of this generator's
 // writer name) before it allocates, so a sealed writer commits nothing.
@@ -421,6 +439,10 @@ func (g *Generator) SetLease(l *Lease) { g.lease.Store(l) }
 // commits if fn returns nil, rolling back otherwise. The IDs finish when the
 // transaction has ended, whichever way. With a lease set, the transaction
 // first fences with it: a sealed writer gets an error wrapping ErrSealed.
+// A COMMIT whose reply is lost is resolved before the IDs finish: once
+// the server process that ran it has ended, a row at one of the IDs in
+// the stream's tables means it committed (InTx returns nil), none that it
+// did not.
 func (g *Generator) InTx(ctx context.Context, n int, fn func(tx pgx.Tx, ids []int64) error) error {
 	tx, err := g.db.Begin(ctx)
 	if err != nil {
@@ -443,7 +465,23 @@ func (g *Generator) InTx(ctx context.Context, n int, fn func(tx pgx.Tx, ids []in
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("streams: stream %s: commit: %w", g.cfg.Name, err)
+		err = fmt.Errorf("streams: stream %s: commit: %w", g.cfg.Name, err)
+		if !MayHaveCommitted(err) {
+			return err
+		}
+		ctx := context.WithoutCancel(ctx)
+		if werr := AwaitSessionEnd(ctx, g.db, tx.Conn().PgConn().PID(), time.Second); werr != nil {
+			a.once.Do(func() {}) // outcome unknown: the IDs never finish here
+			return fmt.Errorf("%w; its outcome is unknown: %w", err, werr)
+		}
+		found, cerr := g.Committed(ctx, g.db, a.ids)
+		switch {
+		case cerr != nil:
+			a.once.Do(func() {})
+			return fmt.Errorf("%w; its outcome is unknown: %w", err, cerr)
+		case len(found) == 0:
+			return err
+		}
 	}
 	return nil
 }
@@ -457,6 +495,8 @@ func (g *Generator) Observe(w WriterID, pos int64) {
 	g.mu.Unlock()
 	if moved {
 		g.signal()
+	} else {
+		g.change()
 	}
 }
 
@@ -469,6 +509,8 @@ func (g *Generator) ObservePersisted(pos int64) {
 	g.mu.Unlock()
 	if moved {
 		g.signal()
+	} else {
+		g.change()
 	}
 }
 
@@ -484,6 +526,18 @@ func (g *Generator) WriterPosition(w WriterID) (int64, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.tr.Position(w)
+}
+
+// ComputedUpto is the persisted-upto this instance has computed from what
+// it knows now: every ID at or below it is persisted. It never goes
+// backwards in this instance and may be above PersistedUpto, the value
+// stored and handed out; an instance started later may compute less at
+// first. A follower that keeps its own durable cursor (a consumer) reads
+// up to it.
+func (g *Generator) ComputedUpto() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.PersistedUpto()
 }
 
 // PersistedUpto is the position at or below which every ID is persisted,
