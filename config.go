@@ -1,0 +1,218 @@
+package weft
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/instance"
+)
+
+// Config configures a process. It names the process once; zero values
+// mean the documented defaults.
+type Config struct {
+	// Name is the process's name: the writer name it writes its streams
+	// under (one process at a time holds it, by a lease), and the prefix
+	// of its instance ID. Required: 1-64 of [a-z0-9_-], starting with a
+	// letter.
+	Name string
+	// DatabaseURL is the PostgreSQL URL. Required unless Database is set.
+	DatabaseURL string
+	// Database is a pool to use instead of DatabaseURL; Close leaves it
+	// open.
+	Database *pgxpool.Pool
+	// RedisURL is redis:// or rediss://, with credentials if any. Required.
+	RedisURL string
+	// RedisCluster: RedisURL names the seed nodes of a Redis Cluster.
+	RedisCluster bool
+	// Cluster names the Redis channels; processes that work together share
+	// it ["weft"].
+	Cluster string
+	// Secret is shared by every process of the cluster: it signs every
+	// line on Redis and guards the HTTP catch-up endpoint. Required unless
+	// Insecure.
+	Secret string
+	// Insecure allows an empty Secret: anyone who reaches Redis or the
+	// endpoint is trusted. For tests and laptops.
+	Insecure bool
+	// Listen is the host:port the process serves its HTTP endpoints on
+	// (Node.Handler: catch-up for the other processes, /healthz,
+	// /readyz, /metrics, /status). Empty serves nothing: mount
+	// Node.Handler on a server of your own.
+	Listen string
+	// Advertise is the base URL the other processes reach this one at
+	// ["http://" + Listen when Listen names a host]. Empty: they read
+	// what they miss from PostgreSQL instead.
+	Advertise string
+	// Streams declares every stream the process writes, follows or
+	// consumes, with its table.
+	Streams []Stream
+	// Writes names the streams this process writes (Append).
+	Writes []string
+	// Followers see every row of a stream as it commits.
+	Followers []Follower
+	// Consumers apply every committed row of a stream exactly once, across
+	// restarts and crashes.
+	Consumers []Consumer
+	// AnnounceInterval bounds how long an idle writer's position waits
+	// before it is announced, and so how long a consumer may wait behind
+	// an idle writer [1s; at least 50ms].
+	AnnounceInterval time.Duration
+	// LeaseTTL: a writer silent this long loses its name to the next
+	// process that claims it [10s].
+	LeaseTTL time.Duration
+	// Logger receives the process's logs [slog.Default()].
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil means a registry of the
+	// process's own, served on /metrics.
+	Registerer prometheus.Registerer
+}
+
+// Follower is a handler of every row of a stream, delivered as it
+// commits: on every process that follows the stream, each row once, in
+// the order of each writer's positions (rows of different writers may
+// interleave differently on different processes).
+type Follower struct {
+	// Stream is the stream followed. Required.
+	Stream string
+	// Handler is given each row. Required.
+	Handler Handler
+	// FromStart delivers every row the stream holds first; otherwise the
+	// rows committed from the time the process starts.
+	FromStart bool
+}
+
+// Consumer applies every row of a stream exactly once: its effects and
+// its cursor commit in one transaction, in the stream's order (by
+// position, up to the stream's persisted-upto: every lower position is
+// committed or rolled back). See ConsumerFunc.
+type Consumer struct {
+	// Stream is the stream consumed. Required.
+	Stream string
+	// Name names the cursor, stored in the database: processes that run
+	// a consumer of the same name share its cursor, and each batch is
+	// applied by one of them. Required: 1-64 of [a-z0-9_-].
+	Name string
+	// Apply applies a batch. Required.
+	Apply ConsumerFunc
+	// StartAtEnd starts a consumer new to the database at the stream's
+	// current end rather than at its beginning.
+	StartAtEnd bool
+	// MaxBatch bounds the rows in one batch [100].
+	MaxBatch int
+}
+
+func (c *Config) setDefaults() {
+	if c.Cluster == "" {
+		c.Cluster = "weft"
+	}
+	if c.Advertise == "" && c.Listen != "" {
+		if host, _, err := net.SplitHostPort(c.Listen); err == nil && host != "" && !net.ParseIP(host).IsUnspecified() {
+			c.Advertise = "http://" + c.Listen
+		}
+	}
+	if c.AnnounceInterval == 0 {
+		c.AnnounceInterval = time.Second
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	for i := range c.Consumers {
+		if c.Consumers[i].MaxBatch == 0 {
+			c.Consumers[i].MaxBatch = 100
+		}
+	}
+}
+
+// Validate reports the first invalid field, by name. Open calls it.
+func (c Config) Validate() error {
+	c.setDefaults()
+	fail := func(field, format string, args ...any) error {
+		return fmt.Errorf("weft: Config.%s: %s", field, fmt.Sprintf(format, args...))
+	}
+	if err := instance.ValidName(c.Name); err != nil {
+		return fail("Name", "%v", err)
+	}
+	if c.DatabaseURL == "" && c.Database == nil {
+		return fail("DatabaseURL", "empty, and Database is nil")
+	}
+	if c.RedisURL == "" {
+		return fail("RedisURL", "empty")
+	}
+	if c.Secret == "" && !c.Insecure {
+		return fail("Secret", "empty (set Insecure to run without one, for tests only)")
+	}
+	if c.Secret != strings.TrimSpace(c.Secret) || strings.ContainsAny(c.Secret, "\r\n\x00") {
+		return fail("Secret", "has leading or trailing white space or a control character: it cannot travel in an HTTP header")
+	}
+	if c.AnnounceInterval < 50*time.Millisecond {
+		return fail("AnnounceInterval", "%v is below 50ms", c.AnnounceInterval)
+	}
+	if c.LeaseTTL < time.Second {
+		return fail("LeaseTTL", "%v is below 1s", c.LeaseTTL)
+	}
+	byName := map[string]Stream{}
+	for i, s := range c.Streams {
+		if err := s.validate(); err != nil {
+			return fail(fmt.Sprintf("Streams[%d]", i), "%v", err)
+		}
+		if _, dup := byName[s.Name]; dup {
+			return fail(fmt.Sprintf("Streams[%d]", i), "stream %q declared twice", s.Name)
+		}
+		byName[s.Name] = s
+	}
+	declared := func(field, stream string) error {
+		if _, ok := byName[stream]; !ok {
+			return fail(field, "stream %q is not in Streams", stream)
+		}
+		return nil
+	}
+	for i, s := range c.Writes {
+		if err := declared(fmt.Sprintf("Writes[%d]", i), s); err != nil {
+			return err
+		}
+	}
+	from := map[string]bool{}
+	for i, f := range c.Followers {
+		field := fmt.Sprintf("Followers[%d]", i)
+		if err := declared(field+".Stream", f.Stream); err != nil {
+			return err
+		}
+		if f.Handler == nil {
+			return fail(field+".Handler", "nil")
+		}
+		if was, seen := from[f.Stream]; seen && was != f.FromStart {
+			return fail(field+".FromStart", "followers of %q disagree on FromStart", f.Stream)
+		}
+		from[f.Stream] = f.FromStart
+	}
+	names := map[[2]string]bool{}
+	for i, k := range c.Consumers {
+		field := fmt.Sprintf("Consumers[%d]", i)
+		if err := declared(field+".Stream", k.Stream); err != nil {
+			return err
+		}
+		if err := instance.ValidName(k.Name); err != nil {
+			return fail(field+".Name", "%v", err)
+		}
+		if names[[2]string{k.Stream, k.Name}] {
+			return fail(field+".Name", "consumer %q of %q given twice", k.Name, k.Stream)
+		}
+		names[[2]string{k.Stream, k.Name}] = true
+		if k.Apply == nil {
+			return fail(field+".Apply", "nil")
+		}
+		if k.MaxBatch < 1 {
+			return fail(field+".MaxBatch", "%d is below 1", k.MaxBatch)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package weft
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Handler serves the process's HTTP endpoints: /_weft/ (catch-up for the
+// other processes, behind Secret), /healthz (the process runs), /readyz
+// (200 once it serves fresh data, else 503 and why), /metrics (when
+// Config.Registerer is nil: the process's own registry) and /status (a
+// JSON summary: streams, writers, consumers and their lag). Open serves it
+// on Config.Listen; mount it on a server of your own otherwise (its paths
+// are absolute), and set Config.Advertise to that server's URL.
+func (n *Node) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		(*n.http.Load()).ServeHTTP(w, r)
+	})
+}
+
+func (n *Node) setHandler(h http.Handler) { n.http.Store(&h) }
+
+func (n *Node) handler(catchup http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/_weft/", catchup)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := n.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	if n.gather != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(n.gather, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(n.Status())
+	})
+	return mux
+}
+
+// Status is a summary of the process, as /status serves it.
+type Status struct {
+	Instance  string           `json:"instance"`
+	Name      string           `json:"name"`
+	Ready     bool             `json:"ready"`
+	NotReady  string           `json:"not_ready,omitempty"`
+	Streams   []StreamStatus   `json:"streams"`
+	Consumers []ConsumerStatus `json:"consumers,omitempty"`
+}
+
+// StreamStatus is one stream as this process sees it.
+type StreamStatus struct {
+	Name string `json:"name"`
+	// PersistedUpto: every position at or below it is committed or
+	// rolled back, on every writer.
+	PersistedUpto int64 `json:"persisted_upto"`
+	// Writes: this process writes the stream.
+	Writes bool `json:"writes"`
+}
+
+// ConsumerStatus is one consumer's progress.
+type ConsumerStatus struct {
+	Stream string `json:"stream"`
+	Name   string `json:"name"`
+	// Pos is the cursor: every row at or below it is applied.
+	Pos int64 `json:"pos"`
+	// LagPositions is how far the cursor is behind the stream's
+	// persisted-upto, in positions.
+	LagPositions int64 `json:"lag_positions"`
+	// LagSeconds is how long the oldest row not applied yet has been
+	// waiting, 0 when caught up.
+	LagSeconds float64 `json:"lag_seconds"`
+}
+
+// Status summarises the process now.
+func (n *Node) Status() Status {
+	s := Status{Instance: n.inst, Name: n.cfg.Name}
+	if err := n.Ready(); err != nil {
+		s.NotReady = err.Error()
+	} else {
+		s.Ready = true
+	}
+	for _, st := range n.sorted() {
+		s.Streams = append(s.Streams, StreamStatus{Name: st.Name, PersistedUpto: st.gen.ComputedUpto(), Writes: st.w != nil})
+	}
+	for _, c := range n.consumer {
+		s.Consumers = append(s.Consumers, c.status())
+	}
+	return s
+}

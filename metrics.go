@@ -1,0 +1,59 @@
+package weft
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the front door's own series; the layers under it register
+// theirs. Labels are bounded: stream and consumer names.
+type metrics struct {
+	rows  *prometheus.CounterVec
+	fails *prometheus.CounterVec
+	lag   *lagCollector
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		rows: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "rows_total",
+			Help: "Rows a consumer applied (committed with its cursor), by stream and consumer."}, []string{"stream", "consumer"}),
+		fails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "batch_failures_total",
+			Help: "A consumer's batches rolled back (its function's error, or the database's), by stream and consumer."}, []string{"stream", "consumer"}),
+		lag: &lagCollector{},
+	}
+	for _, c := range []prometheus.Collector{m.rows, m.fails, m.lag} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// lagCollector reports each consumer's cursor and lag when scraped.
+type lagCollector struct{ n atomic.Pointer[Node] } // set once the consumers are built
+
+var (
+	posDesc     = prometheus.NewDesc("weft_consumer_position", "A consumer's cursor: every row at or below it is applied.", []string{"stream", "consumer"}, nil)
+	lagPosDesc  = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
+	lagSecsDesc = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
+)
+
+func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- posDesc
+	ch <- lagPosDesc
+	ch <- lagSecsDesc
+}
+
+func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
+	n := l.n.Load()
+	if n == nil {
+		return
+	}
+	for _, c := range n.consumer {
+		s := c.status()
+		ch <- prometheus.MustNewConstMetric(posDesc, prometheus.GaugeValue, float64(s.Pos), s.Stream, s.Name)
+		ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(s.LagPositions), s.Stream, s.Name)
+		ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, s.LagSeconds, s.Stream, s.Name)
+	}
+}

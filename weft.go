@@ -1,0 +1,511 @@
+// Package weft lets many processes share ordered streams of rows through
+// PostgreSQL (the rows, durable) and Redis (the news, live).
+//
+// A process is a Node. It declares its streams once (Stream: the table
+// that holds each), writes some of them (Append, inside a transaction of
+// its own if it likes), and hears their rows as they commit: Followers see
+// every row on every process, Consumers apply every row exactly once,
+// their effects and cursor committed together. Several processes may
+// write one stream: each writes under its own name, with a lease, and the
+// stream's order is the order of its positions, drawn from one sequence.
+//
+//	node, err := weft.Open(ctx, weft.Config{
+//		Name: "mailer", DatabaseURL: db, RedisURL: rds, Secret: secret,
+//		Streams:   []weft.Stream{{Name: "jobs"}},
+//		Consumers: []weft.Consumer{{Stream: "jobs", Name: "mailer", Apply: send}},
+//	})
+//	if err != nil { ... }
+//	defer node.Close()
+//	return node.Wait(ctx)
+//
+// What weft promises: a row is delivered, live or read back from the
+// database, once it has committed, and never otherwise; whatever a
+// writer's caller was told (a commit whose reply was lost is read back
+// from the table before anything moves past it). Nothing is lost when
+// Redis drops messages or restarts, a process crashes or a writer
+// stops: every gap is fetched. docs/DESIGN.md says how.
+//
+// The lower packages (fabric, streams, catchup) stay public for what the
+// front door does not do.
+package weft
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/fabric/wire"
+	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/schema"
+	"github.com/weft-dev/weft/streams"
+)
+
+// ErrOutcomeUnknown: a write may have committed and the table could not
+// tell (see Node.Append). Any row it committed reaches every reader.
+var ErrOutcomeUnknown = fabric.ErrOutcomeUnknown
+
+// Node is one process's end of weft.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	inst     string
+	pool     *pgxpool.Pool
+	ownPool  bool
+	streams  map[string]*stream
+	fab      *fabric.Node
+	client   *catchup.Client
+	http     atomic.Pointer[http.Handler]
+	srv      *http.Server
+	gather   prometheus.Gatherer
+	m        *metrics
+	consumer []*consumer
+
+	stop    context.CancelFunc // ends the node's goroutines
+	done    chan struct{}      // closed once they have all ended
+	errOnce sync.Once
+	err     error // the first failure, if any
+	failed  chan struct{}
+	closed  sync.Once
+}
+
+// stream is a declared stream and what this process does with it.
+type stream struct {
+	Stream
+	gen       *streams.Generator
+	w         *fabric.Writer // nil if not written here
+	appendSQL string
+	insertSQL string
+	followers []Handler
+	fromStart bool
+}
+
+// Open starts a process: it migrates weft's tables, creates (or checks)
+// each stream's table, claims Name for the streams it writes (waiting
+// while another live process holds it), connects to Redis, starts the
+// consumers and serves Listen. The process runs until Close.
+func Open(ctx context.Context, cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	for i := range cfg.Streams {
+		cfg.Streams[i].setDefaults()
+	}
+	inst, err := instance.NewID(cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("instance", inst), inst: inst, streams: map[string]*stream{},
+		done: make(chan struct{}), failed: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			n.release()
+		}
+	}()
+	if err := n.openPool(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := schema.Migrate(ctx, n.pool, nil); err != nil {
+		return nil, err
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, n.gather = r, r
+	}
+	if n.m, err = newMetrics(reg); err != nil {
+		return nil, fmt.Errorf("weft: metrics: %w", err)
+	}
+	for _, s := range cfg.Streams {
+		if err := s.prepare(ctx, n.pool); err != nil {
+			return nil, err
+		}
+		n.streams[s.Name] = &stream{Stream: s, appendSQL: s.appendSQL(), insertSQL: s.insertSQL()}
+	}
+	for _, f := range cfg.Followers {
+		st := n.streams[f.Stream]
+		st.followers = append(st.followers, f.Handler)
+		st.fromStart = st.fromStart || f.FromStart
+	}
+	if err := n.listen(); err != nil {
+		return nil, err
+	}
+	if err := n.openStreams(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.openFabric(reg); err != nil {
+		return nil, err
+	}
+	for _, c := range cfg.Consumers {
+		k, err := n.newConsumer(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		n.consumer = append(n.consumer, k)
+	}
+	n.m.lag.n.Store(n)
+	n.start()
+	ok = true
+	return n, nil
+}
+
+func (n *Node) openPool(ctx context.Context) error {
+	if n.cfg.Database != nil {
+		n.pool = n.cfg.Database
+		return nil
+	}
+	pc, err := pgxpool.ParseConfig(n.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("weft: Config.DatabaseURL: %w", err)
+	}
+	if len(n.cfg.Writes) > 0 {
+		// A writer paused inside a transaction (SIGSTOP, a VM freeze)
+		// would hold the lock its seal waits for as long as it is paused.
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(n.cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
+	}
+	if n.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return fmt.Errorf("weft: database: %w", err)
+	}
+	n.ownPool = true
+	return n.pool.Ping(ctx)
+}
+
+// listen serves the node's handler on Listen from now on: while Open
+// waits for a writer name, /healthz answers and /readyz says why not.
+func (n *Node) listen() error {
+	n.setHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			_, _ = w.Write([]byte("ok\n"))
+			return
+		}
+		http.Error(w, "weft: starting", http.StatusServiceUnavailable)
+	}))
+	if n.cfg.Listen == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", n.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("weft: Config.Listen: %w", err)
+	}
+	n.srv = catchup.NewHTTPServer(n.cfg.Listen, n.Handler())
+	go func() {
+		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.fail(fmt.Errorf("weft: http: %w", err))
+		}
+	}()
+	return nil
+}
+
+// openStreams claims the name for the streams written and opens a
+// generator for the others.
+func (n *Node) openStreams(ctx context.Context) error {
+	for _, name := range n.cfg.Writes {
+		st := n.streams[name]
+		w, err := fabric.OpenWriter(ctx, n.pool, fabric.WriterConfig{Instance: n.inst, Name: n.cfg.Name, Stream: st.config(),
+			LeaseTTL: n.cfg.LeaseTTL, Wait: true, URL: n.cfg.Advertise,
+			OnWait: func(holder string, epoch int64, until time.Time) {
+				n.log.Warn("weft: another process holds this writer name; waiting for it to stop or its lease to run out",
+					"name", n.cfg.Name, "holder", holder, "lease_until", until)
+			}})
+		if err != nil {
+			return err
+		}
+		st.w, st.gen = w, w.Generator()
+	}
+	for _, st := range n.sorted() {
+		if st.gen != nil {
+			continue
+		}
+		g, err := streams.Open(ctx, n.pool, st.config(), "")
+		if err != nil {
+			return err
+		}
+		st.gen = g
+	}
+	return nil
+}
+
+func (n *Node) openFabric(reg prometheus.Registerer) error {
+	sources := map[string]catchup.Source{}
+	var specs []core.StreamSpec
+	var writers []*fabric.Writer
+	var gens []*streams.Generator
+	for _, st := range n.sorted() {
+		sources[st.Name] = st.source(n.pool)
+		start := st.gen.PersistedUpto()
+		if st.fromStart {
+			start = 0
+		}
+		specs = append(specs, core.StreamSpec{Name: st.Name, Start: start})
+		if st.w != nil {
+			writers = append(writers, st.w)
+		} else {
+			gens = append(gens, st.gen)
+		}
+	}
+	srv, err := catchup.NewServer(catchup.ServerConfig{Secret: n.cfg.Secret, Insecure: n.cfg.Insecure, Sources: sources, Registerer: reg, Logger: n.log})
+	if err != nil {
+		return err
+	}
+	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, Fallback: sources, Registerer: reg, Logger: n.log}); err != nil {
+		return err
+	}
+	n.fab, err = fabric.New(fabric.Config{
+		Instance: n.inst, Cluster: n.cfg.Cluster, RedisURL: n.cfg.RedisURL, RedisCluster: n.cfg.RedisCluster,
+		Secret: n.cfg.Secret, Hello: wire.Hello{Name: n.cfg.Name, Role: "weft", URL: n.cfg.Advertise},
+		Streams: specs, Writers: writers, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,
+		AnnounceInterval: n.cfg.AnnounceInterval, SealExpired: n.cfg.LeaseTTL / 4,
+		Registerer: reg, Logger: n.log,
+	})
+	if err != nil {
+		return err
+	}
+	n.setHandler(n.handler(srv))
+	return nil
+}
+
+// start runs the fabric node and the consumers until Close.
+func (n *Node) start() {
+	ctx, stop := context.WithCancel(context.Background())
+	n.stop = stop
+	fabCtx, stopFab := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, c := range n.consumer {
+		wg.Go(func() { c.run(ctx) })
+	}
+	fabDone := make(chan struct{})
+	go func() {
+		defer close(fabDone)
+		if err := n.fab.Run(fabCtx); err != nil {
+			n.fail(err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		wg.Wait() // consumers first: their last batch may still commit
+		stopFab() // then seal the writers and say BYE
+		<-fabDone
+		close(n.done)
+	}()
+	n.log.Info("weft: process started", "name", n.cfg.Name, "writes", n.cfg.Writes, "listen", n.cfg.Listen, "advertise", n.cfg.Advertise)
+}
+
+func (n *Node) fail(err error) {
+	n.errOnce.Do(func() {
+		n.err = err
+		close(n.failed)
+	})
+}
+
+// Wait blocks until ctx ends (it returns nil) or the process fails (it
+// returns why: a writer name taken over, say). It does not close the node.
+func (n *Node) Wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-n.failed:
+		return n.err
+	}
+}
+
+// Close stops the process gracefully: consumers finish their batch, the
+// HTTP server its requests, the writers seal their name (so a successor
+// takes it at once) and the process says goodbye on Redis. It returns the
+// failure that ended the process early, if any.
+func (n *Node) Close() error {
+	n.closed.Do(func() {
+		if n.stop != nil {
+			n.stop()
+		}
+		n.shutdownHTTP()
+		if n.stop != nil {
+			<-n.done
+		}
+		n.release()
+	})
+	select {
+	case <-n.failed:
+		return n.err
+	default:
+		return nil
+	}
+}
+
+// shutdownHTTP lets requests in flight finish, within a second.
+func (n *Node) shutdownHTTP() {
+	if n.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if n.srv.Shutdown(ctx) != nil {
+			_ = n.srv.Close()
+		}
+		cancel()
+	}
+}
+
+// release frees what Open acquired.
+func (n *Node) release() {
+	n.shutdownHTTP()
+	if n.client != nil {
+		n.client.Close()
+	}
+	if n.ownPool && n.pool != nil {
+		n.pool.Close()
+	}
+}
+
+// Append appends values (each marshalled to JSON) to stream, one row at a
+// position each, in one transaction, and returns their positions, in the
+// order of values. The stream must be in Config.Writes. Once it returns
+// the rows are committed, and every follower and consumer will have them.
+// A commit whose reply is lost is read back from the table: committed,
+// Append returns the positions; an error says it did not commit, or wraps
+// ErrOutcomeUnknown when that cannot be known.
+func (n *Node) Append(ctx context.Context, stream string, values ...any) ([]int64, error) {
+	st, texts, err := n.prepareAppend(stream, values)
+	if err != nil || len(values) == 0 {
+		return nil, err
+	}
+	rows := make([]json.RawMessage, len(texts))
+	for i, t := range texts {
+		rows[i] = json.RawMessage("[" + t + "]")
+	}
+	return st.w.Insert(ctx, rows, st.appendSQL, n.cfg.Name, fabric.PerRow(texts))
+}
+
+// AppendTx is Append that runs fn first, in the same transaction: the
+// caller's own statements commit, or roll back, with the rows. fn's error
+// rolls everything back and is returned. fn must not commit or roll back
+// tx.
+func (n *Node) AppendTx(ctx context.Context, stream string, fn func(ctx context.Context, tx pgx.Tx) error, values ...any) ([]int64, error) {
+	st, texts, err := n.prepareAppend(stream, values)
+	if err != nil {
+		return nil, err
+	}
+	return st.w.Write(ctx, len(values), func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		if fn != nil {
+			if err := fn(ctx, tx); err != nil {
+				return nil, err
+			}
+		}
+		rows := make([]json.RawMessage, len(ids))
+		if len(ids) == 0 {
+			return rows, nil
+		}
+		if _, err := tx.Exec(ctx, st.insertSQL, ids, n.cfg.Name, texts); err != nil {
+			return nil, err
+		}
+		for i, t := range texts {
+			rows[i] = json.RawMessage("[" + t + "]")
+		}
+		return rows, nil
+	})
+}
+
+func (n *Node) prepareAppend(stream string, values []any) (*stream, []string, error) {
+	st := n.streams[stream]
+	if st == nil || st.w == nil {
+		return nil, nil, fmt.Errorf("weft: Append to %q: not a stream this process writes (Config.Writes)", stream)
+	}
+	texts := make([]string, len(values))
+	for i, v := range values {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, nil, fmt.Errorf("weft: Append to %s: value %d: %w", stream, i, err)
+		}
+		texts[i] = string(b)
+	}
+	return st, texts, nil
+}
+
+// Ready reports nil once the process serves fresh data (/readyz), or why
+// not.
+func (n *Node) Ready() error {
+	if why := n.fab.NotReady(); why != "" {
+		return errors.New("weft: not ready: " + why)
+	}
+	return nil
+}
+
+// Instance is the process's instance ID: Name and a random suffix, new at
+// every start.
+func (n *Node) Instance() string { return n.inst }
+
+// Fabric is the fabric node under this one, for what the front door does
+// not do (read-your-writes waits, tokens).
+func (n *Node) Fabric() *fabric.Node { return n.fab }
+
+// Writer is the stream's fabric writer, for writes the front door does not
+// make (a statement of your own), or nil if the stream is not written here.
+func (n *Node) Writer(stream string) *fabric.Writer {
+	if st := n.streams[stream]; st != nil {
+		return st.w
+	}
+	return nil
+}
+
+func (n *Node) sorted() []*stream {
+	out := make([]*stream, 0, len(n.streams))
+	for _, st := range n.streams {
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b *stream) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// dispatch gives the fabric's deliveries to the followers of their stream.
+type dispatch struct{ n *Node }
+
+func (d dispatch) Apply(ctx context.Context, k core.Key, pos int64, rows json.RawMessage) error {
+	st := d.n.streams[k.Stream]
+	if st == nil || len(st.followers) == 0 {
+		return nil
+	}
+	var values []json.RawMessage
+	if err := json.Unmarshal(rows, &values); err != nil {
+		return fmt.Errorf("weft: %s at %d: rows are not a JSON array: %w", k, pos, err)
+	}
+	for _, v := range values {
+		r := Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: v}
+		for _, h := range st.followers {
+			if err := h.Handle(ctx, r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d dispatch) Reset(k core.Key) {
+	if st := d.n.streams[k.Stream]; st != nil {
+		for _, h := range st.followers {
+			if r, ok := h.(Resetter); ok {
+				r.Reset(k.Stream, k.Writer)
+			}
+		}
+	}
+}
