@@ -136,6 +136,8 @@ func (c *ForwarderConfig) Validate() error {
 		return errors.New("shard: forwarder config: Local's Placement is not the forwarder's")
 	case c.Resolve == nil:
 		return errors.New("shard: forwarder config: Resolve is nil")
+	case httpx.SecretProblem(c.Secret) != "":
+		return fmt.Errorf("shard: forwarder config: Secret %s", httpx.SecretProblem(c.Secret))
 	case c.Self != "" && c.Local == nil:
 		return fmt.Errorf("shard: forwarder config: Local is nil but Self is %q", c.Self)
 	case c.Retries < 0:

@@ -80,6 +80,8 @@ func (c *ServerConfig) Validate() error {
 		return errors.New("shard: server config: Queue is nil")
 	case c.Secret == "" && !c.Insecure:
 		return errors.New("shard: server config: Secret is empty (set Insecure to serve without one, for development only)")
+	case httpx.SecretProblem(c.Secret) != "":
+		return fmt.Errorf("shard: server config: Secret %s", httpx.SecretProblem(c.Secret))
 	case c.IdempotencyEntries < 0:
 		return fmt.Errorf("shard: server config: IdempotencyEntries %d is negative", c.IdempotencyEntries)
 	case c.IdempotencyTTL < 0:

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/shard"
 )
 
@@ -95,6 +96,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Secret == "" && !c.Insecure {
 		return bad("secret", "WEFT_SECRET", "empty: set a shared secret, or --insecure for development")
+	}
+	if p := httpx.SecretProblem(c.Secret); p != "" {
+		return bad("secret", "WEFT_SECRET", "%s", p)
 	}
 	if len(c.EventWriters) == 0 {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")

@@ -65,3 +65,39 @@ func TestDatabaseReadURLFlag(t *testing.T) {
 		}
 	}
 }
+
+// A secret that cannot travel as "Authorization: Bearer <secret>" (a CR
+// left by a CRLF file, a newline, spaces around it) is refused at start,
+// naming --secret and WEFT_SECRET and what is wrong, never the secret.
+func TestSecretMustFitAHeader(t *testing.T) {
+	for _, tc := range []struct{ secret, want string }{
+		{"s3cret-s3cret-s3cret\r", "control character"},
+		{"s3cret-s3cret-s3cret\n", "control character"},
+		{"s3cret-s3cret-s3cret ", "space"},
+		{" s3cret-s3cret-s3cret", "space"},
+	} {
+		for _, fromEnv := range []bool{false, true} {
+			var c Config
+			if fromEnv {
+				t.Setenv("WEFT_SECRET", tc.secret)
+				var f flags
+				p, err := kong.New(&f, kong.Vars{"default_name": "worker"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.Parse(nil); err != nil {
+					t.Fatal(err)
+				}
+				c = Config(f)
+			} else {
+				c = parse(t, "--secret="+tc.secret)
+			}
+			err := c.Validate()
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Flag != "secret" || ce.Env != "WEFT_SECRET" || !strings.Contains(ce.Problem, tc.want) ||
+				strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("secret %q (from the environment: %v): %v, want a ConfigError naming --secret and %q", tc.secret, fromEnv, err, tc.want)
+			}
+		}
+	}
+}
