@@ -101,3 +101,47 @@ func TestSecretMustFitAHeader(t *testing.T) {
 		}
 	}
 }
+
+// urlSecret is the password in urlForms; no message may hold either half.
+const urlSecretA, urlSecretB = "hunter2x", "kestrel9"
+
+// urlForms are a URL flag's value with a password, as an operator may
+// get it wrong: unparsable (a port typo, an unescaped %, # or /, an @
+// that is fine) or in a query parameter.
+func urlForms(scheme, port string) []string {
+	pw := urlSecretA + urlSecretB
+	return []string{
+		scheme + "://u:" + pw + "@127.0.0.1:" + port[:2] + "x" + port[3:] + "/db",
+		scheme + "://u:" + urlSecretA + "%" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://u:" + urlSecretA + "#" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://u:" + urlSecretA + "/" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://u:" + urlSecretA + "@" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://127.0.0.1:" + port + "/db?password=" + pw + "&sslmode=bogus",
+		scheme + "://127.0.0.1:" + port + "/db?sslpassword=" + pw + "&sslmode=bogus",
+		scheme + "://127.0.0.1:" + port + "/db?password=" + urlSecretA + "#" + urlSecretB,
+	}
+}
+
+// A URL flag's error never shows its password, whatever is wrong with it.
+func TestConfigErrorsHideURLPasswords(t *testing.T) {
+	for _, f := range []struct{ flag, scheme, port string }{
+		{"redis-url", "redis", "6379"}, {"database-url", "postgres", "5432"}, {"database-read-url", "postgres", "5432"},
+	} {
+		for _, v := range urlForms(f.scheme, f.port) {
+			for _, extra := range [][]string{nil, {"--redis-cluster"}} {
+				c := parse(t, append(extra, "--"+f.flag+"="+v)...)
+				err := c.Validate()
+				if err == nil {
+					continue // a form that is valid for this flag: nothing printed here
+				}
+				if msg := err.Error(); strings.Contains(msg, urlSecretA) || strings.Contains(msg, urlSecretB) {
+					t.Errorf("--%s=%s: %s", f.flag, v, msg)
+				}
+			}
+		}
+	}
+	c := parse(t, "--advertise-url=http://u:"+urlSecretA+"@10.0.0.7:8080")
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--advertise-url") || strings.Contains(err.Error(), urlSecretA) {
+		t.Errorf("--advertise-url with a password: %v, want it refused without showing the password", err)
+	}
+}
