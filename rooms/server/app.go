@@ -82,6 +82,7 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 	}
 	log = log.With("instance", inst)
 	logStart(log, cfg, role)
+	logRedisTo(log)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
