@@ -59,8 +59,8 @@ func goRedisLines(lines []logLine) []logLine {
 	return out
 }
 
-// pwA and pwB are the halves of the password in urlForms: no output may
-// hold either.
+// pwA and pwB are the halves of the password in badURLForms: no output
+// may hold either.
 const pwA, pwB = "hunter2x", "kestrel9"
 
 // badURLForms are values of a URL flag that hold a password and that the
@@ -78,12 +78,13 @@ func badURLForms(scheme, port, db string) []string {
 	}
 }
 
-// holdsPassword reports whether out shows any of urlForms' password.
+// holdsPassword reports whether out shows any part of the password.
 func holdsPassword(out string) bool {
 	return strings.Contains(out, pwA) || strings.Contains(out, pwB)
 }
 
-// run runs a binary to its end and returns its status and all it printed.
+// runBinary runs a binary to its end and returns its status and all it
+// printed.
 func runBinary(t *testing.T, env []string, bin string, args ...string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -120,16 +121,17 @@ func TestURLPasswordsNeverPrinted(t *testing.T) {
 		for _, v := range badURLForms(f.scheme, f.port, f.db) {
 			for _, u := range uses {
 				for _, viaEnv := range []bool{false, true} {
-					env, args := baseEnv(), append([]string(nil), u.args...)
+					env, args, given := baseEnv(), append([]string(nil), u.args...), envName(f.flag)+"="+v
 					if viaEnv {
-						env = append(env, envName(f.flag)+"="+v)
+						env = append(env, given)
 					} else {
-						args = append(args, "--"+f.flag+"="+v)
+						given = "--" + f.flag + "=" + v
+						args = append(args, given)
 					}
 					code, out := runBinary(t, env, u.bin, args...)
 					if code == 0 || holdsPassword(out) || !strings.Contains(out, "--"+f.flag) {
-						t.Errorf("%s %v with %s=%s: exit %d, printed:\n%s\nwant a failure naming --%s without the password",
-							u.bin, args, envName(f.flag), v, code, out, f.flag)
+						t.Errorf("%s %v, %s: exit %d, printed:\n%s\nwant a failure naming --%s without the password",
+							u.bin, u.args, given, code, out, f.flag)
 					}
 				}
 			}

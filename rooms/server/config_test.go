@@ -102,7 +102,8 @@ func TestSecretMustFitAHeader(t *testing.T) {
 	}
 }
 
-// urlSecret is the password in urlForms; no message may hold either half.
+// urlSecretA and urlSecretB are the halves of the password in urlForms;
+// no message may hold either.
 const urlSecretA, urlSecretB = "hunter2x", "kestrel9"
 
 // urlForms are a URL flag's value with a password, as an operator may
