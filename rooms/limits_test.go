@@ -80,12 +80,13 @@ func TestLongPollMemoryBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testenv.WaitFor(t, 60*time.Second, func() error {
-		if p, r := e.live.waiting(); p != polls || r != polls*MaxSyncRooms {
-			return fmt.Errorf("%d long-polls on %d rooms waiting, want %d on %d", p, r, polls, polls*MaxSyncRooms)
-		}
-		return nil
-	})
+	if !testenv.Poll(60*time.Second, func() bool {
+		p, r := e.live.waiting()
+		return p == polls && r == polls*MaxSyncRooms
+	}) {
+		p, r := e.live.waiting()
+		t.Fatalf("%d long-polls on %d rooms waiting, want %d on %d; answered early: %s", p, r, polls, polls*MaxSyncRooms, answered(conns))
+	}
 	grown := int64(memInUse()) - int64(before)
 	t.Logf("%d long-polls of %d rooms (requests of %d B): %d KiB, %d B each", polls, MaxSyncRooms, len(requests[0]), grown>>10, grown/polls)
 	if grown/polls > maxPollBytes {
@@ -131,4 +132,17 @@ func memInUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc + m.StackInuse
+}
+
+// answered is what the connections that got an answer read, for a failure.
+func answered(conns []net.Conn) string {
+	var out []string
+	buf := make([]byte, 512)
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if n, _ := c.Read(buf); n > 0 {
+			out = append(out, fmt.Sprintf("poll %d: %q", i, buf[:n]))
+		}
+	}
+	return strings.Join(out, "; ")
 }
