@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/httpx"
 )
 
 // Bounded causes of a source failure or a fallback (label values).
@@ -175,7 +176,7 @@ func updatesURL(r request) string {
 	b.Grow(len(base) + len(r.stream) + len(r.writer) + 96)
 	b.WriteString(base)
 	b.WriteString("/_weft/v1/streams/")
-	b.WriteString(url.PathEscape(r.stream))
+	b.WriteString(httpx.PathSegment(r.stream))
 	b.WriteString("/updates?writer=")
 	b.WriteString(url.QueryEscape(r.writer))
 	b.WriteString("&from=")

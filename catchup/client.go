@@ -146,6 +146,9 @@ func (c *ClientConfig) Validate() error {
 			return fmt.Errorf("catchup: client config: %s is negative", f.name)
 		}
 	}
+	if p := httpx.SecretProblem(c.Secret); p != "" {
+		return fmt.Errorf("catchup: client config: Secret %s", p)
+	}
 	for stream, src := range c.Fallback {
 		if src == nil {
 			return fmt.Errorf("catchup: client config: Fallback: stream %s has a nil Source", stream)

@@ -102,6 +102,9 @@ func (c *ServerConfig) Validate() error {
 	if c.Secret == "" && !c.Insecure {
 		return errors.New("catchup: server config: Secret is empty (set Insecure to serve without one, for development only)")
 	}
+	if p := httpx.SecretProblem(c.Secret); p != "" {
+		return fmt.Errorf("catchup: server config: Secret %s", p)
+	}
 	if c.MaxLimit < 0 {
 		return fmt.Errorf("catchup: server config: MaxLimit %d is negative", c.MaxLimit)
 	}

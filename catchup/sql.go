@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/sqlident"
 )
 
 // SQLSource serves a durable stream from the PostgreSQL table that holds
@@ -62,8 +62,6 @@ type SQLSource struct {
 	OrderColumn string
 }
 
-var sqlIdentRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 // Validate names the first invalid field. Identifiers must be plain
 // lower-case SQL names; they are quoted as well.
 func (s *SQLSource) Validate() error {
@@ -80,7 +78,7 @@ func (s *SQLSource) Validate() error {
 		if f.optional && f.v == "" {
 			continue
 		}
-		if !sqlIdentRE.MatchString(f.v) {
+		if !sqlident.Valid(f.v) {
 			return fmt.Errorf("catchup: SQLSource: %s %q is not a plain lower-case SQL identifier", f.name, f.v)
 		}
 	}

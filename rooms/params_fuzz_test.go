@@ -224,7 +224,7 @@ func checkForwarded(t *testing.T, task shard.Task, room, key, user string) {
 
 // FuzzSyncParams checks parseSync against a naive model of the sync query
 // (each parameter at most once, timeout_ms an integer 0..120000, rooms a
-// comma list of valid rooms, since a token, checked in that order), and that the real handler answers
+// comma list of at most MaxSyncRooms valid rooms, since a token, checked in that order), and that the real handler answers
 // a bad query 400 naming the same field without touching the instance.
 func FuzzSyncParams(f *testing.F) {
 	f.Add("m56~2.58~3.59", "30000", "!r:x,!s:x", "", uint8(7))
@@ -233,6 +233,7 @@ func FuzzSyncParams(f *testing.F) {
 	f.Add("", "+5", "", "", uint8(2))
 	f.Add("", "120001", "", "", uint8(2))
 	f.Add("", "", "a,,b", "", uint8(4))
+	f.Add("", "", strings.Repeat("a,", MaxSyncRooms)+"b", "", uint8(4))
 	f.Add("", "", "", "rooms=%zz&timeout_ms=1e3", uint8(0))
 	api, _ := newTestAPI()
 	cur := streams.NewToken(10, map[streams.WriterID]int64{1: 20, 2: 15})
@@ -296,7 +297,11 @@ func modelSync(q url.Values) string {
 		}
 	}
 	if v := q.Get("rooms"); v != "" {
-		for _, room := range strings.Split(v, ",") {
+		rooms := strings.Split(v, ",")
+		if len(rooms) > MaxSyncRooms {
+			return "rooms"
+		}
+		for _, room := range rooms {
 			if !validIn(room, roomChars, 1) {
 				return "rooms"
 			}

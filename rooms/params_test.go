@@ -54,6 +54,7 @@ func TestBadRequests(t *testing.T) {
 		{"sync timeout negative", "GET", []string{"v1", "sync"}, "timeout_ms=-1", "", 400, "timeout_ms"},
 		{"sync empty room", "GET", []string{"v1", "sync"}, "rooms=a,,b", "", 400, "rooms"},
 		{"sync bad room", "GET", []string{"v1", "sync"}, "rooms=a%20b", "", 400, "rooms"},
+		{"sync too many rooms", "GET", []string{"v1", "sync"}, "rooms=" + strings.Repeat("a,", MaxSyncRooms) + "a", "", 400, "rooms"},
 		{"sync token not canonical", "GET", []string{"v1", "sync"}, "since=m01", "", 400, "since"},
 		{"sync token garbage", "GET", []string{"v1", "sync"}, "since=%FF", "", 400, "since"},
 	}

@@ -50,6 +50,11 @@ func (s *Service) views(reg streams.Registry) map[streams.WriterID]int64 {
 	return views
 }
 
+// MaxSyncRooms bounds the rooms one sync names, and so what a waiting
+// long-poll holds: an index entry per room, beside its request (at most
+// the server's header limit).
+const MaxSyncRooms = 100
+
 // syncParams is a checked sync query.
 type syncParams struct {
 	timeout  time.Duration
@@ -82,11 +87,19 @@ func parseSync(q url.Values) (syncParams, *paramError) {
 		return p, &paramError{"timeout_ms", err.Error()}
 	}
 	if v := q.Get("rooms"); v != "" {
+		// Counted before anything is allocated per room: a waiting sync
+		// holds an index entry per room for up to 120 s.
+		if n := strings.Count(v, ",") + 1; n > MaxSyncRooms {
+			return p, &paramError{"rooms", fmt.Sprintf("%d rooms: at most %d per sync (omit rooms to follow every room)", n, MaxSyncRooms)}
+		}
 		for _, room := range strings.Split(v, ",") {
 			if !roomRE.MatchString(room) {
 				return p, &paramError{"rooms", fmt.Sprintf("room %.64q: want 1-255 of [A-Za-z0-9!:._@#-]", room)}
 			}
-			p.rooms = append(p.rooms, room)
+			// A copy of each name, not the whole list's: a long-poll's
+			// rooms key Live's index, where another long-poll on the room
+			// may keep them long after this one ended.
+			p.rooms = append(p.rooms, strings.Clone(room))
 		}
 	}
 	if v := q.Get("since"); v != "" {

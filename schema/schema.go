@@ -12,11 +12,14 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/weft-dev/weft/internal/sqlident"
 )
 
 //go:embed migrations/*.sql
@@ -35,8 +38,16 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int64, 
 }
 
 // MigrateFS applies an application's own migrations (goose SQL files in
-// fsys), tracked in their own version table, under the same lock.
+// fsys), tracked in their own version table, under the same lock. table
+// is a name PostgreSQL would read unquoted: a table or schema.table, each
+// a plain SQL identifier once its ASCII letters are folded to lower case
+// (as PostgreSQL folds them: "MyApp_Version" is myapp_version); any other
+// name is refused before the database is touched.
 func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string, log *slog.Logger) (int64, error) {
+	table, err := versionTableName(table)
+	if err != nil {
+		return 0, err
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	p, err := provider(db, fsys, table, log)
@@ -68,8 +79,13 @@ func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	return PendingFS(ctx, pool, fsys, versionTable)
 }
 
-// PendingFS reports how many of an application's migrations are pending.
+// PendingFS reports how many of an application's migrations are pending;
+// table is as for MigrateFS.
 func PendingFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string) (int, error) {
+	table, err := versionTableName(table)
+	if err != nil {
+		return 0, err
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	p, err := provider(db, fsys, table, nil)
@@ -87,6 +103,28 @@ func PendingFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string
 		}
 	}
 	return n, nil
+}
+
+// versionTableName is table as goose must be given it. goose writes the
+// name into its statements unquoted (CREATE TABLE %s), where PostgreSQL
+// folds it to lower case, and as a string literal where it looks for the
+// table, where nothing folds it: a mixed-case name was created once and
+// then never found ("relation already exists" on the next start), and a
+// quote in it broke out of the literal. Folded and held to sqlident's
+// rule, it reads the same in both places.
+func versionTableName(table string) (string, error) {
+	folded := strings.Map(func(r rune) rune {
+		if r >= 'A' && r <= 'Z' {
+			return r + ('a' - 'A')
+		}
+		return r
+	}, table)
+	parts := strings.Split(folded, ".")
+	if len(parts) > 2 || !sqlident.Valid(parts[0]) || !sqlident.Valid(parts[len(parts)-1]) {
+		return "", fmt.Errorf("schema: version table %q: want a table or schema.table, each %s (letters A-Z are folded to lower case)",
+			table, sqlident.Rule)
+	}
+	return folded, nil
 }
 
 func provider(db *sql.DB, fsys fs.FS, table string, log *slog.Logger) (*goose.Provider, error) {

@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -40,6 +39,9 @@ var (
 	ErrOwnerUnreachable = errors.New("shard: owner unreachable")
 	// ErrNotOwner: the instance reached refused the key (409), twice.
 	ErrNotOwner = errors.New("shard: not owner")
+	// ErrBadKey: the key is empty, longer than MaxKeyLen or not UTF-8;
+	// nothing was run.
+	ErrBadKey = errors.New("shard: bad key")
 	// ErrIdempotencyKeyReused: the owner already ran another request
 	// under the idempotency key for this key (its 422). A *RejectedError
 	// matches it.
@@ -134,6 +136,8 @@ func (c *ForwarderConfig) Validate() error {
 		return errors.New("shard: forwarder config: Local's Placement is not the forwarder's")
 	case c.Resolve == nil:
 		return errors.New("shard: forwarder config: Resolve is nil")
+	case httpx.SecretProblem(c.Secret) != "":
+		return fmt.Errorf("shard: forwarder config: Secret %s", httpx.SecretProblem(c.Secret))
 	case c.Self != "" && c.Local == nil:
 		return fmt.Errorf("shard: forwarder config: Local is nil but Self is %q", c.Self)
 	case c.Retries < 0:
@@ -195,9 +199,15 @@ func (f *Forwarder) Close() {
 // writer name moved to another instance, or the shard maps disagree)
 // resolves the owner again and retries once. Any other 4xx is not retried:
 // the error is a *RejectedError (matching ErrIdempotencyKeyReused for a
-// reused key).
+// reused key). A key the owner would refuse (empty, longer than MaxKeyLen,
+// not UTF-8) fails with ErrBadKey before anything is queued or sent; any
+// other key, "." and ".." included, reaches the owner's Server through any
+// router (its path segment is escaped so that none cleans it away).
 func (f *Forwarder) Do(ctx context.Context, key string, t Task, idempotencyKey string) (Result, error) {
 	start := time.Now()
+	if reason := keyProblem(key); reason != "" {
+		return Result{}, fmt.Errorf("shard: forward %s for key %.64q: %w: %s", t.Kind, key, ErrBadKey, reason)
+	}
 	if idempotencyKey == "" {
 		idempotencyKey = newIdempotencyKey()
 	} else if reason := idempotencyKeyProblem(idempotencyKey); reason != "" {
@@ -363,7 +373,7 @@ func (f *Forwarder) attempt(ctx context.Context, owner, key string, body []byte)
 	if !ok || base == "" {
 		return Result{}, "(no URL)", &attemptError{err: fmt.Errorf("no instance known for writer %s", owner), retry: true}
 	}
-	target = strings.TrimRight(base, "/") + PathPrefix + url.PathEscape(key)
+	target = strings.TrimRight(base, "/") + PathPrefix + httpx.PathSegment(key)
 	actx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, target, bytes.NewReader(body))

@@ -9,7 +9,9 @@ import (
 
 // Route and bounds of the forwarding endpoint.
 const (
-	// PathPrefix is the route: PathPrefix + url.PathEscape(key).
+	// PathPrefix is the route: PathPrefix + the key escaped as one path
+	// segment, the dots of "." and ".." included (no router may clean it
+	// away).
 	PathPrefix = "/_weft/v1/shard/"
 	// MaxRequestBody bounds a request body.
 	MaxRequestBody = 1 << 20

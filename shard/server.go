@@ -80,6 +80,8 @@ func (c *ServerConfig) Validate() error {
 		return errors.New("shard: server config: Queue is nil")
 	case c.Secret == "" && !c.Insecure:
 		return errors.New("shard: server config: Secret is empty (set Insecure to serve without one, for development only)")
+	case httpx.SecretProblem(c.Secret) != "":
+		return fmt.Errorf("shard: server config: Secret %s", httpx.SecretProblem(c.Secret))
 	case c.IdempotencyEntries < 0:
 		return fmt.Errorf("shard: server config: IdempotencyEntries %d is negative", c.IdempotencyEntries)
 	case c.IdempotencyTTL < 0:
@@ -174,19 +176,29 @@ func parseKey(u *url.URL) (key, bad string, found bool) {
 	if strings.Contains(esc, "/") {
 		return "", "", false
 	}
-	if esc == "" {
-		return "", "empty", true
-	}
 	key, err := url.PathUnescape(esc)
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", "bad escape: " + err.Error(), true
-	case len(key) > MaxKeyLen:
-		return "", fmt.Sprintf("longer than %d bytes", MaxKeyLen), true
-	case !utf8.ValidString(key):
-		return "", "not UTF-8", true
+	}
+	if reason := keyProblem(key); reason != "" {
+		return "", reason, true
 	}
 	return key, "", true
+}
+
+// keyProblem says why key cannot be a key, or "" when it can: what the
+// owner refuses, the Forwarder refuses before it looks for the owner, so
+// that a key is refused alike wherever it is sent.
+func keyProblem(key string) string {
+	switch {
+	case key == "":
+		return "empty"
+	case len(key) > MaxKeyLen:
+		return fmt.Sprintf("longer than %d bytes", MaxKeyLen)
+	case !utf8.ValidString(key):
+		return "not UTF-8"
+	}
+	return ""
 }
 
 // readRequest reads and checks the body.

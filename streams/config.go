@@ -5,6 +5,8 @@ import (
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/internal/sqlident"
 )
 
 // Table is one table that stores rows of a stream. Several tables may share
@@ -32,7 +34,6 @@ type Config struct {
 	Tables []Table
 }
 
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 var streamRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 
 // Validate reports the first invalid field, by name.
@@ -40,7 +41,7 @@ func (c Config) Validate() error {
 	if !streamRE.MatchString(c.Name) {
 		return fmt.Errorf("%w: Name %q: want 1-128 of [A-Za-z0-9_.:-]", ErrBadConfig, c.Name)
 	}
-	if c.Sequence != "" && !identRE.MatchString(c.Sequence) {
+	if c.Sequence != "" && !sqlident.Valid(c.Sequence) {
 		return fmt.Errorf("%w: stream %s: Sequence %q is not a plain lower-case SQL identifier", ErrBadConfig, c.Name, c.Sequence)
 	}
 	if len(c.Tables) == 0 {
@@ -48,11 +49,11 @@ func (c Config) Validate() error {
 	}
 	for i, t := range c.Tables {
 		for field, v := range map[string]string{"Name": t.Name, "IDColumn": t.IDColumn} {
-			if !identRE.MatchString(v) {
+			if !sqlident.Valid(v) {
 				return fmt.Errorf("%w: stream %s: Tables[%d].%s %q is not a plain lower-case SQL identifier", ErrBadConfig, c.Name, i, field, v)
 			}
 		}
-		if t.WriterColumn != "" && !identRE.MatchString(t.WriterColumn) {
+		if t.WriterColumn != "" && !sqlident.Valid(t.WriterColumn) {
 			return fmt.Errorf("%w: stream %s: Tables[%d].WriterColumn %q is not a plain lower-case SQL identifier", ErrBadConfig, c.Name, i, t.WriterColumn)
 		}
 	}

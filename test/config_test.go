@@ -33,6 +33,9 @@ func configCases() []configCase {
 		{"advertise-url", "ftp://example.test"},
 		{"name", "Bad-Name"},
 		{"secret", ""},
+		{"secret", secret + "\r"}, // a CRLF file read with $(cat f)
+		{"secret", secret + "\n"},
+		{"secret", " " + secret},
 		{"event-writers", ""},
 		{"event-writers", "persister1,persister1"},
 		{"event-writers", "persister1,Persister2"},

@@ -22,7 +22,11 @@ type databaseURL struct {
 }
 
 func (d databaseURL) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, d.DatabaseURL)
+	pc, err := server.ParseDatabaseURL("database-url", "WEFT_DATABASE_URL", d.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/weft-dev/weft/internal/redact"
 	"github.com/weft-dev/weft/rooms/server"
 )
 
@@ -44,7 +45,7 @@ func (c *statusCmd) validate() error {
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
 	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
-		return fmt.Errorf("--url %q: want http(s)://host:port", c.URL)
+		return fmt.Errorf("--url %q: want http(s)://host:port", redact.URL(c.URL))
 	}
 	return nil
 }
@@ -110,7 +111,7 @@ func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
 		_, err := w.Write(body)
 		return err
 	}
-	return printCluster(w, c.URL, st, askPeers(ctx, st))
+	return printCluster(w, redact.URL(c.URL), st, askPeers(ctx, st))
 }
 
 func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error) {

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weft-dev/weft/cmd/internal/binproc"
+	"github.com/weft-dev/weft/internal/redact"
 	"github.com/weft-dev/weft/schema"
 	"github.com/weft-dev/weft/streams"
 )
@@ -72,7 +73,7 @@ func createDatabase(ctx context.Context, admin string, maxConns int32, syncCommi
 	d := &database{admin: admin, name: "weft_bench_" + hex.EncodeToString(b[:])}
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w (is PostgreSQL running?)", redact(admin), err)
+		return nil, fmt.Errorf("connect %s: %w (is PostgreSQL running?)", redact.URL(admin), err)
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{d.name}.Sanitize()); err != nil {
@@ -130,14 +131,6 @@ func (d *database) drop() error {
 		return fmt.Errorf("drop database %s: %w", d.name, err)
 	}
 	return nil
-}
-
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }
 
 // privateRedis is a redis-server of our own on a free port, for the one

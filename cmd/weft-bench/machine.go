@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/weft-dev/weft/internal/redact"
 )
 
 // describeMachine reads the CPU model and core count from /proc/cpuinfo
@@ -52,7 +54,7 @@ func describeMachine(ctx context.Context, redisURL, dbURL string) (Machine, erro
 	}
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
-		return m, fmt.Errorf("postgres at %s: %w (is it running?)", redact(dbURL), err)
+		return m, fmt.Errorf("postgres at %s: %w (is it running?)", redact.URL(dbURL), err)
 	}
 	defer conn.Close(ctx)
 	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&m.Postgres); err != nil {

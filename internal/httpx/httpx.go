@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -26,6 +27,24 @@ func NewSecret(secret string) Secret {
 		return Secret{}
 	}
 	return Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+}
+
+// SecretProblem says why secret cannot travel as "Authorization: Bearer
+// <secret>", or "" when it can: a control character (a CR left by a CRLF
+// file, a newline, a tab), which clients refuse to send, or leading or
+// trailing spaces, which servers trim from a header value, so that the
+// bearer check never matches. It never quotes the secret.
+func SecretProblem(secret string) string {
+	for i := 0; i < len(secret); i++ {
+		if c := secret[i]; c < 0x20 || c == 0x7f {
+			return fmt.Sprintf("holds a control character (%q at byte %d of %d): it cannot be sent in an HTTP header; "+
+				"a file with CRLF line ends leaves a CR", string(c), i, len(secret))
+		}
+	}
+	if strings.Trim(secret, " ") != secret {
+		return "begins or ends with a space, which HTTP servers trim from a header value: the bearer secret would never match"
+	}
+	return ""
 }
 
 // Allows reports whether r carries the secret (or no secret is set).

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -39,6 +40,24 @@ func TestWriteError(t *testing.T) {
 		}
 		if w.Header().Get("Content-Type") != "application/json" || (header != "" && w.Header().Get(header) == "") {
 			t.Errorf("%d: headers %v", code, w.Header())
+		}
+	}
+}
+
+// A secret that cannot travel as a header value is refused, and the
+// reason never quotes it.
+func TestSecretProblem(t *testing.T) {
+	for secret, bad := range map[string]bool{
+		"": false, "s3cret-s3cret-s3cret": false, "with inner space": false, "non-ascii-é": false,
+		"s3cret\r": true, "s3cret\n": true, "s3\tcret": true, "\x00s3cret": true, "s3cret\x7f": true,
+		" s3cret": true, "s3cret ": true, "s3cret\u00a0": false,
+	} {
+		p := SecretProblem(secret)
+		if (p != "") != bad {
+			t.Errorf("SecretProblem(%q) = %q, want a problem: %v", secret, p, bad)
+		}
+		if bad && strings.Contains(p, "s3") {
+			t.Errorf("SecretProblem(%q) = %q quotes the secret", secret, p)
 		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/weft-dev/weft/internal/redact"
 )
 
 const (
@@ -54,7 +56,7 @@ func connectShared(ctx context.Context, t testing.TB) *pgx.Conn {
 	base := BaseDatabaseURL()
 	conn, err := connect(ctx, base)
 	if err != nil {
-		unavailable(t, "postgres at %s: %v", redactURL(base), err)
+		unavailable(t, "postgres at %s: %v", redact.URL(base), err)
 	}
 	return conn
 }
@@ -70,7 +72,7 @@ func NewDatabase(t testing.TB) string {
 	defer conn.Close(ctx)
 	name, err := createDatabase(ctx, conn)
 	if err != nil {
-		t.Fatalf("testenv: on %s: %v", redactURL(BaseDatabaseURL()), err)
+		t.Fatalf("testenv: on %s: %v", redact.URL(BaseDatabaseURL()), err)
 	}
 	t.Cleanup(func() {
 		if err := dropDatabase(BaseDatabaseURL(), name); err != nil {
@@ -93,12 +95,12 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	defer cancel()
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
-		t.Fatalf("testenv: pool for %s: %v", redactURL(u), err)
+		t.Fatalf("testenv: pool for %s: %v", redact.URL(u), err)
 	}
 	// Registered after NewDatabase's cleanup, so it runs before the drop.
 	t.Cleanup(pool.Close)
 	if err := pool.Ping(ctx); err != nil {
-		t.Fatalf("testenv: ping %s: %v", redactURL(u), err)
+		t.Fatalf("testenv: ping %s: %v", redact.URL(u), err)
 	}
 	return pool, u
 }
@@ -160,18 +162,9 @@ func dropDatabase(base, name string) error {
 func withDatabase(base, name string) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "", fmt.Errorf("database URL %q must be a postgres:// URL", redactURL(base))
+		return "", fmt.Errorf("database URL %q must be a postgres:// URL", redact.URL(base))
 	}
 	u.Path = "/" + name
 	u.RawPath = ""
 	return u.String(), nil
-}
-
-// redactURL hides a password in a URL for messages.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/redact"
 	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/rooms"
 	"github.com/weft-dev/weft/shard"
@@ -81,6 +82,7 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 	}
 	log = log.With("instance", inst)
 	logStart(log, cfg, role)
+	logRedisTo(log)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
@@ -450,9 +452,9 @@ func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
 // (SIGSTOP, a VM freeze) otherwise holds the lock its seal waits for, and
 // persisted-upto stays stuck behind it for as long as the pause lasts.
 func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pc, err := ParseDatabaseURL("database-url", "WEFT_DATABASE_URL", cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("app: --database-url: %w", err)
+		return nil, err
 	}
 	if cfg.WritesEvents() {
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
@@ -477,9 +479,9 @@ type reads struct {
 func openReads(ctx context.Context, cfg Config, primary *pgxpool.Pool, reg prometheus.Registerer, log *slog.Logger) (reads, error) {
 	var r reads
 	if cfg.DatabaseReadURL != "" {
-		pc, err := pgxpool.ParseConfig(cfg.DatabaseReadURL)
+		pc, err := ParseDatabaseURL("database-read-url", "WEFT_DATABASE_READ_URL", cfg.DatabaseReadURL)
 		if err != nil {
-			return r, fmt.Errorf("app: --database-read-url: %w", err)
+			return r, err
 		}
 		if pc.AfterConnect, err = catchup.VerifyReplica(ctx, primary, log); err != nil {
 			return r, fmt.Errorf("app: --database-read-url: %w", err)
@@ -487,7 +489,7 @@ func openReads(ctx context.Context, cfg Config, primary *pgxpool.Pool, reg prome
 		if r.replica, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 			return r, fmt.Errorf("app: --database-read-url: %w", err)
 		}
-		log.Info("readers' range reads go to the read replica once it holds them", "replica", redact(cfg.DatabaseReadURL))
+		log.Info("readers' range reads go to the read replica once it holds them", "replica", redact.URL(cfg.DatabaseReadURL))
 	}
 	router, err := catchup.NewReadRouter(catchup.ReadRouterConfig{Primary: primary, Replica: r.replica, Registerer: reg, Logger: log})
 	if err != nil {

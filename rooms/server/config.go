@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/redact"
 	"github.com/weft-dev/weft/shard"
 )
 
@@ -66,28 +66,28 @@ func (c *Config) Validate() error {
 	if c.Cluster == "" || strings.ContainsAny(c.Cluster, " \t\r\n") || len(c.Cluster) > 64 {
 		return bad("cluster", "WEFT_CLUSTER", "%q: want 1-64 characters without spaces", c.Cluster)
 	}
-	if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-		return bad("redis-url", "WEFT_REDIS_URL", "%q: want redis://host:port/db or rediss://...", redact(c.RedisURL))
+	if err := checkRedisURL(c.RedisURL, c.RedisCluster); err != nil {
+		return err
 	}
-	if c.RedisCluster {
-		if _, err := redis.ParseClusterURL(c.RedisURL); err != nil {
-			return bad("redis-url", "WEFT_REDIS_URL", "%q with --redis-cluster: %v (want redis://host1:port?addr=host2:port&addr=...)", redact(c.RedisURL), err)
-		}
-	}
-	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
-		return bad("database-url", "WEFT_DATABASE_URL", "%q: want postgres://user@host:port/db", redact(c.DatabaseURL))
+	if _, err := ParseDatabaseURL("database-url", "WEFT_DATABASE_URL", c.DatabaseURL); err != nil {
+		return err
 	}
 	if c.DatabaseReadURL != "" {
-		if u, err := url.Parse(c.DatabaseReadURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
-			return bad("database-read-url", "WEFT_DATABASE_READ_URL", "%q: want postgres://user@host:port/db", redact(c.DatabaseReadURL))
+		if _, err := ParseDatabaseURL("database-read-url", "WEFT_DATABASE_READ_URL", c.DatabaseReadURL); err != nil {
+			return err
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		return bad("http-addr", "WEFT_HTTP_ADDR", "%q: %v", c.HTTPAddr, err)
 	}
 	if c.AdvertiseURL != "" {
-		if u, err := url.Parse(c.AdvertiseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("advertise-url", "WEFT_ADVERTISE_URL", "%q: want http(s)://host:port", c.AdvertiseURL)
+		u, err := url.Parse(c.AdvertiseURL)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			return bad("advertise-url", "WEFT_ADVERTISE_URL", "%q: want http(s)://host:port", redact.URL(c.AdvertiseURL))
+		case u.User != nil:
+			return bad("advertise-url", "WEFT_ADVERTISE_URL", "%q: want no user or password: every instance reads it, and /status shows it",
+				redact.URL(c.AdvertiseURL))
 		}
 	}
 	if err := instance.ValidName(c.Name); err != nil {
@@ -95,6 +95,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Secret == "" && !c.Insecure {
 		return bad("secret", "WEFT_SECRET", "empty: set a shared secret, or --insecure for development")
+	}
+	if p := httpx.SecretProblem(c.Secret); p != "" {
+		return bad("secret", "WEFT_SECRET", "%s", p)
 	}
 	if len(c.EventWriters) == 0 {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")
@@ -190,15 +193,4 @@ func mapGroup(v any) (slog.Value, bool) {
 		attrs = append(attrs, slog.Any(k.String(), m.MapIndex(k).Interface()))
 	}
 	return slog.GroupValue(attrs...), true
-}
-
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
 }

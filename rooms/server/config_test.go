@@ -65,3 +65,84 @@ func TestDatabaseReadURLFlag(t *testing.T) {
 		}
 	}
 }
+
+// A secret that cannot travel as "Authorization: Bearer <secret>" (a CR
+// left by a CRLF file, a newline, spaces around it) is refused at start,
+// naming --secret and WEFT_SECRET and what is wrong, never the secret.
+func TestSecretMustFitAHeader(t *testing.T) {
+	for _, tc := range []struct{ secret, want string }{
+		{"s3cret-s3cret-s3cret\r", "control character"},
+		{"s3cret-s3cret-s3cret\n", "control character"},
+		{"s3cret-s3cret-s3cret ", "space"},
+		{" s3cret-s3cret-s3cret", "space"},
+	} {
+		for _, fromEnv := range []bool{false, true} {
+			var c Config
+			if fromEnv {
+				t.Setenv("WEFT_SECRET", tc.secret)
+				var f flags
+				p, err := kong.New(&f, kong.Vars{"default_name": "worker"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.Parse(nil); err != nil {
+					t.Fatal(err)
+				}
+				c = Config(f)
+			} else {
+				c = parse(t, "--secret="+tc.secret)
+			}
+			err := c.Validate()
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Flag != "secret" || ce.Env != "WEFT_SECRET" || !strings.Contains(ce.Problem, tc.want) ||
+				strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("secret %q (from the environment: %v): %v, want a ConfigError naming --secret and %q", tc.secret, fromEnv, err, tc.want)
+			}
+		}
+	}
+}
+
+// urlSecretA and urlSecretB are the halves of the password in urlForms;
+// no message may hold either.
+const urlSecretA, urlSecretB = "hunter2x", "kestrel9"
+
+// urlForms are a URL flag's value with a password, as an operator may
+// get it wrong: unparsable (a port typo, an unescaped %, # or /, an @
+// that is fine) or in a query parameter.
+func urlForms(scheme, port string) []string {
+	pw := urlSecretA + urlSecretB
+	return []string{
+		scheme + "://u:" + pw + "@127.0.0.1:" + port[:2] + "x" + port[3:] + "/db",
+		scheme + "://u:" + urlSecretA + "%" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://u:" + urlSecretA + "#" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://u:" + urlSecretA + "/" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://u:" + urlSecretA + "@" + urlSecretB + "@127.0.0.1:" + port + "/db",
+		scheme + "://127.0.0.1:" + port + "/db?password=" + pw + "&sslmode=bogus",
+		scheme + "://127.0.0.1:" + port + "/db?sslpassword=" + pw + "&sslmode=bogus",
+		scheme + "://127.0.0.1:" + port + "/db?password=" + urlSecretA + "#" + urlSecretB,
+	}
+}
+
+// A URL flag's error never shows its password, whatever is wrong with it.
+func TestConfigErrorsHideURLPasswords(t *testing.T) {
+	for _, f := range []struct{ flag, scheme, port string }{
+		{"redis-url", "redis", "6379"}, {"database-url", "postgres", "5432"}, {"database-read-url", "postgres", "5432"},
+	} {
+		for _, v := range urlForms(f.scheme, f.port) {
+			for _, extra := range [][]string{nil, {"--redis-cluster"}} {
+				c := parse(t, append(extra, "--"+f.flag+"="+v)...)
+				err := c.Validate()
+				if err == nil {
+					continue // a form that is valid for this flag: nothing printed here
+				}
+				if msg := err.Error(); strings.Contains(msg, urlSecretA) || strings.Contains(msg, urlSecretB) {
+					t.Errorf("--%s=%s: %s", f.flag, v, msg)
+				}
+			}
+		}
+	}
+	c := parse(t, "--advertise-url=http://u:"+urlSecretA+"@10.0.0.7:8080")
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--advertise-url") || strings.Contains(err.Error(), urlSecretA) {
+		t.Errorf("--advertise-url with a password: %v, want it refused without showing the password", err)
+	}
+}
