@@ -2,6 +2,7 @@ package weft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,11 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		)
 		SELECT pos FROM ins UNION ALL SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2
 		LIMIT 1`, c.Stream, c.Name, start).Scan(&pos)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another process inserted it at the same moment: the statement's
+		// snapshot predates that commit, which ON CONFLICT waited for.
+		err = n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&pos)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("weft: consumer %s of %s: load its cursor: %w", c.Name, c.Stream, err)
 	}

@@ -2,6 +2,7 @@ package streams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -257,6 +258,11 @@ func RegisterWriter(ctx context.Context, db DB, name string) (WriterID, error) {
 		)
 		SELECT id FROM ins UNION ALL SELECT id FROM weft_writers WHERE name = $1
 		LIMIT 1`, name).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another session inserted it at the same moment: the statement's
+		// snapshot predates that commit, which ON CONFLICT waited for.
+		err = db.QueryRow(ctx, `SELECT id FROM weft_writers WHERE name = $1`, name).Scan(&id)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("streams: register writer %s: %w", name, err)
 	}

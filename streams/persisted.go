@@ -36,6 +36,11 @@ func openPersisted(ctx context.Context, db DB, stream string) (int64, error) {
 		)
 		SELECT upto FROM ins UNION ALL SELECT upto FROM stream_persisted WHERE stream = $1
 		LIMIT 1`, stream).Scan(&upto)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another session inserted it at the same moment: the statement's
+		// snapshot predates that commit, which ON CONFLICT waited for.
+		return loadPersisted(ctx, db, stream)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("streams: stream %s: load persisted-upto: %w", stream, err)
 	}
