@@ -140,7 +140,7 @@ func (s Stream) check(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("weft: stream %s: %w", s.Name, err)
 	}
 	if !seq {
-		return fmt.Errorf("%w: stream %s: sequence %s does not exist (CREATE SEQUENCE %s)", errTable, s.Name, s.Sequence, s.ident(s.Sequence))
+		return fmt.Errorf("%w: stream %s: sequence %s does not exist (CREATE SEQUENCE %s)", errTable, s.Name, s.Sequence, s.Sequence)
 	}
 	rows, err := pool.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, s.Table)
 	if err != nil {
@@ -171,7 +171,7 @@ func (s Stream) check(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if !indexed {
 		return fmt.Errorf("%w: stream %s: table %s needs an index on (%s, %s): CREATE INDEX ON %s (%s, %s)", errTable,
-			s.Name, s.Table, s.WriterColumn, s.IDColumn, s.ident(s.Table), s.ident(s.WriterColumn), s.ident(s.IDColumn))
+			s.Name, s.Table, s.WriterColumn, s.IDColumn, s.Table, s.WriterColumn, s.IDColumn)
 	}
 	return nil
 }

@@ -443,6 +443,10 @@ func (n *Node) Ready() error {
 	return nil
 }
 
+// DB is the process's database pool (Config.Database, or the one Open
+// made from DatabaseURL, closed by Close).
+func (n *Node) DB() *pgxpool.Pool { return n.pool }
+
 // Instance is the process's instance ID: Name and a random suffix, new at
 // every start.
 func (n *Node) Instance() string { return n.inst }

@@ -12,7 +12,9 @@ package wefttest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +50,9 @@ func Config(name, database, redis string) weft.Config {
 // ready.
 func Open(t testing.TB, cfg weft.Config) *weft.Node {
 	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = Logger(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n, err := weft.Open(ctx, cfg)
@@ -61,6 +66,18 @@ func Open(t testing.TB, cfg weft.Config) *weft.Node {
 	})
 	Eventually(t, 30*time.Second, func() bool { return n.Ready() == nil }, "%s not ready: %v", cfg.Name, n.Ready())
 	return n
+}
+
+// Logger logs warnings and errors to t.Log.
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 // Eventually polls cond until it holds or the timeout passes, then fails
