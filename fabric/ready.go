@@ -27,7 +27,7 @@ func (n *Node) NotReady() string {
 		return fmt.Sprintf("the process has not run for %v (stalled)", late.Round(time.Millisecond))
 	}
 	if n.deaf(now) {
-		return "every line of the other instances is refused: is the secret the same everywhere?"
+		return "every line of the other instances is refused: is Config.Secret (the binaries' --secret) the same everywhere?"
 	}
 	if why := n.doubtWhy(time.Now()); why != "" {
 		return why

@@ -154,7 +154,7 @@ func (n *Node) logUnopened(reason string, line []byte) {
 			sender = string(s[:min(len(s), 64)])
 		}
 	}
-	n.log.Warn("fabric: refused lines on the channel not signed with this instance's secret (another --secret, or --insecure on one side); counted in weft_fabric_invalid_commands_total",
+	n.log.Warn("fabric: refused lines on the channel not signed with this instance's secret (another Config.Secret, or none on one side: the binaries' --secret and --insecure); counted in weft_fabric_invalid_commands_total",
 		"reason", reason, "sender", sender)
 }
 
