@@ -74,6 +74,10 @@ type chaosOpts struct {
 	before func(ch *chaos)
 	// extra instances (workers) beside chaosNames, with their own flags.
 	extra map[string][]string
+	// late are extra instances that do not start with the cluster: each
+	// joins when the scenario says (ch.join), and no load or sync goes
+	// there before.
+	late []string
 	// rooms the load writes to [chaosRooms].
 	rooms int
 }
@@ -91,7 +95,8 @@ type chaos struct {
 
 	mu       sync.Mutex      // proc lifecycle: supervisor, kills, restarts
 	held     map[string]bool // stopped on purpose: not restarted
-	paused   map[string]bool // SIGSTOPped: no load sent there
+	paused   map[string]bool // SIGSTOPped or not joined yet: no load sent there
+	pending  map[string]bool // late, not joined yet: nothing asks them
 	restarts map[string]int
 
 	w     *workload
@@ -104,7 +109,11 @@ type chaos struct {
 
 func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	t.Helper()
-	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
+	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, pending: map[string]bool{},
+		restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
+	for _, name := range opts.late {
+		ch.held[name], ch.paused[name], ch.pending[name] = true, true, true
+	}
 	redisURL, env := "", opts.env
 	if opts.redisCluster {
 		ch.rcl = testenv.StartRedisCluster(t)
@@ -133,10 +142,14 @@ func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	}
 	ch.c.launch(ch.by["master"])
 	ch.c.waitReady(ch.by["master"])
+	var started []*proc
 	for _, p := range ch.procs[1:] {
-		ch.c.launch(p)
+		if !ch.pending[p.name] {
+			ch.c.launch(p)
+			started = append(started, p)
+		}
 	}
-	ch.c.waitReady(ch.procs...)
+	ch.c.waitReady(started...)
 	return ch
 }
 
@@ -158,7 +171,7 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	ch.wg.Go(func() { ch.supervise(ctx) })
 	for _, p := range ch.procs {
 		// By name: a rolling restart replaces the process behind a name.
-		current := func() *proc { return ch.get(p.name) }
+		current := func() *proc { return ch.serving(p.name) }
 		ch.wg.Go(func() { ch.o.syncLoop(ctx, p.name, current) })
 		ch.wg.Go(func() { ch.o.sampleLoop(ctx, p.name, current) })
 	}
@@ -187,11 +200,11 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	loadWG.Wait()
 	all := ch.w.ackedSnapshot()
 	ch.o.awaitSeen(t, all, 60*time.Second)
-	ch.o.awaitDatabase(t, ch.dbURL, 30*time.Second)
+	tb := ch.o.awaitTable(t, ch.dbURL, 30*time.Second)
 	cancel()
 	ch.wg.Wait()
 
-	rep := ch.o.report(name, ch.w, all, time.Since(start), convergence, ch.restartCount())
+	rep := ch.o.report(name, ch.w, all, tb, time.Since(start), convergence, ch.restartCount())
 	t.Log(rep.String())
 	rep.save(t)
 	ch.checkRoomState()
@@ -255,6 +268,35 @@ func (ch *chaos) get(name string) *proc {
 	return ch.by[name]
 }
 
+// serving is get, or nil for a late instance that has not joined yet.
+func (ch *chaos) serving(name string) *proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.pending[name] {
+		return nil
+	}
+	return ch.by[name]
+}
+
+// join starts a late instance for the first time, or, if it runs, kills
+// it (SIGKILL) and starts it again as a new reader: the oracle holds what
+// it returned so far to the table up to there, and follows its syncs from
+// the beginning of time again. It does not wait for the instance to be
+// ready.
+func (ch *chaos) join(name string) *proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	p := ch.by[name]
+	ch.held[name] = true
+	ch.c.stop(p, syscall.SIGKILL)
+	if !ch.pending[name] {
+		ch.o.rejoin(name)
+	}
+	ch.c.launch(p)
+	ch.held[name], ch.paused[name], ch.pending[name] = false, false, false
+	return p
+}
+
 // replace puts succ behind its name, in place of the process there.
 func (ch *chaos) replace(succ *proc) {
 	ch.mu.Lock()
@@ -284,13 +326,16 @@ func (ch *chaos) kill(name string, sig syscall.Signal) {
 	ch.c.stop(p, sig)
 }
 
-func (ch *chaos) restart(name string) {
+func (ch *chaos) restart(name string) { ch.c.waitReady(ch.relaunch(name)) }
+
+// relaunch starts a stopped instance again without waiting for it.
+func (ch *chaos) relaunch(name string) *proc {
 	ch.mu.Lock()
+	defer ch.mu.Unlock()
 	p := ch.by[name]
 	ch.c.launch(p)
 	ch.held[name] = false
-	ch.mu.Unlock()
-	ch.c.waitReady(p)
+	return p
 }
 
 // signal sends sig (SIGSTOP, SIGCONT) without waiting.
