@@ -23,9 +23,11 @@ import (
 //	(b) stopped with SIGTERM, sealing itself;
 //	(c) removed from the shard map (`master writers remove`): it runs on
 //	    and owns nothing, its rows stay;
-//	(d) a spare added (`master writers add`) while a reader's shard-map
-//	    follower lags: sync3 is stopped (SIGSTOP) through the change and
-//	    the new writer's first rows.
+//	(d) a writer never run before started and added (`master writers
+//	    add`) while a reader's shard-map follower lags: every read sync3
+//	    makes of the shard map is cut (its PostgreSQL proxy) from before
+//	    the new writer starts until the readers below have returned its
+//	    first rows, sync3 among them.
 //
 // After each fate a new reader joins (late: killed and started afresh, it
 // syncs from the beginning of time), sync1 is killed (SIGKILL) and
@@ -34,27 +36,32 @@ import (
 // write acknowledged so far; and throughout, the oracle holds every reader
 // to the table (exactly its rows, in each writer's order), to tokens and
 // persisted-upto that never go backwards, and to never being ready while
-// behind a writer, listed or not.
+// behind a writer, listed or not. The removed writer then stops for good.
 //
-// The next cycle (WEFT_CHAOS=long) meets the same fates with the writers
-// rotated: the removed one is the next spare.
+// The next cycle (WEFT_CHAOS=long: three, under more load) meets the same
+// fates with the writers rotated and another new one added.
 func TestChaosLateReaders(t *testing.T) {
-	writers := []string{"persister1", "persister2", "persister3"}
+	cycles := pick(1, 3)
+	writers := []string{"persister1", "persister2"}
+	extra := map[string][]string{"late": nil}
+	late := []string{"late"}
+	for k := range cycles {
+		w := fmt.Sprintf("persister%d", 3+k)
+		writers = append(writers, w)
+		extra[w] = []string{"--event-writer"}
+		late = append(late, w)
+	}
 	var proxies map[string]*faultproxy.PGProxy
-	ch := newChaos(t, chaosOpts{
-		extra:  map[string][]string{"persister3": {"--event-writer"}, "late": nil},
-		late:   []string{"late"},
-		before: func(ch *chaos) { proxies = ch.pgProxies(writers...) },
-	})
+	ch := newChaos(t, chaosOpts{extra: extra, late: late,
+		before: func(ch *chaos) { proxies = ch.pgProxies(append(slices.Clone(writers), "sync3")...) }})
 	ch.run("late-readers", func(ch *chaos) {
 		if chaosLong() {
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			ch.w.openLoop(ctx, t, 50, 8, ch.targets)
 		}
-		members, spare := []string{"persister1", "persister2"}, "persister3"
-		for range pick(1, 3) {
-			a, b := members[0], members[1]
+		for k := range cycles {
+			a, b, fresh := writers[k], writers[k+1], writers[k+2]
 			ch.afterFate(a+" killed after a commit, sealed by the master", func() func() {
 				ch.killAfterCommit(a, proxies[a])
 				waitSealed(t, ch, a)
@@ -69,14 +76,19 @@ func TestChaosLateReaders(t *testing.T) {
 				ch.awaitHandover(ch.changeWriters("remove", a), "sync2")
 				return nil
 			})
-			ch.afterFate(spare+" added while sync3's follower lags", func() func() {
-				ch.signal("sync3", syscall.SIGSTOP)
-				epoch := ch.changeWriters("add", spare)
-				ch.awaitRowsOf(spare, 20)
-				ch.signal("sync3", syscall.SIGCONT)
-				return func() { ch.awaitHandover(epoch) }
+			ch.afterFate(fresh+" started and added while sync3's follower lags", func() func() {
+				lag := ch.lagFollower("sync3", proxies["sync3"])
+				ch.c.waitReady(ch.join(fresh))
+				epoch := ch.changeWriters("add", fresh)
+				ch.awaitRowsOf(fresh, 20)
+				ch.checkLagging("sync3", epoch)
+				return func() {
+					ch.checkLagging("sync3", epoch) // all along the readers' checks
+					lag.Disarm()
+					ch.awaitHandover(epoch)
+				}
 			})
-			members, spare = []string{b, spare}, a
+			ch.leave(a)
 		}
 	})
 }
@@ -105,6 +117,39 @@ func (ch *chaos) afterFate(what string, fate func() (resume func())) {
 		resume()
 	}
 	ch.loadFor(pick(150, 400))
+}
+
+// lagFollower cuts every read of the shard map that name makes through
+// px, from now until the rule returned is disarmed: its follower keeps
+// the map it has.
+func (ch *chaos) lagFollower(name string, px *faultproxy.PGProxy) *faultproxy.Armed {
+	t := ch.t
+	t.Helper()
+	// The one statement the follower reads the map's epoch with
+	// (membership.Store.snapshot).
+	rule, err := px.Arm(faultproxy.Rule{Fault: faultproxy.CutAfterSync, Match: "json_object_agg(writer, epoch)", Times: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fired := rule.Fired()
+	if !testenv.Poll(10*time.Second, func() bool { return rule.Fired() > fired }) {
+		t.Fatalf("%s read no shard map in 10 s", name)
+	}
+	return rule
+}
+
+// checkLagging checks that name follows a shard map older than epoch.
+func (ch *chaos) checkLagging(name string, epoch int64) {
+	t := ch.t
+	t.Helper()
+	var st statusDoc
+	if err := get(context.Background(), 2*time.Second, ch.get(name).url+"/status", &st); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if st.ShardMap == nil || st.ShardMap.Epoch >= epoch {
+		t.Fatalf("%s follows shard map %+v, want one before epoch %d: its follower does not lag", name, st.ShardMap, epoch)
+	}
+	t.Logf("%s follows shard map epoch %d (the map is at %d)", name, st.ShardMap.Epoch, epoch)
 }
 
 // down are the instances stopped on purpose (after joining, for late ones).

@@ -80,17 +80,32 @@ func newView() *instView {
 	return &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, byWriter: map[string][]row{}, maxPos: map[string]int64{}, since: "m0"}
 }
 
-// rejoin retires name's view: what syncs return from now on is a new
-// reader's, from the beginning of time. Persisted-upto still may not go
-// below what the instance's earlier lives showed.
-func (o *oracle) rejoin(name string) {
+// join starts following name as a new reader: what its syncs return from
+// now on is checked from the beginning of time. A view it had is retired,
+// and persisted-upto still may not go below what its earlier lives showed.
+func (o *oracle) join(name string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	old := o.views[name]
-	o.retired = append(o.retired, retiredView{name: fmt.Sprintf("%s#%d", name, len(o.retired)+1), v: old})
 	v := newView()
-	v.lastPuto = old.lastPuto
+	if old := o.views[name]; old != nil {
+		o.retireLocked(name)
+		v.lastPuto = old.lastPuto
+	}
 	o.views[name] = v
+}
+
+// leave retires name's view for good: the instance has stopped.
+func (o *oracle) leave(name string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.retireLocked(name)
+}
+
+func (o *oracle) retireLocked(name string) *instView {
+	v := o.views[name]
+	delete(o.views, name)
+	o.retired = append(o.retired, retiredView{name: fmt.Sprintf("%s#%d", name, len(o.retired)+1), v: v})
+	return v
 }
 
 func (v *instView) violation(format string, args ...any) {
@@ -135,6 +150,10 @@ func (o *oracle) syncLoop(ctx context.Context, name string, next func() *proc) {
 		}
 		o.mu.Lock()
 		v := o.views[name]
+		if v == nil { // it left
+			o.mu.Unlock()
+			return
+		}
 		since := v.since
 		o.mu.Unlock()
 		var r syncResp
@@ -236,7 +255,10 @@ type statusDoc struct {
 	Established bool   `json:"established"`
 	Degraded    bool   `json:"degraded"`
 	NotReady    string `json:"not_ready"`
-	Streams     []struct {
+	ShardMap    *struct {
+		Epoch int64 `json:"epoch"`
+	} `json:"shard_map"`
+	Streams []struct {
 		Stream   string `json:"stream"`
 		Writer   string `json:"writer"`
 		Position int64  `json:"position"`
@@ -260,7 +282,11 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 			return // down, or not serving yet (waiting for its writer name)
 		}
 		o.mu.Lock()
+		defer o.mu.Unlock()
 		v := o.views[name]
+		if v == nil {
+			return // it left
+		}
 		v.samples++
 		if st.PersistedUpto < v.lastPuto {
 			v.putoBack++
@@ -292,7 +318,6 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 				}
 			}
 		}
-		o.mu.Unlock()
 	})
 }
 

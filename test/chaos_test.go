@@ -96,7 +96,7 @@ type chaos struct {
 	mu       sync.Mutex      // proc lifecycle: supervisor, kills, restarts
 	held     map[string]bool // stopped on purpose: not restarted
 	paused   map[string]bool // SIGSTOPped or not joined yet: no load sent there
-	pending  map[string]bool // late, not joined yet: nothing asks them
+	pending  map[string]bool // late and not joined yet, or left: nothing asks them
 	restarts map[string]int
 
 	w     *workload
@@ -159,7 +159,7 @@ func newChaos(t *testing.T, opts chaosOpts) *chaos {
 func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	t := ch.t
 	ctx, cancel := context.WithCancel(context.Background())
-	ch.o = newOracle(ch.procs)
+	ch.o = newOracle(ch.joined()) // late instances join it when they join
 	ch.w = newWorkload(ch.o, ch.rooms)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	ch.stop = cancel
@@ -261,6 +261,19 @@ func (ch *chaos) targets() []*proc {
 	return out
 }
 
+// joined are the instances that have started and not left.
+func (ch *chaos) joined() []*proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	var out []*proc
+	for _, p := range ch.procs {
+		if !ch.pending[p.name] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // get is the process currently behind a name.
 func (ch *chaos) get(name string) *proc {
 	ch.mu.Lock()
@@ -289,9 +302,7 @@ func (ch *chaos) join(name string) *proc {
 	p := ch.by[name]
 	ch.held[name] = true
 	ch.c.stop(p, syscall.SIGKILL)
-	if !ch.pending[name] {
-		ch.o.rejoin(name)
-	}
+	ch.o.join(name)
 	ch.c.launch(p)
 	ch.held[name], ch.paused[name], ch.pending[name] = false, false, false
 	return p
@@ -324,6 +335,16 @@ func (ch *chaos) kill(name string, sig syscall.Signal) {
 	p := ch.by[name]
 	ch.held[name] = true
 	ch.c.stop(p, sig)
+}
+
+// leave stops name (SIGTERM) for good: the oracle holds what it returned
+// to the table up to there, and nothing asks it again.
+func (ch *chaos) leave(name string) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.held[name], ch.paused[name], ch.pending[name] = true, true, true
+	ch.c.stop(ch.by[name], syscall.SIGTERM)
+	ch.o.leave(name)
 }
 
 func (ch *chaos) restart(name string) { ch.c.waitReady(ch.relaunch(name)) }
@@ -387,7 +408,7 @@ func (ch *chaos) checkRoomState() {
 		return out
 	}
 	for room, keys := range want {
-		for _, p := range ch.procs {
+		for _, p := range ch.joined() {
 			if got := read(p, room); !maps.Equal(got, keys) {
 				t.Fatalf("%s: room %s state %v, recomputed from its events %v", p.name, room, got, keys)
 			}
