@@ -25,15 +25,16 @@ import (
 // on every instance, while a scenario injects faults. An oracle checks the
 // design's invariants throughout and at the end:
 //
-//   - every acknowledged write is seen by every instance's sync exactly
-//     once, in each writer's order, and every instance ends with the same
-//     set of events (writes whose outcome the client never learned
-//     included: all or none);
+//   - every instance's sync returns, per writer, exactly the events
+//     table's rows of that writer in stream order (writes that failed or
+//     whose outcome the client never learned included: a row in the table
+//     reaches every reader once), and every acknowledged write is in the
+//     table where its answer said (chaos_table_test.go);
 //   - no sync token handed to a client goes backwards;
 //   - persisted-upto never decreases on any instance, across restarts;
 //   - /status (the same predicate as /readyz) never says ready on an
 //     instance that is missing a write acknowledged more than readySlack
-//     before the sample;
+//     before the sample, of any writer, listed in its /status or not;
 //   - room state equals its recomputation from the room's events.
 //
 // WEFT_CHAOS=long (make chaos) runs every scenario longer, with more
@@ -281,7 +282,8 @@ func (ch *chaos) get(name string) *proc {
 	return ch.by[name]
 }
 
-// serving is get, or nil for a late instance that has not joined yet.
+// serving is get, or nil for an instance that has not joined yet or has
+// left.
 func (ch *chaos) serving(name string) *proc {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
