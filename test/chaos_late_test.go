@@ -152,7 +152,8 @@ func (ch *chaos) checkLagging(name string, epoch int64) {
 	t.Logf("%s follows shard map epoch %d (the map is at %d)", name, st.ShardMap.Epoch, epoch)
 }
 
-// down are the instances stopped on purpose (after joining, for late ones).
+// down are the instances stopped on purpose and not gone for good (one
+// that has not joined yet, or has left, has no view to wait for).
 func (ch *chaos) down() []string {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
