@@ -32,9 +32,12 @@ type workload struct {
 	mu        sync.Mutex
 	acked     map[string]ack
 	attempted map[string]bool
-	failures  atomic.Int64
-	statuses  sync.Map // "503" -> *atomic.Int64
-	rooms     int
+	// failedOnce: the writes an attempt of which failed (an error or a
+	// timeout): each may have committed all the same.
+	failedOnce map[string]bool
+	failures   atomic.Int64
+	statuses   sync.Map // "503" -> *atomic.Int64
+	rooms      int
 	// slowest is the longest a write took from its first attempt to its
 	// acknowledgement, in nanoseconds (retries included): the longest
 	// stall a client saw.
@@ -42,7 +45,7 @@ type workload struct {
 }
 
 func newWorkload(o *oracle, rooms int) *workload {
-	return &workload{o: o, acked: map[string]ack{}, attempted: map[string]bool{}, rooms: rooms}
+	return &workload{o: o, acked: map[string]ack{}, attempted: map[string]bool{}, failedOnce: map[string]bool{}, rooms: rooms}
 }
 
 const chaosRooms = 30
@@ -103,6 +106,9 @@ func (w *workload) writeRoom(ctx context.Context, t *testing.T, rng *rand.Rand, 
 			break // the load stopped: not a failure of the cluster
 		}
 		w.failures.Add(1)
+		w.mu.Lock()
+		w.failedOnce[txn] = true
+		w.mu.Unlock()
 		c, _ := w.statuses.LoadOrStore(fmt.Sprint(code), new(atomic.Int64))
 		c.(*atomic.Int64).Add(1)
 		select { // pacing after a failure, not synchronisation

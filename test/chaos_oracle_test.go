@@ -1,6 +1,7 @@
 package test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -29,6 +29,10 @@ const fuzzSender = "@fuzz:test"
 type oracle struct {
 	mu    sync.Mutex
 	views map[string]*instView
+	// retired are the views of readers that left for good or joined
+	// again as new ones (rejoin): held to the table up to what they
+	// reached.
+	retired []retiredView
 	// acks per writer in acknowledgement order, with a running max of the
 	// position, to answer "what had been acknowledged by time T".
 	ackTimes map[string][]time.Time
@@ -39,7 +43,9 @@ type instView struct {
 	seen     map[string]int       // txn -> times seen
 	seenAt   map[string]time.Time // txn -> when its sync first returned it
 	order    []event
+	byWriter map[string][]row // writer -> rows in the order returned (by position within a response)
 	maxPos   map[string]int64 // writer -> highest position in earlier responses
+	since    string           // where the next sync goes on from
 	token    streams.Token
 	syncs    int
 	syncErrs int
@@ -54,13 +60,52 @@ type instView struct {
 	notReadyWhy                        []string
 }
 
+// retiredView is a reader's view from before it joined again as new.
+type retiredView struct {
+	name string // the instance's name, and which of its lives
+	v    *instView
+}
+
 func newOracle(procs []*proc) *oracle {
 	o := &oracle{views: map[string]*instView{}, ackTimes: map[string][]time.Time{}, ackMax: map[string][]int64{}}
 	for _, p := range procs {
-		o.views[p.name] = &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, maxPos: map[string]int64{}}
+		o.views[p.name] = newView()
 	}
-	o.views[roaming] = &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, maxPos: map[string]int64{}}
+	o.views[roaming] = newView()
 	return o
+}
+
+// newView is the view of a reader that has returned nothing yet.
+func newView() *instView {
+	return &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, byWriter: map[string][]row{}, maxPos: map[string]int64{}, since: "m0"}
+}
+
+// join starts following name as a new reader: what its syncs return from
+// now on is checked from the beginning of time. A view it had is retired,
+// and persisted-upto still may not go below what its earlier lives showed.
+func (o *oracle) join(name string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	v := newView()
+	if old := o.views[name]; old != nil {
+		o.retireLocked(name)
+		v.lastPuto = old.lastPuto
+	}
+	o.views[name] = v
+}
+
+// leave retires name's view for good: the instance has stopped.
+func (o *oracle) leave(name string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.retireLocked(name)
+}
+
+func (o *oracle) retireLocked(name string) *instView {
+	v := o.views[name]
+	delete(o.views, name)
+	o.retired = append(o.retired, retiredView{name: fmt.Sprintf("%s#%d", name, len(o.retired)+1), v: v})
+	return v
 }
 
 func (v *instView) violation(format string, args ...any) {
@@ -91,14 +136,33 @@ func (o *oracle) ackedBy(writer string, t time.Time) int64 {
 }
 
 // syncLoop long-polls p's /v1/sync from the beginning of time until ctx
-// ends, checking order, duplicates and token monotonicity.
+// ends, checking order, duplicates and token monotonicity. next returns
+// nil while there is no instance to ask (a reader that has not joined).
 func (o *oracle) syncLoop(ctx context.Context, name string, next func() *proc) {
-	since := "m0"
 	for ctx.Err() == nil {
-		var r syncResp
-		err := get(ctx, 10*time.Second, next().url+"/v1/sync?timeout_ms=500&since="+url.QueryEscape(since), &r)
+		p := next()
+		if p == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
 		o.mu.Lock()
 		v := o.views[name]
+		if v == nil { // it left
+			o.mu.Unlock()
+			return
+		}
+		since := v.since
+		o.mu.Unlock()
+		var r syncResp
+		err := get(ctx, 10*time.Second, p.url+"/v1/sync?timeout_ms=500&since="+url.QueryEscape(since), &r)
+		o.mu.Lock()
+		if o.views[name] != v {
+			o.mu.Unlock()
+			continue // the reader joined again as new meanwhile: an answer to its old life
+		}
 		if err != nil {
 			v.syncErrs++
 			o.mu.Unlock()
@@ -110,7 +174,7 @@ func (o *oracle) syncLoop(ctx context.Context, name string, next func() *proc) {
 		}
 		v.syncs++
 		o.apply(v, name, since, r)
-		since = r.NextBatch
+		v.since = r.NextBatch
 		o.mu.Unlock()
 	}
 }
@@ -131,6 +195,7 @@ func (o *oracle) apply(v *instView, name, since string, r syncResp) {
 	}
 	v.token = streams.Merge(v.token, next)
 	lo, hi := map[string]int64{}, map[string]int64{}
+	got := map[string][]row{}
 	for room, re := range r.Rooms {
 		last := map[string]int64{}
 		for _, e := range re.Events {
@@ -160,7 +225,14 @@ func (o *oracle) apply(v *instView, name, since string, r syncResp) {
 				v.violation("%s: %s (%s/%d) seen %d times (since %s)", name, txn, e.Writer, e.StreamPos, v.seen[txn], since)
 			}
 			v.order = append(v.order, e)
+			got[e.Writer] = append(got[e.Writer], row{e.StreamPos, txn})
 		}
+	}
+	// Rooms come in no order: a writer's rows of one response are in
+	// stream order once sorted (reorder counts those that were not).
+	for w, rs := range got {
+		slices.SortStableFunc(rs, func(a, b row) int { return cmp.Compare(a.pos, b.pos) })
+		v.byWriter[w] = append(v.byWriter[w], rs...)
 	}
 	for w, l := range lo {
 		if l <= v.maxPos[w] {
@@ -183,7 +255,10 @@ type statusDoc struct {
 	Established bool   `json:"established"`
 	Degraded    bool   `json:"degraded"`
 	NotReady    string `json:"not_ready"`
-	Streams     []struct {
+	ShardMap    *struct {
+		Epoch int64 `json:"epoch"`
+	} `json:"shard_map"`
+	Streams []struct {
 		Stream   string `json:"stream"`
 		Writer   string `json:"writer"`
 		Position int64  `json:"position"`
@@ -193,16 +268,25 @@ type statusDoc struct {
 
 // sampleLoop reads p's /status every 100 ms: persisted-upto must never
 // decrease, and a ready instance must hold every write acknowledged more
-// than readySlack before the sample began.
+// than readySlack before the sample began, of every writer (one it does
+// not list it holds nothing of).
 func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc) {
 	testenv.Every(ctx, 100*time.Millisecond, func() {
 		began := time.Now()
+		p := next()
+		if p == nil {
+			return // not joined yet
+		}
 		var st statusDoc
-		if err := get(ctx, 2*time.Second, next().url+"/status", &st); err != nil || st.Waiting != nil || st.Token == "" {
+		if err := get(ctx, 2*time.Second, p.url+"/status", &st); err != nil || st.Waiting != nil || st.Token == "" {
 			return // down, or not serving yet (waiting for its writer name)
 		}
 		o.mu.Lock()
+		defer o.mu.Unlock()
 		v := o.views[name]
+		if v == nil {
+			return // it left
+		}
 		v.samples++
 		if st.PersistedUpto < v.lastPuto {
 			v.putoBack++
@@ -216,18 +300,24 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 		if st.Ready {
 			v.readySamples++
 			cutoff := began.Add(-readySlack)
+			pos := map[string]int64{}
 			for _, s := range st.Streams {
-				if s.Stream != "events" {
-					continue
+				if s.Stream == "events" {
+					pos[s.Writer] = s.Position
 				}
-				if want := o.ackedBy(s.Writer, cutoff); s.Position < want {
+			}
+			for _, w := range slices.Sorted(maps.Keys(o.ackTimes)) {
+				if want := o.ackedBy(w, cutoff); pos[w] < want {
+					listed := ""
+					if _, ok := pos[w]; !ok {
+						listed = " (not listed)"
+					}
 					v.readyBehind++
-					v.violation("%s: ready at %s with %s at %d, but %d was acknowledged %v before",
-						name, began.Format("15:04:05.000"), s.Writer, s.Position, want, readySlack)
+					v.violation("%s: ready at %s with %s at %d%s, but %d was acknowledged %v before",
+						name, began.Format("15:04:05.000"), w, pos[w], listed, want, readySlack)
 				}
 			}
 		}
-		o.mu.Unlock()
 	})
 }
 
@@ -239,21 +329,24 @@ func get(ctx context.Context, timeout time.Duration, u string, out any) error {
 	return err
 }
 
-// awaitSeen waits until every instance's sync has returned every write in
-// want, and returns when that happened.
-func (o *oracle) awaitSeen(t *testing.T, want map[string]ack, timeout time.Duration) time.Time {
+// awaitSeen waits until every instance's sync, but those down, has
+// returned every write in want, and returns when that happened.
+func (o *oracle) awaitSeen(t *testing.T, want map[string]ack, timeout time.Duration, down ...string) time.Time {
 	t.Helper()
-	if !testenv.Poll(timeout, func() bool { return len(o.missing(want)) == 0 }) {
-		t.Fatalf("after %v, writes still missing: %s", timeout, strings.Join(o.missing(want), "; "))
+	if !testenv.Poll(timeout, func() bool { return len(o.missing(want, down)) == 0 }) {
+		t.Fatalf("after %v, writes still missing: %s", timeout, strings.Join(o.missing(want, down), "; "))
 	}
 	return time.Now()
 }
 
-func (o *oracle) missing(want map[string]ack) []string {
+func (o *oracle) missing(want map[string]ack, down []string) []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var out []string
 	for name, v := range o.views {
+		if slices.Contains(down, name) {
+			continue
+		}
 		n, example := 0, ""
 		for txn, a := range want {
 			if v.seen[txn] == 0 {
@@ -269,65 +362,6 @@ func (o *oracle) missing(want map[string]ack) []string {
 	return out
 }
 
-// awaitDatabase waits until the events table stops changing (writes
-// whose client gave up may still be committing), then until every view
-// has returned exactly the committed events: the database is the ground
-// truth, so a write whose answer was lost is on every instance or on none.
-func (o *oracle) awaitDatabase(t *testing.T, dbURL string, timeout time.Duration) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	committed := func() map[string]bool {
-		rows, err := conn.Query(ctx, `SELECT COALESCE(content->>'body', content->'value'->>'txn') FROM events WHERE sender <> $1`, fuzzSender)
-		if err != nil {
-			t.Fatal(err)
-		}
-		txns, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make(map[string]bool, len(txns))
-		for _, txn := range txns {
-			out[txn] = true
-		}
-		return out
-	}
-	want, stable := committed(), time.Now()
-	testenv.Poll(30*time.Second, func() bool {
-		if now := committed(); len(now) != len(want) {
-			want, stable = now, time.Now()
-		}
-		return time.Since(stable) >= time.Second
-	})
-	var diff string
-	ok := testenv.Poll(timeout, func() bool {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		for name, v := range o.views {
-			for txn := range want {
-				if v.seen[txn] == 0 {
-					diff = fmt.Sprintf("%s lacks %s, committed", name, txn)
-					return false
-				}
-			}
-			for txn := range v.seen {
-				if !want[txn] {
-					diff = fmt.Sprintf("%s returned %s, which is not in the database", name, txn)
-					return false
-				}
-			}
-		}
-		return true
-	})
-	if !ok {
-		t.Fatalf("instances do not return exactly the %d committed events after %v: %s", len(want), timeout, diff)
-	}
-}
-
 func (o *oracle) events(name string) []event {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -336,23 +370,35 @@ func (o *oracle) events(name string) []event {
 
 // chaosReport is one scenario's figures.
 type chaosReport struct {
-	Scenario      string         `json:"scenario"`
-	Seconds       float64        `json:"seconds"`
-	Acked         int            `json:"acked"`
-	Unknown       int            `json:"unknown"`
-	FailedTries   int64          `json:"failed_tries"`
-	Statuses      map[string]int `json:"failed_by_status"`
-	ConvergeMS    int64          `json:"converge_ms"`
-	Restarts      map[string]int `json:"restarts"`
-	Instances     []instReport   `json:"instances"`
-	Lost          int            `json:"lost"`
-	Phantom       int            `json:"phantom"`
-	Duplicated    int            `json:"duplicated"`
-	Reordered     int            `json:"reordered"`
-	TokenBack     int            `json:"token_backwards"`
-	PersistedBack int            `json:"persisted_upto_backwards"`
-	ReadyBehind   int            `json:"ready_while_behind"`
-	Examples      []string       `json:"examples,omitempty"`
+	Scenario    string         `json:"scenario"`
+	Seconds     float64        `json:"seconds"`
+	Acked       int            `json:"acked"`
+	Unknown     int            `json:"unknown"`
+	FailedTries int64          `json:"failed_tries"`
+	Statuses    map[string]int `json:"failed_by_status"`
+	ConvergeMS  int64          `json:"converge_ms"`
+	Restarts    map[string]int `json:"restarts"`
+	Instances   []instReport   `json:"instances"`
+	// TableRows are the workload's rows in the events table, of which
+	// FailedInTable had a write attempt fail and UnknownInTable were never
+	// acknowledged: every reader returned them all the same.
+	TableRows      int `json:"table_rows"`
+	FailedInTable  int `json:"failed_in_table"`
+	UnknownInTable int `json:"unknown_in_table"`
+	// Lost: rows in the table that a reader did not return.
+	Lost int `json:"lost"`
+	// AckedNotInTable: acknowledged writes the table does not hold where
+	// their answer said.
+	AckedNotInTable int `json:"acked_not_in_table"`
+	// Phantom: rows returned that the table does not hold, and rows in
+	// the table the workload never wrote.
+	Phantom       int      `json:"phantom"`
+	Duplicated    int      `json:"duplicated"`
+	Reordered     int      `json:"reordered"`
+	TokenBack     int      `json:"token_backwards"`
+	PersistedBack int      `json:"persisted_upto_backwards"`
+	ReadyBehind   int      `json:"ready_while_behind"`
+	Examples      []string `json:"examples,omitempty"`
 }
 
 type instReport struct {
@@ -364,45 +410,62 @@ type instReport struct {
 	ReadySamples int    `json:"ready_samples"`
 }
 
-func (o *oracle) report(name string, w *workload, acked map[string]ack, took, converge time.Duration, restarts map[string]int) chaosReport {
+// report holds every reader to the table: its rows per writer must be
+// the table's (a retired reader's, up to what it reached), every
+// acknowledged write must be in the table where its answer said, and the
+// table must hold nothing the workload did not write.
+func (o *oracle) report(name string, w *workload, acked map[string]ack, tb table, took, converge time.Duration, restarts map[string]int) chaosReport {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	w.mu.Lock()
-	attempted := maps.Clone(w.attempted)
+	attempted, failedOnce := maps.Clone(w.attempted), maps.Clone(w.failedOnce)
 	w.mu.Unlock()
 	r := chaosReport{Scenario: name, Seconds: took.Seconds(), Acked: len(acked), FailedTries: w.failures.Load(),
-		ConvergeMS: converge.Milliseconds(), Restarts: restarts, Statuses: map[string]int{}}
+		ConvergeMS: converge.Milliseconds(), Restarts: restarts, Statuses: map[string]int{}, TableRows: tb.len()}
 	w.statuses.Range(func(k, v any) bool { r.Statuses[k.(string)] = int(v.(*atomic.Int64).Load()); return true })
-	for _, ok := range attempted {
+	stored := tb.byTxn()
+	for txn, ok := range attempted {
+		_, in := stored[txn]
 		if !ok {
 			r.Unknown++
+			if in {
+				r.UnknownInTable++
+			}
+		}
+		if in && failedOnce[txn] {
+			r.FailedInTable++
 		}
 	}
-	names := make([]string, 0, len(o.views))
-	for n := range o.views {
-		names = append(names, n)
+	for txn, a := range acked {
+		if got, ok := stored[txn]; !ok || got.writer != a.writer || got.pos != a.pos {
+			r.AckedNotInTable++
+			r.Examples = append(r.Examples, fmt.Sprintf("%s was acknowledged at %s/%d; the table holds %+v", txn, a.writer, a.pos, got))
+		}
 	}
-	slices.Sort(names)
-	for _, n := range names {
-		v := o.views[n]
+	for txn, p := range stored {
+		if _, ok := attempted[txn]; !ok {
+			r.Phantom++
+			r.Examples = append(r.Examples, fmt.Sprintf("the table holds %s at %s/%d, which the workload never wrote", txn, p.writer, p.pos))
+		}
+	}
+	add := func(n string, v *instView, upto bool) {
 		r.Instances = append(r.Instances, instReport{Name: n, Rows: len(v.order), Syncs: v.syncs, SyncErrors: v.syncErrs, Samples: v.samples, ReadySamples: v.readySamples})
-		for txn := range acked {
-			if v.seen[txn] == 0 {
-				r.Lost++
-			}
-		}
-		for txn := range v.seen {
-			if _, ok := attempted[txn]; !ok {
-				r.Phantom++
-				r.Examples = append(r.Examples, fmt.Sprintf("%s: %s was never written", n, txn))
-			}
-		}
+		d := tb.compare(n, v.byWriter, upto)
+		r.Lost += d.lost
+		r.Phantom += d.phantom
+		r.Reordered += v.reorder + d.misordered
 		r.Duplicated += v.dup
-		r.Reordered += v.reorder
 		r.TokenBack += v.tokenBack
 		r.PersistedBack += v.putoBack
 		r.ReadyBehind += v.readyBehind
+		r.Examples = append(r.Examples, d.examples...)
 		r.Examples = append(r.Examples, v.examples...)
+	}
+	for _, n := range slices.Sorted(maps.Keys(o.views)) {
+		add(n, o.views[n], false)
+	}
+	for _, rv := range o.retired {
+		add(rv.name, rv.v, true)
 	}
 	return r
 }
@@ -411,12 +474,14 @@ func (r chaosReport) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "chaos %s: %.0fs, %d writes acknowledged (%d unknown outcome, %d failed tries %v), converged %dms after the last fault, restarts %v\n",
 		r.Scenario, r.Seconds, r.Acked, r.Unknown, r.FailedTries, r.Statuses, r.ConvergeMS, r.Restarts)
+	fmt.Fprintf(&b, "  the table: %d rows, of which %d had a write attempt fail and %d were never acknowledged\n",
+		r.TableRows, r.FailedInTable, r.UnknownInTable)
 	for _, in := range r.Instances {
 		fmt.Fprintf(&b, "  %-10s rows seen %6d  syncs %5d (errors %d)  status samples %4d (ready %d)\n",
 			in.Name, in.Rows, in.Syncs, in.SyncErrors, in.Samples, in.ReadySamples)
 	}
-	fmt.Fprintf(&b, "  lost %d, phantom %d, duplicated %d, reordered %d, tokens backwards %d, persisted-upto backwards %d, ready while behind %d",
-		r.Lost, r.Phantom, r.Duplicated, r.Reordered, r.TokenBack, r.PersistedBack, r.ReadyBehind)
+	fmt.Fprintf(&b, "  lost %d, acknowledged not in the table %d, phantom %d, duplicated %d, reordered %d, tokens backwards %d, persisted-upto backwards %d, ready while behind %d",
+		r.Lost, r.AckedNotInTable, r.Phantom, r.Duplicated, r.Reordered, r.TokenBack, r.PersistedBack, r.ReadyBehind)
 	for _, e := range r.Examples {
 		fmt.Fprintf(&b, "\n  e.g. %s", e)
 	}
@@ -424,7 +489,7 @@ func (r chaosReport) String() string {
 }
 
 func (r chaosReport) failure() error {
-	if r.Lost+r.Phantom+r.Duplicated+r.Reordered+r.TokenBack+r.PersistedBack+r.ReadyBehind == 0 {
+	if r.Lost+r.AckedNotInTable+r.Phantom+r.Duplicated+r.Reordered+r.TokenBack+r.PersistedBack+r.ReadyBehind == 0 {
 		return nil
 	}
 	return errors.New("oracle: invariants violated (figures above)")

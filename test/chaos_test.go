@@ -25,15 +25,16 @@ import (
 // on every instance, while a scenario injects faults. An oracle checks the
 // design's invariants throughout and at the end:
 //
-//   - every acknowledged write is seen by every instance's sync exactly
-//     once, in each writer's order, and every instance ends with the same
-//     set of events (writes whose outcome the client never learned
-//     included: all or none);
+//   - every instance's sync returns, per writer, exactly the events
+//     table's rows of that writer in stream order (writes that failed or
+//     whose outcome the client never learned included: a row in the table
+//     reaches every reader once), and every acknowledged write is in the
+//     table where its answer said (chaos_table_test.go);
 //   - no sync token handed to a client goes backwards;
 //   - persisted-upto never decreases on any instance, across restarts;
 //   - /status (the same predicate as /readyz) never says ready on an
 //     instance that is missing a write acknowledged more than readySlack
-//     before the sample;
+//     before the sample, of any writer, listed in its /status or not;
 //   - room state equals its recomputation from the room's events.
 //
 // WEFT_CHAOS=long (make chaos) runs every scenario longer, with more
@@ -74,6 +75,10 @@ type chaosOpts struct {
 	before func(ch *chaos)
 	// extra instances (workers) beside chaosNames, with their own flags.
 	extra map[string][]string
+	// late are extra instances that do not start with the cluster: each
+	// joins when the scenario says (ch.join), and no load or sync goes
+	// there before.
+	late []string
 	// rooms the load writes to [chaosRooms].
 	rooms int
 }
@@ -91,7 +96,8 @@ type chaos struct {
 
 	mu       sync.Mutex      // proc lifecycle: supervisor, kills, restarts
 	held     map[string]bool // stopped on purpose: not restarted
-	paused   map[string]bool // SIGSTOPped: no load sent there
+	paused   map[string]bool // SIGSTOPped or not joined yet: no load sent there
+	pending  map[string]bool // late and not joined yet, or left: nothing asks them
 	restarts map[string]int
 
 	w     *workload
@@ -104,7 +110,11 @@ type chaos struct {
 
 func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	t.Helper()
-	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
+	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, pending: map[string]bool{},
+		restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
+	for _, name := range opts.late {
+		ch.held[name], ch.paused[name], ch.pending[name] = true, true, true
+	}
 	redisURL, env := "", opts.env
 	if opts.redisCluster {
 		ch.rcl = testenv.StartRedisCluster(t)
@@ -133,10 +143,14 @@ func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	}
 	ch.c.launch(ch.by["master"])
 	ch.c.waitReady(ch.by["master"])
+	var started []*proc
 	for _, p := range ch.procs[1:] {
-		ch.c.launch(p)
+		if !ch.pending[p.name] {
+			ch.c.launch(p)
+			started = append(started, p)
+		}
 	}
-	ch.c.waitReady(ch.procs...)
+	ch.c.waitReady(started...)
 	return ch
 }
 
@@ -146,7 +160,7 @@ func newChaos(t *testing.T, opts chaosOpts) *chaos {
 func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	t := ch.t
 	ctx, cancel := context.WithCancel(context.Background())
-	ch.o = newOracle(ch.procs)
+	ch.o = newOracle(ch.joined()) // late instances join it when they join
 	ch.w = newWorkload(ch.o, ch.rooms)
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	ch.stop = cancel
@@ -158,7 +172,7 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	ch.wg.Go(func() { ch.supervise(ctx) })
 	for _, p := range ch.procs {
 		// By name: a rolling restart replaces the process behind a name.
-		current := func() *proc { return ch.get(p.name) }
+		current := func() *proc { return ch.serving(p.name) }
 		ch.wg.Go(func() { ch.o.syncLoop(ctx, p.name, current) })
 		ch.wg.Go(func() { ch.o.sampleLoop(ctx, p.name, current) })
 	}
@@ -187,11 +201,11 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	loadWG.Wait()
 	all := ch.w.ackedSnapshot()
 	ch.o.awaitSeen(t, all, 60*time.Second)
-	ch.o.awaitDatabase(t, ch.dbURL, 30*time.Second)
+	tb := ch.o.awaitTable(t, ch.dbURL, 30*time.Second)
 	cancel()
 	ch.wg.Wait()
 
-	rep := ch.o.report(name, ch.w, all, time.Since(start), convergence, ch.restartCount())
+	rep := ch.o.report(name, ch.w, all, tb, time.Since(start), convergence, ch.restartCount())
 	t.Log(rep.String())
 	rep.save(t)
 	ch.checkRoomState()
@@ -248,11 +262,52 @@ func (ch *chaos) targets() []*proc {
 	return out
 }
 
+// joined are the instances that have started and not left.
+func (ch *chaos) joined() []*proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	var out []*proc
+	for _, p := range ch.procs {
+		if !ch.pending[p.name] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // get is the process currently behind a name.
 func (ch *chaos) get(name string) *proc {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	return ch.by[name]
+}
+
+// serving is get, or nil for an instance that has not joined yet or has
+// left.
+func (ch *chaos) serving(name string) *proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.pending[name] {
+		return nil
+	}
+	return ch.by[name]
+}
+
+// join starts a late instance for the first time, or, if it runs, kills
+// it (SIGKILL) and starts it again as a new reader: the oracle holds what
+// it returned so far to the table up to there, and follows its syncs from
+// the beginning of time again. It does not wait for the instance to be
+// ready.
+func (ch *chaos) join(name string) *proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	p := ch.by[name]
+	ch.held[name] = true
+	ch.c.stop(p, syscall.SIGKILL)
+	ch.o.join(name)
+	ch.c.launch(p)
+	ch.held[name], ch.paused[name], ch.pending[name] = false, false, false
+	return p
 }
 
 // replace puts succ behind its name, in place of the process there.
@@ -284,13 +339,26 @@ func (ch *chaos) kill(name string, sig syscall.Signal) {
 	ch.c.stop(p, sig)
 }
 
-func (ch *chaos) restart(name string) {
+// leave stops name (SIGTERM) for good: the oracle holds what it returned
+// to the table up to there, and nothing asks it again.
+func (ch *chaos) leave(name string) {
 	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.held[name], ch.paused[name], ch.pending[name] = true, true, true
+	ch.c.stop(ch.by[name], syscall.SIGTERM)
+	ch.o.leave(name)
+}
+
+func (ch *chaos) restart(name string) { ch.c.waitReady(ch.relaunch(name)) }
+
+// relaunch starts a stopped instance again without waiting for it.
+func (ch *chaos) relaunch(name string) *proc {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
 	p := ch.by[name]
 	ch.c.launch(p)
 	ch.held[name] = false
-	ch.mu.Unlock()
-	ch.c.waitReady(p)
+	return p
 }
 
 // signal sends sig (SIGSTOP, SIGCONT) without waiting.
@@ -342,7 +410,7 @@ func (ch *chaos) checkRoomState() {
 		return out
 	}
 	for room, keys := range want {
-		for _, p := range ch.procs {
+		for _, p := range ch.joined() {
 			if got := read(p, room); !maps.Equal(got, keys) {
 				t.Fatalf("%s: room %s state %v, recomputed from its events %v", p.name, room, got, keys)
 			}

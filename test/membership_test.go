@@ -135,7 +135,7 @@ func (ch *chaos) awaitHandover(epoch int64, down ...string) {
 		skip[n] = true
 	}
 	start := time.Now()
-	for _, p := range ch.procs {
+	for _, p := range ch.joined() {
 		if skip[p.name] {
 			continue
 		}

@@ -11,7 +11,9 @@
 //     lose a connection at the moments whose outcome a client cannot know:
 //     after the server committed but before the client heard so
 //     ([CutAfterCommit], [CutAfterSync]), and, for contrast, just before a
-//     COMMIT reaches the server ([CutBeforeCommit]).
+//     COMMIT reaches the server ([CutBeforeCommit]); or keep the answer to
+//     a COMMIT from a client that waits on for it ([HoldAfterCommit]), so
+//     that a test can kill the client between its commit and its next act.
 //
 // Both can cut every connection at once and refuse new connections, so
 // that the server looks down to the clients of that one proxy.

@@ -14,9 +14,10 @@ import (
 	"sync/atomic"
 )
 
-// Fault is what a Rule does to the connection it fires on. Each loses the
-// connection, both sides, at a moment a client cannot tell apart from a
-// network failure; they differ in what the server has done by then.
+// Fault is what a Rule does to the connection it fires on. Each keeps an
+// answer from the client at a moment it cannot tell apart from a network
+// failure; they differ in what the server has done by then, and in
+// whether the connection is lost (the cuts) or left hanging (the hold).
 type Fault int
 
 const (
@@ -37,6 +38,15 @@ const (
 	// implicit transaction, which the server has committed by then: a
 	// pgx.Batch sent on a pool, or a lone autocommit statement.
 	CutAfterSync
+	// HoldAfterCommit is CutAfterCommit without the cut: the server's
+	// answer to the COMMIT, and everything after it, is held from the
+	// client, and the connection stays open. The server has committed
+	// (unless the transaction had failed); the client waits for an answer
+	// that never comes, as a process stopped between its COMMIT and
+	// hearing of it would. The connection ends when the client closes it
+	// (a test killed the client, say) or the proxy closes. PGStats.Holds
+	// counts the answers held: once it has moved, the server has answered.
+	HoldAfterCommit
 
 	nFaults = iota + 1
 )
@@ -49,13 +59,17 @@ func (f Fault) String() string {
 		return "CutAfterCommit"
 	case CutAfterSync:
 		return "CutAfterSync"
+	case HoldAfterCommit:
+		return "HoldAfterCommit"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }
 
 // commit reports whether the fault fires on COMMITs rather than on
 // statements.
-func (f Fault) commit() bool { return f == CutBeforeCommit || f == CutAfterCommit }
+func (f Fault) commit() bool {
+	return f == CutBeforeCommit || f == CutAfterCommit || f == HoldAfterCommit
+}
 
 // Rule says when a PGProxy loses a connection. A rule fires on an
 // occasion: for the commit faults, a COMMIT (or END) statement about to be
@@ -158,15 +172,20 @@ func (a *Armed) matches(commit bool, stmt string, tx map[string]struct{}) bool {
 // PGStats are a PGProxy's counters since StartPG.
 type PGStats struct {
 	ConnStats
-	// Cuts counts the connections each fault closed.
+	// Cuts counts the connections each fault closed (none for
+	// HoldAfterCommit, which leaves them to the client).
 	Cuts map[Fault]int64
+	// Holds counts the COMMIT answers HoldAfterCommit kept from the
+	// client: each had arrived from the server.
+	Holds int64
 	// FromClient and FromServer count the messages seen in each
 	// direction by name ("Query", "Parse", "Bind", "Execute", "Sync",
 	// "CommandComplete", "ReadyForQuery", ...; the untyped first messages
 	// as "StartupMessage", "SSLRequest", "GSSENCRequest",
 	// "CancelRequest"). Dropped messages count too.
 	FromClient, FromServer map[string]int64
-	// Dropped counts the server's messages a cut kept from the client.
+	// Dropped counts the server's messages a cut or a hold kept from the
+	// client (of a hold, the first only: it reads no further).
 	Dropped int64
 	// ProtoErrors counts connections closed because a side sent bytes
 	// that are not the PostgreSQL protocol v3.
@@ -190,6 +209,7 @@ type PGProxy struct {
 		client, server [256]atomic.Int64
 		startup        [nStartupKinds]atomic.Int64
 		dropped        atomic.Int64
+		holds          atomic.Int64
 		protoErrors    atomic.Int64
 	}
 }
@@ -289,6 +309,7 @@ func (p *PGProxy) Stats() PGStats {
 		FromClient:  make(map[string]int64),
 		FromServer:  make(map[string]int64),
 		Dropped:     p.stats.dropped.Load(),
+		Holds:       p.stats.holds.Load(),
 		ProtoErrors: p.stats.protoErrors.Load(),
 	}
 	for f := CutBeforeCommit; f < nFaults; f++ {

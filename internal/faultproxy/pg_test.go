@@ -196,6 +196,53 @@ func TestPGCutAfterCommit(t *testing.T) {
 	checkCuts(t, s.p, map[Fault]int64{CutAfterCommit: 3})
 }
 
+// TestPGHoldAfterCommit holds a COMMIT's answer from a client that waits
+// for it: the row is committed while the client still waits, and the
+// client closing its connection (as a killed process would) ends the hold.
+func TestPGHoldAfterCommit(t *testing.T) {
+	ctx := context.Background()
+	s := setupPG(t)
+	a := arm(t, s.p, Rule{Fault: HoldAfterCommit, Match: "INSERT INTO events"})
+	conn := connect(t, s.through)
+	done := make(chan error, 1)
+	go func() { done <- insertTx(ctx, conn, "events", 1) }()
+	if !testenv.Poll(waitTimeout, func() bool { return s.p.Stats().Holds == 1 }) {
+		t.Fatalf("no answer held: %+v", s.p.Stats())
+	}
+	if ids := s.rows(t); !slices.Equal(ids, []int64{1}) {
+		t.Fatalf("events %v once the COMMIT's answer is held, want [1]", ids)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the client heard of its COMMIT during the hold: %v", err)
+	default:
+	}
+	if st := s.p.Stats(); st.Active != 1 || st.Dropped != 1 {
+		t.Fatalf("during the hold: %+v", st)
+	}
+
+	// The client's process dies: its socket closes under pgx.
+	if err := conn.PgConn().Conn().Close(); err != nil {
+		t.Fatal(err)
+	}
+	lost(t, "held commit", <-done)
+	if !testenv.Poll(waitTimeout, func() bool { return s.p.Stats().Active == 0 }) {
+		t.Fatalf("the held connection outlived its client: %+v", s.p.Stats())
+	}
+	if a.Fired() != 1 {
+		t.Fatalf("fired %d", a.Fired())
+	}
+	checkCuts(t, s.p, nil) // a hold cuts nothing itself
+
+	// Spent: the next commit is answered.
+	if err := insertTx(ctx, connect(t, s.through), "events", 2); err != nil {
+		t.Fatal(err)
+	}
+	if ids := s.rows(t); !slices.Equal(ids, []int64{1, 2}) {
+		t.Fatalf("events %v, want [1 2]", ids)
+	}
+}
+
 func TestPGCutBeforeCommit(t *testing.T) {
 	ctx := context.Background()
 	s := setupPG(t)

@@ -11,7 +11,9 @@ import (
 // pgConn is one proxied PostgreSQL connection: a pump of the client's
 // messages to the server that follows them in a pgSession and cuts before
 // a COMMIT when told, and a pump of the server's messages to the client
-// that carries out the plan a rule made for a unit.
+// that carries out the plan a rule made for a unit. Once a unit has a
+// plan, the client's pump sends nothing more: it reads and drops until the
+// connection ends, so that a client that closes ends a hold.
 //
 // Both pumps number units the same way. The client's pump counts the
 // messages that end one (Query, FunctionCall, Sync) and starts at 1; the
@@ -97,7 +99,7 @@ func (c *pgConn) fromClient(up net.Conn) {
 		case stepHold:
 			out.add(msg)
 			if out.flush() {
-				<-c.done
+				discard(c.client)
 			}
 			return
 		}
@@ -132,7 +134,7 @@ func (c *pgConn) fromServer(up net.Conn) {
 			switch pl.fault {
 			case CutAfterSync:
 				drop, cut = true, typ == 'Z'
-			case CutAfterCommit:
+			case CutAfterCommit, HoldAfterCommit:
 				// An ErrorResponse before the COMMIT's completion means the
 				// server skips the rest of the unit, COMMIT included.
 				cut = typ == 'Z' || (completion && (completions >= pl.at || typ == 'E'))
@@ -141,6 +143,11 @@ func (c *pgConn) fromServer(up net.Conn) {
 		if cut {
 			out.flush()
 			c.p.stats.dropped.Add(1)
+			if pl.fault == HoldAfterCommit {
+				c.p.stats.holds.Add(1)
+				<-c.done // the client closed, or the proxy did
+				return
+			}
 			c.cut(pl.fault)
 			return
 		}
@@ -160,6 +167,18 @@ func (c *pgConn) fromServer(up net.Conn) {
 			if !out.flush() {
 				return
 			}
+		}
+	}
+}
+
+// discard reads and drops what the client sends after a unit with a plan
+// until the connection ends: the client's close, which ends a hold, or the
+// cut's.
+func discard(client net.Conn) {
+	buf := make([]byte, 512)
+	for {
+		if _, err := client.Read(buf); err != nil {
+			return
 		}
 	}
 }
