@@ -290,8 +290,18 @@ func New(cfg Config) (*Core, error) {
 		c.own[s] = o
 		c.ownList = append(c.ownList, o)
 		if _, follows := c.streams[s]; follows {
+			// The rows this writer name wrote before this start, above the
+			// view the application's state is at, are fetched like any
+			// other writer's (the first Tick asks): a follower from the
+			// stream's start gets them too. Rows written from now on wait
+			// in the view's buffer meanwhile.
 			v := c.view(Key{Stream: s, Writer: selfName})
-			v.pos, v.instance = max(v.pos, o.pos), cfg.Instance
+			v.instance, v.announced = cfg.Instance, o.pos
+			if v.pos < o.pos && !c.streams[s].Ephemeral {
+				v.catching, v.to, v.why = true, o.pos, "own rows before this start"
+			} else {
+				v.pos = max(v.pos, o.pos)
+			}
 		}
 	}
 	return c, nil
