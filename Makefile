@@ -32,8 +32,8 @@ chaos:
 # Redis, a writer and a reader killed or stopped under load (deploy/README.md,
 # "Run it on a real engine"). As root on Debian: it installs and starts
 # what is missing (docker.io, the compose plugin, stand-in base images
-# from Debian packages); the first run takes 20-30 minutes, later ones reuse
-# the images. Fails, never skips, when something is missing.
+# from Debian packages); the first run takes about 30 minutes on 2 busy
+# cores, later ones about 6. Fails, never skips, when something is missing.
 compose-test:
 	WEFT_COMPOSE_TEST=1 $(GO) test -count=1 -v -timeout 120m ./deploy/enginetest/
 
