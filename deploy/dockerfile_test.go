@@ -22,6 +22,9 @@ func parseDockerfile(t *testing.T, path string) []stage {
 	}
 	var stages []stage
 	var cur string
+	// ARGs before the first FROM: the base images, which FROM names as
+	// ${NAME}; their defaults are what a plain `docker build` uses.
+	global := map[string]string{}
 	for line := range strings.Lines(string(data)) {
 		line = strings.TrimSpace(line)
 		if cur == "" && (line == "" || strings.HasPrefix(line, "#")) {
@@ -34,7 +37,12 @@ func parseDockerfile(t *testing.T, path string) []stage {
 		ins := strings.Join(strings.Fields(cur+line), " ")
 		cur = ""
 		if strings.HasPrefix(strings.ToUpper(ins), "FROM ") {
-			stages = append(stages, stage{from: ins})
+			stages = append(stages, stage{from: os.Expand(ins, func(k string) string { return global[k] })})
+			continue
+		}
+		if rest, ok := strings.CutPrefix(ins, "ARG "); ok && len(stages) == 0 {
+			k, v, _ := strings.Cut(rest, "=")
+			global[k] = v
 			continue
 		}
 		if len(stages) == 0 {

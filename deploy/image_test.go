@@ -59,9 +59,15 @@ func TestImageBinariesAsDockerfileBuildsThem(t *testing.T) {
 			dir = ctxDir // the context is copied to the WORKDIR before any RUN that builds
 		case "ENV", "ARG":
 			for _, kv := range strings.Fields(rest) {
-				k, v, _ := strings.Cut(kv, "=")
-				if a, ok := buildArgs[k]; ok && strings.ToUpper(op) == "ARG" {
-					v = a
+				k, v, hasDefault := strings.Cut(kv, "=")
+				if strings.ToUpper(op) == "ARG" {
+					a, given := buildArgs[k]
+					if !given && !hasDefault {
+						continue // an ARG neither given nor defaulted is unset in RUN
+					}
+					if given {
+						v = a
+					}
 				}
 				env[k] = v
 			}
