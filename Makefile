@@ -94,6 +94,7 @@ fuzz-ci:
 	$(GO) test -run '^$$' -fuzz '^FuzzCore$$' -fuzztime $(FUZZTIME) ./fabric/core/
 	$(GO) test -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) ./fabric/core/
 	$(GO) test -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) ./internal/jsonscan/
+	$(GO) test -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) ./internal/sqlident/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodePage$$' -fuzztime $(FUZZTIME) ./catchup/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadPage$$' -fuzztime $(FUZZTIME) ./catchup/
 	$(GO) test -run '^$$' -fuzz '^FuzzUpdatesParams$$' -fuzztime $(FUZZTIME) ./catchup/
