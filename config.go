@@ -61,7 +61,8 @@ type Config struct {
 	// Streams declares every stream the process writes, follows or
 	// consumes, with its table.
 	Streams []Stream
-	// Writes names the streams this process writes (Append).
+	// Writes names the streams this process writes (Append, or for an
+	// ephemeral stream Node.Ephemeral).
 	Writes []string
 	// Followers see every row of a stream as it commits.
 	Followers []Follower

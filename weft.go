@@ -575,19 +575,26 @@ func (d dispatch) Apply(ctx context.Context, k core.Key, pos int64, rows json.Ra
 	if st == nil || len(st.followers) == 0 {
 		return nil
 	}
-	values := []json.RawMessage{rows}
-	if !st.Arrays && !st.Ephemeral {
-		values = nil
-		if err := json.Unmarshal(rows, &values); err != nil {
-			return fmt.Errorf("weft: %s at %d: rows are not a JSON array: %w", k, pos, err)
-		}
+	if st.Arrays || st.Ephemeral {
+		return st.handle(ctx, Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: rows})
+	}
+	var values []json.RawMessage
+	if err := json.Unmarshal(rows, &values); err != nil {
+		return fmt.Errorf("weft: %s at %d: rows are not a JSON array: %w", k, pos, err)
 	}
 	for _, v := range values {
-		r := Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: v}
-		for _, h := range st.followers {
-			if err := h.Handle(ctx, r); err != nil {
-				return err
-			}
+		if err := st.handle(ctx, Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: v}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle gives r to the stream's followers.
+func (st *stream) handle(ctx context.Context, r Row) error {
+	for _, h := range st.followers {
+		if err := h.Handle(ctx, r); err != nil {
+			return err
 		}
 	}
 	return nil
