@@ -44,7 +44,7 @@ func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
 // Status is the /status document.
 type Status struct {
 	// Instance is the instance ID; empty while the process waits for its
-	// writer name (the ID comes with the name: weft.Open makes it).
+	// writer name (weft.Open makes the ID and returns it with the node).
 	Instance    string `json:"instance"`
 	Name        string `json:"name"`
 	Role        string `json:"role"`
