@@ -26,6 +26,10 @@ type Config struct {
 	// Database is a pool to use instead of DatabaseURL; Close leaves it
 	// open.
 	Database *pgxpool.Pool
+	// DatabaseReadURL is a streaming replica of the database: range reads
+	// of the streams' tables (catch-up, Node.Reads) go to it as far as it
+	// holds them, the rest to the primary. Empty: the primary serves all.
+	DatabaseReadURL string
 	// RedisURL is redis:// or rediss://, with credentials if any. Required.
 	RedisURL string
 	// RedisCluster: RedisURL names the seed nodes of a Redis Cluster.
@@ -49,10 +53,16 @@ type Config struct {
 	// ["http://" + Listen when Listen names a host]. Empty: they read
 	// what they miss from PostgreSQL instead.
 	Advertise string
+	// Role is announced to the other processes, which list their peers
+	// with it ["weft"].
+	Role string
+	// Version is announced with Role (the build of the process).
+	Version string
 	// Streams declares every stream the process writes, follows or
 	// consumes, with its table.
 	Streams []Stream
-	// Writes names the streams this process writes (Append).
+	// Writes names the streams this process writes (Append, or for an
+	// ephemeral stream Node.Ephemeral).
 	Writes []string
 	// Followers see every row of a stream as it commits.
 	Followers []Follower
@@ -66,6 +76,19 @@ type Config struct {
 	// LeaseTTL: a writer silent this long loses its name to the next
 	// process that claims it [10s].
 	LeaseTTL time.Duration
+	// OnWait, if set, is called while Open waits for Name, held by
+	// another live process (holder: its instance ID; epoch: the name's;
+	// until: when its lease runs out), at each look (several a second).
+	// Open logs a WARN every 10s meanwhile either way.
+	OnWait func(holder string, epoch int64, until time.Time)
+	// SealExpired is how often the process seals the writers whose lease
+	// ran out (a crashed holder), so their streams' order moves on: one
+	// sealer per cluster is enough, each process one query per period
+	// [LeaseTTL/4; at least 50ms]. Negative: never (another one seals).
+	SealExpired time.Duration
+	// HeartbeatInterval: the process announces itself this often; one not
+	// heard from for three is forgotten [5s; at least 100ms].
+	HeartbeatInterval time.Duration
 	// Logger receives the process's logs [slog.Default()].
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means a registry of the
@@ -83,7 +106,8 @@ type Follower struct {
 	// Handler is given each row. Required.
 	Handler Handler
 	// FromStart delivers every row the stream holds first; otherwise the
-	// rows committed from the time the process starts.
+	// rows committed from the time the process starts. (An ephemeral
+	// stream's followers get its writers' current rows first either way.)
 	FromStart bool
 }
 
@@ -122,6 +146,15 @@ func (c *Config) setDefaults() {
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 10 * time.Second
 	}
+	if c.SealExpired == 0 {
+		c.SealExpired = c.LeaseTTL / 4
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 5 * time.Second
+	}
+	if c.Role == "" {
+		c.Role = "weft"
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -158,6 +191,12 @@ func (c Config) Validate() error {
 	}
 	if c.LeaseTTL < time.Second {
 		return fail("LeaseTTL", "%v is below 1s", c.LeaseTTL)
+	}
+	if c.SealExpired > 0 && c.SealExpired < 50*time.Millisecond {
+		return fail("SealExpired", "%v is below 50ms (negative: never)", c.SealExpired)
+	}
+	if c.HeartbeatInterval < 100*time.Millisecond {
+		return fail("HeartbeatInterval", "%v is below 100ms", c.HeartbeatInterval)
 	}
 	byName := map[string]Stream{}
 	for i, s := range c.Streams {
@@ -199,6 +238,9 @@ func (c Config) Validate() error {
 		field := fmt.Sprintf("Consumers[%d]", i)
 		if err := declared(field+".Stream", k.Stream); err != nil {
 			return err
+		}
+		if byName[k.Stream].Ephemeral {
+			return fail(field+".Stream", "stream %q is ephemeral: it has no table to consume", k.Stream)
 		}
 		if err := instance.ValidName(k.Name); err != nil {
 			return fail(field+".Name", "%v", err)

@@ -59,7 +59,7 @@ type Status struct {
 type StreamStatus struct {
 	Name string `json:"name"`
 	// PersistedUpto: every position at or below it is committed or
-	// rolled back, on every writer.
+	// rolled back, on every writer (0 for an ephemeral stream).
 	PersistedUpto int64 `json:"persisted_upto"`
 	// Writes: this process writes the stream.
 	Writes bool `json:"writes"`
@@ -88,7 +88,11 @@ func (n *Node) Status() Status {
 		s.Ready = true
 	}
 	for _, st := range n.sorted() {
-		s.Streams = append(s.Streams, StreamStatus{Name: st.Name, PersistedUpto: st.gen.ComputedUpto(), Writes: st.w != nil})
+		ss := StreamStatus{Name: st.Name, Writes: st.w != nil || st.eph != nil}
+		if st.gen != nil {
+			ss.PersistedUpto = st.gen.ComputedUpto()
+		}
+		s.Streams = append(s.Streams, ss)
 	}
 	for _, c := range n.consumer {
 		s.Consumers = append(s.Consumers, c.status())

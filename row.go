@@ -42,8 +42,8 @@ func (f HandlerFunc) Handle(ctx context.Context, r Row) error { return f(ctx, r)
 
 // Resetter is implemented by a Handler that keeps state of a writer's
 // rows which must be dropped when the writer's rows start again from the
-// beginning: only for streams kept in a writer's memory (fabric's
-// ephemeral streams), never for the durable streams of Config.Streams.
+// beginning: when a writer of an ephemeral stream (Stream.Ephemeral)
+// restarts; never for a durable stream.
 type Resetter interface {
 	Reset(stream, writer string)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/fabric/wire"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -31,11 +32,24 @@ type Stream struct {
 	WriterColumn string
 	// DataColumn holds each row as JSON (json or jsonb) ["data"].
 	DataColumn string
+	// Arrays: each table row is a position whose DataColumn holds its
+	// rows as one JSON array (as written by statements of your own
+	// through Node.Writer). Followers and consumers get one Row per
+	// position, its Data the array; Append takes arrays.
+	Arrays bool
+	// Ephemeral: the stream lives in its writers' memory, not in a table
+	// (leave the table's fields unset). A process that writes it (Writes)
+	// does so with Node.Ephemeral; one that restarts writes it again from
+	// nothing, and its followers' Resetter is told. It has no consumers.
+	Ephemeral bool
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 func (s *Stream) setDefaults() {
+	if s.Ephemeral {
+		return
+	}
 	if s.Table == "" && identRE.MatchString(s.Name) {
 		s.Table = s.Name
 	}
@@ -54,6 +68,15 @@ func (s *Stream) setDefaults() {
 }
 
 func (s Stream) validate() error {
+	if s.Ephemeral {
+		if s.Table != "" || s.Sequence != "" || s.IDColumn != "" || s.WriterColumn != "" || s.DataColumn != "" || s.Arrays {
+			return errors.New("an ephemeral stream has no table: leave Table, Sequence, the columns and Arrays unset")
+		}
+		if !wire.ValidName(s.Name) {
+			return fmt.Errorf("name %q: want 1-128 of [A-Za-z0-9_.:-]", s.Name)
+		}
+		return nil
+	}
 	s.setDefaults()
 	if err := s.config().Validate(); err != nil {
 		return err
@@ -72,11 +95,11 @@ func (s Stream) config() streams.Config {
 		Tables: []streams.Table{{Name: s.Table, IDColumn: s.IDColumn, WriterColumn: s.WriterColumn}}}
 }
 
-// source reads the stream's rows for catch-up: each table row is one row
-// of its position.
-func (s Stream) source(pool *pgxpool.Pool) *catchup.SQLSource {
-	return &catchup.SQLSource{Pool: pool, Stream: s.Name, Table: s.Table, IDColumn: s.IDColumn,
-		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: true}
+// source reads the stream's rows for catch-up, through reads: each table
+// row is one row of its position, or with Arrays all of them.
+func (s Stream) source(pool *pgxpool.Pool, reads *catchup.ReadRouter) *catchup.SQLSource {
+	return &catchup.SQLSource{Pool: pool, Reads: reads, Stream: s.Name, Table: s.Table, IDColumn: s.IDColumn,
+		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: !s.Arrays}
 }
 
 func (s Stream) ident(name string) string { return pgx.Identifier{name}.Sanitize() }

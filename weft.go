@@ -67,6 +67,9 @@ type Node struct {
 	inst     string
 	pool     *pgxpool.Pool
 	ownPool  bool
+	replica  *pgxpool.Pool // nil without DatabaseReadURL
+	reads    *catchup.ReadRouter
+	epoch    int64 // of the writer name held; 0: none
 	streams  map[string]*stream
 	fab      *fabric.Node
 	client   *catchup.Client
@@ -87,8 +90,9 @@ type Node struct {
 // stream is a declared stream and what this process does with it.
 type stream struct {
 	Stream
-	gen       *streams.Generator
-	w         *fabric.Writer // nil if not written here
+	gen       *streams.Generator // nil for an ephemeral stream
+	w         *fabric.Writer     // nil if not written here
+	eph       *fabric.Ephemeral  // an ephemeral stream written here
 	appendSQL string
 	insertSQL string
 	followers []Handler
@@ -104,6 +108,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	cfg.Streams = slices.Clone(cfg.Streams) // the caller's stays as given
 	for i := range cfg.Streams {
 		cfg.Streams[i].setDefaults()
 	}
@@ -133,7 +138,14 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if n.m, err = newMetrics(reg); err != nil {
 		return nil, fmt.Errorf("weft: metrics: %w", err)
 	}
+	if err := n.openReads(ctx, reg); err != nil {
+		return nil, err
+	}
 	for _, s := range cfg.Streams {
+		if s.Ephemeral {
+			n.streams[s.Name] = &stream{Stream: s}
+			continue
+		}
 		if err := s.prepare(ctx, n.pool); err != nil {
 			return nil, err
 		}
@@ -214,23 +226,48 @@ func (n *Node) listen() error {
 }
 
 // openStreams claims the name for the streams written and opens a
-// generator for the others.
+// generator for the durable streams followed.
 func (n *Node) openStreams(ctx context.Context) error {
+	var since, logged time.Time
+	onWait := func(holder string, epoch int64, until time.Time) {
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if time.Since(logged) >= waitLogEvery {
+			logged = time.Now()
+			n.log.Warn("weft: another instance holds this writer name; waiting for it to stop or its lease to run out",
+				"name", n.cfg.Name, "holder", holder, "holder_epoch", epoch, "lease_until", until, "since", since)
+		}
+		if n.cfg.OnWait != nil {
+			n.cfg.OnWait(holder, epoch, until)
+		}
+	}
+	durable := false
 	for _, name := range n.cfg.Writes {
 		st := n.streams[name]
+		if st.Ephemeral {
+			st.eph = fabric.NewEphemeral(name)
+			continue
+		}
+		durable = true
 		w, err := fabric.OpenWriter(ctx, n.pool, fabric.WriterConfig{Instance: n.inst, Name: n.cfg.Name, Stream: st.config(),
-			LeaseTTL: n.cfg.LeaseTTL, Wait: true, URL: n.cfg.Advertise,
-			OnWait: func(holder string, epoch int64, until time.Time) {
-				n.log.Warn("weft: another process holds this writer name; waiting for it to stop or its lease to run out",
-					"name", n.cfg.Name, "holder", holder, "lease_until", until)
-			}})
+			LeaseTTL: n.cfg.LeaseTTL, Wait: true, URL: n.cfg.Advertise, OnWait: onWait})
 		if err != nil {
 			return err
 		}
-		st.w, st.gen = w, w.Generator()
+		st.w, st.gen, n.epoch = w, w.Generator(), w.Lease().Epoch()
+	}
+	if !durable && len(n.cfg.Writes) > 0 {
+		// Only ephemeral streams: no lease fences them; the newest holder
+		// of the name wins, and readers follow its epoch.
+		epoch, err := streams.ClaimName(ctx, n.pool, n.cfg.Name, n.inst, n.cfg.Advertise)
+		if err != nil {
+			return fmt.Errorf("weft: claim writer name %s: %w", n.cfg.Name, err)
+		}
+		n.epoch = epoch
 	}
 	for _, st := range n.sorted() {
-		if st.gen != nil {
+		if st.gen != nil || st.Ephemeral {
 			continue
 		}
 		g, err := streams.Open(ctx, n.pool, st.config(), "")
@@ -242,13 +279,27 @@ func (n *Node) openStreams(ctx context.Context) error {
 	return nil
 }
 
+// waitLogEvery paces the WARN of a process waiting for its writer name.
+const waitLogEvery = 10 * time.Second
+
 func (n *Node) openFabric(reg prometheus.Registerer) error {
-	sources := map[string]catchup.Source{}
+	sources := map[string]catchup.Source{}  // served to the others
+	fallback := map[string]catchup.Source{} // read when a writer cannot serve
 	var specs []core.StreamSpec
 	var writers []*fabric.Writer
+	var ephemerals []*fabric.Ephemeral
 	var gens []*streams.Generator
 	for _, st := range n.sorted() {
-		sources[st.Name] = st.source(n.pool)
+		if st.Ephemeral {
+			specs = append(specs, core.StreamSpec{Name: st.Name, Ephemeral: true})
+			if st.eph != nil {
+				sources[st.Name] = st.eph
+				ephemerals = append(ephemerals, st.eph)
+			}
+			continue
+		}
+		sources[st.Name] = st.source(n.pool, n.reads)
+		fallback[st.Name] = sources[st.Name]
 		start := st.gen.PersistedUpto()
 		if st.fromStart {
 			start = 0
@@ -264,14 +315,15 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 	if err != nil {
 		return err
 	}
-	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, Fallback: sources, Registerer: reg, Logger: n.log}); err != nil {
+	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, Fallback: fallback, Registerer: reg, Logger: n.log}); err != nil {
 		return err
 	}
 	n.fab, err = fabric.New(fabric.Config{
 		Instance: n.inst, Cluster: n.cfg.Cluster, RedisURL: n.cfg.RedisURL, RedisCluster: n.cfg.RedisCluster,
-		Secret: n.cfg.Secret, Hello: wire.Hello{Name: n.cfg.Name, Role: "weft", URL: n.cfg.Advertise},
-		Streams: specs, Writers: writers, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,
-		AnnounceInterval: n.cfg.AnnounceInterval, SealExpired: n.cfg.LeaseTTL / 4,
+		Secret: n.cfg.Secret, Epoch: uint64(n.epoch),
+		Hello:   wire.Hello{Name: n.cfg.Name, Role: n.cfg.Role, URL: n.cfg.Advertise, Version: n.cfg.Version},
+		Streams: specs, Writers: writers, Ephemerals: ephemerals, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,
+		AnnounceInterval: n.cfg.AnnounceInterval, HeartbeatInterval: n.cfg.HeartbeatInterval, SealExpired: max(n.cfg.SealExpired, 0),
 		Registerer: reg, Logger: n.log,
 	})
 	if err != nil {
@@ -304,7 +356,7 @@ func (n *Node) start() {
 		<-fabDone
 		close(n.done)
 	}()
-	n.log.Info("weft: process started", "name", n.cfg.Name, "writes", n.cfg.Writes, "listen", n.cfg.Listen, "advertise", n.cfg.Advertise)
+	n.log.Info("weft: process started", "name", n.cfg.Name, "writes", n.cfg.Writes, "epoch", n.epoch, "listen", n.cfg.Listen, "advertise", n.cfg.Advertise)
 }
 
 func (n *Node) fail(err error) {
@@ -365,6 +417,9 @@ func (n *Node) release() {
 	if n.client != nil {
 		n.client.Close()
 	}
+	if n.replica != nil {
+		n.replica.Close()
+	}
 	if n.ownPool && n.pool != nil {
 		n.pool.Close()
 	}
@@ -382,11 +437,7 @@ func (n *Node) Append(ctx context.Context, stream string, values ...any) ([]int6
 	if err != nil || len(values) == 0 {
 		return nil, err
 	}
-	rows := make([]json.RawMessage, len(texts))
-	for i, t := range texts {
-		rows[i] = json.RawMessage("[" + t + "]")
-	}
-	return st.w.Insert(ctx, rows, st.appendSQL, n.cfg.Name, fabric.PerRow(texts))
+	return st.w.Insert(ctx, st.published(texts), st.appendSQL, n.cfg.Name, fabric.PerRow(texts))
 }
 
 // AppendTx is Append that runs fn first, in the same transaction: the
@@ -404,23 +455,36 @@ func (n *Node) AppendTx(ctx context.Context, stream string, fn func(ctx context.
 				return nil, err
 			}
 		}
-		rows := make([]json.RawMessage, len(ids))
 		if len(ids) == 0 {
-			return rows, nil
+			return nil, nil
 		}
 		if _, err := tx.Exec(ctx, st.insertSQL, ids, n.cfg.Name, texts); err != nil {
 			return nil, err
 		}
-		for i, t := range texts {
+		return st.published(texts), nil
+	})
+}
+
+// published is what the fabric carries of appended rows: each position's
+// rows as one JSON array.
+func (st *stream) published(texts []string) []json.RawMessage {
+	rows := make([]json.RawMessage, len(texts))
+	for i, t := range texts {
+		if st.Arrays {
+			rows[i] = json.RawMessage(t)
+		} else {
 			rows[i] = json.RawMessage("[" + t + "]")
 		}
-		return rows, nil
-	})
+	}
+	return rows
 }
 
 func (n *Node) prepareAppend(stream string, values []any) (*stream, []string, error) {
 	st := n.streams[stream]
-	if st == nil || st.w == nil {
+	switch {
+	case st != nil && st.Ephemeral:
+		return nil, nil, fmt.Errorf("weft: Append to %q: an ephemeral stream: write it with Node.Ephemeral", stream)
+	case st == nil || st.w == nil:
 		return nil, nil, fmt.Errorf("weft: Append to %q: not a stream this process writes (Config.Writes)", stream)
 	}
 	texts := make([]string, len(values))
@@ -428,6 +492,9 @@ func (n *Node) prepareAppend(stream string, values []any) (*stream, []string, er
 		b, err := json.Marshal(v)
 		if err != nil {
 			return nil, nil, fmt.Errorf("weft: Append to %s: value %d: %w", stream, i, err)
+		}
+		if st.Arrays && b[0] != '[' {
+			return nil, nil, fmt.Errorf("weft: Append to %s: value %d: not a JSON array (Stream.Arrays)", stream, i)
 		}
 		texts[i] = string(b)
 	}
@@ -464,6 +531,25 @@ func (n *Node) Writer(stream string) *fabric.Writer {
 	return nil
 }
 
+// Ephemeral is the writer of an ephemeral stream written here (Put and
+// Remove its keys), or nil.
+func (n *Node) Ephemeral(stream string) *fabric.Ephemeral {
+	if st := n.streams[stream]; st != nil {
+		return st.eph
+	}
+	return nil
+}
+
+// Generator is a durable stream's generator (its writers' registry,
+// persisted-upto and token), or nil for a stream not declared or
+// ephemeral.
+func (n *Node) Generator(stream string) *streams.Generator {
+	if st := n.streams[stream]; st != nil {
+		return st.gen
+	}
+	return nil
+}
+
 func (n *Node) sorted() []*stream {
 	out := make([]*stream, 0, len(n.streams))
 	for _, st := range n.streams {
@@ -489,16 +575,26 @@ func (d dispatch) Apply(ctx context.Context, k core.Key, pos int64, rows json.Ra
 	if st == nil || len(st.followers) == 0 {
 		return nil
 	}
+	if st.Arrays || st.Ephemeral {
+		return st.handle(ctx, Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: rows})
+	}
 	var values []json.RawMessage
 	if err := json.Unmarshal(rows, &values); err != nil {
 		return fmt.Errorf("weft: %s at %d: rows are not a JSON array: %w", k, pos, err)
 	}
 	for _, v := range values {
-		r := Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: v}
-		for _, h := range st.followers {
-			if err := h.Handle(ctx, r); err != nil {
-				return err
-			}
+		if err := st.handle(ctx, Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: v}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle gives r to the stream's followers.
+func (st *stream) handle(ctx context.Context, r Row) error {
+	for _, h := range st.followers {
+		if err := h.Handle(ctx, r); err != nil {
+			return err
 		}
 	}
 	return nil

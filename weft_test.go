@@ -229,6 +229,15 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Config.Consumers[0].Name", func(c *weft.Config) {
 			c.Consumers = []weft.Consumer{{Stream: "jobs", Apply: effects}}
 		}},
+		{"Config.SealExpired", func(c *weft.Config) { c.SealExpired = time.Millisecond }},
+		{"Config.HeartbeatInterval", func(c *weft.Config) { c.HeartbeatInterval = time.Millisecond }},
+		{"Config.Streams[1]", func(c *weft.Config) {
+			c.Streams = append(c.Streams, weft.Stream{Name: "typing", Ephemeral: true, Table: "t"})
+		}},
+		{"Config.Consumers[0].Stream", func(c *weft.Config) {
+			c.Streams = append(c.Streams, weft.Stream{Name: "typing", Ephemeral: true})
+			c.Consumers = []weft.Consumer{{Stream: "typing", Name: "c", Apply: effects}}
+		}},
 	} {
 		cfg := base
 		c.edit(&cfg)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -75,7 +76,7 @@ func newWriters(t *testing.T) *writers {
 		Instance: inst, Cluster: "rooms-test-" + hex.EncodeToString(b[:]), RedisURL: redisURL, Secret: testSecret,
 		Hello:   wire.Hello{Name: "w1", Role: "worker", Version: "test"},
 		Streams: []core.StreamSpec{{Name: EventsStream, Start: gen.PersistedUpto()}},
-		Writers: []*fabric.Writer{ew}, Handler: live, Fetcher: fetcher,
+		Writers: []*fabric.Writer{ew}, Handler: fabricLive{live}, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
@@ -124,6 +125,15 @@ func newWriters(t *testing.T) *writers {
 	testenv.Eventually(t, 10*time.Second, node.Ready, "the node never became ready")
 	return w
 }
+
+// fabricLive hands a fabric node's deliveries to Live as weft does.
+type fabricLive struct{ *Live }
+
+func (f fabricLive) Apply(ctx context.Context, k core.Key, pos int64, rows json.RawMessage) error {
+	return f.Handle(ctx, row(k, pos, rows))
+}
+
+func (f fabricLive) Reset(k core.Key) { f.Live.Reset(k.Stream, k.Writer) }
 
 func (w *writers) resolve(string) (string, bool) {
 	w.mu.Lock()

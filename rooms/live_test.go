@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/fabric/core"
 )
 
@@ -35,9 +36,14 @@ func typingRows(room string, users ...string) json.RawMessage {
 
 func apply(t testing.TB, l *Live, k core.Key, pos int64, rows json.RawMessage) {
 	t.Helper()
-	if err := l.Apply(context.Background(), k, pos, rows); err != nil {
+	if err := l.Handle(context.Background(), row(k, pos, rows)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// row is what weft gives Live: the position's rows as one array.
+func row(k core.Key, pos int64, rows json.RawMessage) weft.Row {
+	return weft.Row{Stream: k.Stream, Writer: k.Writer, Pos: pos, Data: rows}
 }
 
 // pending reports whether w has a wake waiting.
@@ -151,7 +157,7 @@ func TestLiveTypingWakesItsRoomsWhenUsersChange(t *testing.T) {
 	if got := l.typingAll(); len(got) != 0 {
 		t.Fatalf("typing %v after the room emptied", got)
 	}
-	if err := l.Apply(context.Background(), typingKey, 4, json.RawMessage(`[{"room":1}]`)); err == nil {
+	if err := l.Handle(context.Background(), row(typingKey, 4, json.RawMessage(`[{"room":1}]`))); err == nil {
 		t.Fatal("an unreadable typing row was accepted")
 	}
 }
@@ -164,7 +170,7 @@ func TestLiveResetWakesAll(t *testing.T) {
 	a, b := l.watch([]string{"!a:x"}), l.watch([]string{"!b:x"})
 	defer l.unwatch(a)
 	defer l.unwatch(b)
-	l.Reset(typingKey)
+	l.Reset(typingKey.Stream, typingKey.Writer)
 	_, ta := l.take(a)
 	_, tb := l.take(b)
 	if !pending(a) || !pending(b) || !ta || tb {
@@ -181,10 +187,10 @@ func BenchmarkLiveApplyUnrelatedRooms(b *testing.B) {
 	for i := range 1000 {
 		l.watch([]string{fmt.Sprint("!idle", i, ":x")})
 	}
-	row := eventRow(b, "!busy:x")
+	rows := eventRow(b, "!busy:x")
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		if err := l.Apply(context.Background(), eventsKey, int64(i+1), row); err != nil {
+		if err := l.Handle(context.Background(), row(eventsKey, int64(i+1), rows)); err != nil {
 			b.Fatal(err)
 		}
 	}

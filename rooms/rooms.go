@@ -18,6 +18,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/fabric/core"
 	"github.com/weft-dev/weft/streams"
 )
@@ -28,12 +29,23 @@ const (
 	TypingStream = "typing"
 )
 
-// Events is the events stream: one sequence, one table.
+// Events is the events stream for the lower packages: one sequence, one
+// table.
 func Events() streams.Config {
 	return streams.Config{
 		Name:     EventsStream,
 		Sequence: "events_seq",
 		Tables:   []streams.Table{{Name: "events", IDColumn: "stream_id", WriterColumn: "writer"}},
+	}
+}
+
+// Streams declares the workload's streams to weft: events in the events
+// table (its rows column holds each event as a one-element array, written
+// by OwnerExec), and typing in the typing writer's memory.
+func Streams() []weft.Stream {
+	return []weft.Stream{
+		{Name: EventsStream, Table: "events", Sequence: "events_seq", IDColumn: "stream_id", WriterColumn: "writer", DataColumn: "rows", Arrays: true},
+		{Name: TypingStream, Ephemeral: true},
 	}
 }
 
@@ -62,7 +74,8 @@ var (
 	keyRE  = regexp.MustCompile(`^[A-Za-z0-9:._-]{0,255}$`)
 )
 
-// Live is the fabric.Handler of an instance: typing per room, and the
+// Live is the follower of both streams on an instance (a weft.Handler and
+// weft.Resetter): typing per room, and the
 // long-polls waiting for their rooms. Events themselves are read from
 // PostgreSQL up to the instance's views; Live only tells a long-poll that
 // a row of one of its rooms arrived, and at which position.
@@ -110,8 +123,10 @@ type eventRooms []struct {
 	Room string `json:"room"`
 }
 
-// Apply implements fabric.Handler.
-func (l *Live) Apply(_ context.Context, k core.Key, pos int64, rows json.RawMessage) error {
+// Handle implements weft.Handler: r.Data is the position's rows, a JSON
+// array.
+func (l *Live) Handle(_ context.Context, r weft.Row) error {
+	k, pos, rows := core.Key{Stream: r.Stream, Writer: r.Writer}, r.Pos, r.Data
 	if k.Stream == TypingStream {
 		var rs []typingRow
 		if err := json.Unmarshal(rows, &rs); err != nil {
@@ -168,13 +183,13 @@ func (l *Live) Apply(_ context.Context, k core.Key, pos int64, rows json.RawMess
 	return nil
 }
 
-// Reset implements fabric.Handler: the typing writer restarted. Every
+// Reset implements weft.Resetter: the typing writer restarted. Every
 // long-poll looks again; those whose rooms had typing return it.
-func (l *Live) Reset(k core.Key) {
+func (l *Live) Reset(stream, _ string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var had map[string][]string
-	if k.Stream == TypingStream {
+	if stream == TypingStream {
 		had = maps.Clone(l.typing)
 		clear(l.typing)
 	}

@@ -36,10 +36,10 @@ type typingNode struct {
 
 func (n *typingNode) Apply(ctx context.Context, k core.Key, pos int64, rows json.RawMessage) error {
 	n.rows.Add(1)
-	return n.live.Apply(ctx, k, pos, rows)
+	return fabricLive{n.live}.Apply(ctx, k, pos, rows)
 }
 
-func (n *typingNode) Reset(k core.Key) { n.live.Reset(k) }
+func (n *typingNode) Reset(k core.Key) { n.live.Reset(k.Stream, k.Writer) }
 
 // settled waits until the node has delivered every change written.
 func (n *typingNode) settled(t testing.TB) *typingNode {
@@ -97,7 +97,7 @@ func catchUpLive(t testing.TB, l *Live, src *fabric.Ephemeral, view, to int64, l
 		rows, upto, err := src.Updates(context.Background(), typingInstance, view, to, limit)
 		if errors.Is(err, fabric.ErrGone) && view > 0 && resets < 3 {
 			resets++
-			l.Reset(typingKey)
+			l.Reset(typingKey.Stream, typingKey.Writer)
 			view = 0
 			continue
 		}

@@ -1,10 +1,10 @@
 // Package server runs one instance of the rooms service, the binaries'
-// workload: its configuration (flags and environment) and the assembly of
-// the library around it: the database
-// pool and migrations, the events stream's generator and writer lease, the
-// fabric node, catch-up, sharded work, the rooms workload, and the HTTP
-// server with metrics, health and status. cmd/master and cmd/worker only
-// parse configuration and call Run.
+// workload: its configuration (flags and environment) and its wiring on
+// weft, the front door: the database pool and the workload's migrations,
+// a weft node (the events stream's writer or follower, the typing stream,
+// catch-up, metrics), sharded work, the rooms workload, and the HTTP
+// server with health and status. cmd/master and cmd/worker only parse
+// configuration and call Run.
 package server
 
 import (
@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,17 +25,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/fabric/core"
-	"github.com/weft-dev/weft/fabric/wire"
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
-	"github.com/weft-dev/weft/internal/redact"
 	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/rooms"
 	"github.com/weft-dev/weft/shard"
-	"github.com/weft-dev/weft/streams"
 )
 
 // Roles.
@@ -56,15 +50,12 @@ const typingPrefix = "typing/"
 //  1. stop taking requests: the listener closes, every long-poll returns
 //     at once with what it has, requests in flight finish; meanwhile the
 //     queues drain (StopRequests);
-//  2. the node seals this instance's writer, so its successor need not
-//     wait for the lease, and announces it (fabric.Config.SealTimeout,
+//  2. the weft node seals this instance's writer, so its successor need
+//     not wait for the lease, and announces it (fabric.Config.SealTimeout,
 //     500 ms);
 //  3. BYE, flushed to Redis before the node returns (the link's own bound,
 //     500 ms).
 const StopRequests = time.Second
-
-// waitingLogEvery paces the WARN line of a process waiting for its name.
-const waitingLogEvery = 10 * time.Second
 
 // Run serves one instance until ctx ends, then stops gracefully (see the
 // phases above). ready, if not nil, is called with the listening address
@@ -76,18 +67,13 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 		return err
 	}
 	log := cfg.Logger()
-	inst, err := instance.NewID(cfg.Name)
-	if err != nil {
-		return err
-	}
-	log = log.With("instance", inst)
 	logStart(log, cfg, role)
 	logRedisTo(log)
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
-	wait := &waitingPage{cfg: cfg, inst: inst, role: role}
+	wait := &waitingPage{cfg: cfg, role: role}
 	var handler switchHandler
 	handler.set(wait)
 	srv := catchup.NewHTTPServer(cfg.HTTPAddr, &handler)
@@ -96,7 +82,7 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	r := &runner{cfg: cfg, role: role, inst: inst, log: log, srv: srv, handler: &handler, wait: wait}
+	r := &runner{cfg: cfg, role: role, log: log, srv: srv, handler: &handler, wait: wait}
 	err = r.run(ctx)
 	if r.stopped.CompareAndSwap(false, true) { // never got to serve: nothing to drain
 		_ = srv.Close()
@@ -104,12 +90,12 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 	if serr := <-serveErr; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = fmt.Errorf("app: http: %w", serr)
 	}
-	log.Info("instance stopped")
+	r.log.Info("instance stopped")
 	return err
 }
 
-// ownerSelf is the writer name an owner of sharded work answers for: its
-// name when it owns the work, "" when not.
+// ownerSelfName is the writer name an owner of sharded work answers for:
+// its name when it owns the work, "" when not.
 func (r *runner) ownerSelfName(owns bool) string {
 	if owns {
 		return r.cfg.Name
@@ -129,8 +115,7 @@ func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type runner struct {
 	cfg     Config
 	role    string
-	inst    string
-	log     *slog.Logger
+	log     *slog.Logger // with the instance ID once the node is open
 	srv     *http.Server
 	handler *switchHandler
 	wait    *waitingPage
@@ -138,7 +123,7 @@ type runner struct {
 }
 
 func (r *runner) run(ctx context.Context) error {
-	cfg, log, inst := r.cfg, r.log, r.inst
+	cfg, log := r.cfg, r.log
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -147,21 +132,13 @@ func (r *runner) run(ctx context.Context) error {
 	if err := prepareSchema(ctx, pool, r.role, log); err != nil {
 		return err
 	}
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	// The writer name first: its epoch goes into every line this instance
-	// publishes, and readers follow only the highest epoch of a name.
-	var writer *fabric.Writer // the events stream's, for an event writer
-	var writers []*fabric.Writer
-	var readGens []*streams.Generator
-	var gen *streams.Generator
-	var epoch int64
 	// The rooms' writers are a shard map in the database (master writers
 	// add/remove change it at runtime); --event-writers is its first
 	// version only. An instance holds an events writer when it is listed
-	// in either, or asked to (--event-writer, to be added later).
+	// in either, or asked to (--event-writer).
 	members := membership.NewStore(pool)
 	initial, err := members.Init(ctx, rooms.EventsStream, cfg.EventWriters)
 	if err != nil {
@@ -170,91 +147,34 @@ func (r *runner) run(ctx context.Context) error {
 	writesEvents := cfg.WritesEvents() || slices.Contains(initial.Writers, cfg.Name)
 	if writesEvents {
 		log.Info("claiming writer name", "name", cfg.Name)
-		writer, err = r.openWriter(ctx, pool)
-		if err != nil {
-			if ctx.Err() != nil {
-				log.Info("stopped while waiting for the writer name", "err", err)
-				return nil
-			}
-			return err
-		}
-		epoch = writer.Lease().Epoch()
-		writers, gen = []*fabric.Writer{writer}, writer.Generator()
-	} else {
-		if cfg.WritesTyping() {
-			if epoch, err = streams.ClaimName(ctx, pool, cfg.Name, inst, cfg.Advertise()); err != nil {
-				return err
-			}
-			log.Info("took typing writer name", "name", cfg.Name, "epoch", epoch)
-		}
-		if gen, err = streams.Open(ctx, pool, rooms.Events(), ""); err != nil {
-			return err
-		}
-		readGens = []*streams.Generator{gen}
 	}
-
-	reads, err := openReads(ctx, cfg, pool, reg, log)
-	if err != nil {
-		return err
-	}
-	if reads.replica != nil {
-		defer reads.replica.Close()
-	}
-	sql := &catchup.SQLSource{Pool: pool, Reads: reads.router, Stream: rooms.EventsStream,
-		Table: "events", IDColumn: "stream_id", WriterColumn: "writer", RowsColumn: "rows"}
-	sources := map[string]catchup.Source{rooms.EventsStream: sql}
-	var typing *fabric.Ephemeral
-	var ephemerals []*fabric.Ephemeral
-	if cfg.WritesTyping() {
-		typing = fabric.NewEphemeral(rooms.TypingStream)
-		sources[rooms.TypingStream] = typing
-		ephemerals = []*fabric.Ephemeral{typing}
-	}
-	cuServer, err := catchup.NewServer(catchup.ServerConfig{Secret: cfg.Secret, Insecure: cfg.Insecure, Sources: sources, Registerer: reg, Logger: log})
-	if err != nil {
-		return err
-	}
-	cuClient, err := catchup.NewClient(catchup.ClientConfig{Secret: cfg.Secret, Fallback: map[string]catchup.Source{rooms.EventsStream: sql}, Registerer: reg, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer cuClient.Close()
-
 	live := rooms.NewLive()
-	node, err := fabric.New(fabric.Config{
-		Instance:          inst,
-		Cluster:           cfg.Cluster,
-		RedisURL:          cfg.RedisURL,
-		RedisCluster:      cfg.RedisCluster,
-		Secret:            cfg.Secret, // signs every command on the channel
-		Epoch:             uint64(epoch),
-		Hello:             wire.Hello{Name: cfg.Name, Role: r.role, URL: cfg.Advertise(), Version: Version},
-		Streams:           []core.StreamSpec{{Name: rooms.EventsStream, Start: gen.PersistedUpto()}, {Name: rooms.TypingStream, Ephemeral: true}},
-		Writers:           writers,
-		Ephemerals:        ephemerals,
-		Generators:        readGens,
-		Handler:           live,
-		Fetcher:           cuClient,
-		AnnounceInterval:  cfg.AnnounceInterval,
-		HeartbeatInterval: cfg.HeartbeatInterval,
-		SealExpired:       sealExpired(r.role, cfg.LeaseTTL),
-		Registerer:        reg,
-		Logger:            log,
-	})
+	// Open waits for the writer name while a live instance holds it (in a
+	// rolling update the successor waits here, and takes the name as soon
+	// as its predecessor seals it); the waiting page says who holds it.
+	node, err := weft.Open(ctx, r.weftConfig(pool, reg, live, writesEvents))
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped while waiting for the writer name", "err", err)
+			return nil
+		}
 		return err
 	}
+	defer node.Close() // on an early return; the stop below closes it in its turn
+	log = log.With("instance", node.Instance())
+	r.log = log
+	logRedisTo(log)
 
 	// Sharded work: rooms on their event writer, typing on the typing
 	// writer, found through the writer registry.
-	hold := newHolders(pool, node, max(cfg.AnnounceInterval, 250*time.Millisecond))
+	hold := newHolders(pool, node.Fabric(), max(cfg.AnnounceInterval, 250*time.Millisecond))
 	typingMap, _ := shard.NewMap([]string{cfg.TypingWriter})
 	var eventsQ, typingQ *shard.Queue
 	var tw *rooms.TypingWriter
 	// Only the lease holder follows the map as a writer: it records
 	// releases for its name, which a predecessor still draining must not.
 	follower, err := membership.NewFollower(ctx, membership.FollowerConfig{Store: members, Map: rooms.EventsStream,
-		Initial: cfg.EventWriters, Self: r.ownerSelfName(writesEvents), Instance: inst, Logger: log,
+		Initial: cfg.EventWriters, Self: r.ownerSelfName(writesEvents), Instance: node.Instance(), Logger: log,
 		Kick: func() {
 			if eventsQ != nil {
 				eventsQ.Kick()
@@ -263,17 +183,20 @@ func (r *runner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	queueReg := func(name string) prometheus.Registerer {
+		return prometheus.WrapRegistererWith(prometheus.Labels{"queue": name}, reg)
+	}
 	if writesEvents {
-		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(writer), Placement: follower, Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log}); err != nil {
+		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(node.Writer(rooms.EventsStream)), Placement: follower, Registerer: queueReg("events"), Logger: log}); err != nil {
 			return err
 		}
 	}
 	if cfg.WritesTyping() {
-		tw = rooms.NewTypingWriter(typing)
+		tw = rooms.NewTypingWriter(node.Ephemeral(rooms.TypingStream))
 		exec := func(ctx context.Context, key string, tasks []shard.Task) []shard.Result {
 			return tw.Exec(ctx, strings.TrimPrefix(key, typingPrefix), tasks)
 		}
-		if typingQ, err = shard.NewQueue(shard.QueueConfig{Exec: exec, Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log}); err != nil {
+		if typingQ, err = shard.NewQueue(shard.QueueConfig{Exec: exec, Registerer: queueReg("typing"), Logger: log}); err != nil {
 			return err
 		}
 	}
@@ -282,29 +205,30 @@ func (r *runner) run(ctx context.Context) error {
 	// typing there. An event writer's lease fences it instead.
 	var typingHolds func() bool
 	if cfg.WritesTyping() && !writesEvents {
-		typingHolds = func() bool { return hold.holds(cfg.TypingWriter, inst) }
+		typingHolds = func() bool { return hold.holds(cfg.TypingWriter, node.Instance()) }
 	}
-	eventsSrv, err := newShardServer(shard.ServerConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Queue: eventsQ}, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), log)
+	eventsSrv, err := newShardServer(shard.ServerConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Queue: eventsQ}, cfg, queueReg("events"), log)
 	if err != nil {
 		return err
 	}
-	typingSrv, err := newShardServer(shard.ServerConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Queue: typingQ}, cfg, prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), log)
+	typingSrv, err := newShardServer(shard.ServerConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Queue: typingQ}, cfg, queueReg("typing"), log)
 	if err != nil {
 		return err
 	}
 	eventsFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
-		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "events"}, reg), Logger: log})
+		Registerer: queueReg("events"), Logger: log})
 	if err != nil {
 		return err
 	}
 	defer eventsFwd.Close()
 	typingFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
-		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"queue": "typing"}, reg), Logger: log})
+		Registerer: queueReg("typing"), Logger: log})
 	if err != nil {
 		return err
 	}
 	defer typingFwd.Close()
-	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: reads.router, Events: gen, Node: node, Live: live,
+	events := node.Generator(rooms.EventsStream)
+	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: node.Reads(), Events: events, Node: node.Fabric(), Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, TypingWriter: cfg.TypingWriter,
 		MaxLongPolls: cfg.MaxLongPolls, Logger: log})
 	reg.MustRegister(
@@ -313,11 +237,12 @@ func (r *runner) run(ctx context.Context) error {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls_rejected_total",
 			Help: "Syncs answered 503 because --max-long-polls were waiting already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
 
-	status := &statusPage{cfg: cfg, inst: inst, role: r.role, node: node, pool: pool, gen: gen, queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}
+	status := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: node.Fabric(), pool: pool, gen: events,
+		queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}
 	mux := http.NewServeMux()
 	svc.Routes(mux)
-	mux.Handle("/_weft/v1/streams/", cuServer)
-	mux.Handle("/_weft/v1/ping", cuServer)
+	mux.Handle("/_weft/v1/streams/", node.Handler()) // catch-up, served by weft
+	mux.Handle("/_weft/v1/ping", node.Handler())
 	mux.Handle("POST /_weft/v1/shard/{key}", shardDispatch{events: eventsSrv, typing: typingSrv})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -329,18 +254,12 @@ func (r *runner) run(ctx context.Context) error {
 
 	// Everything below runs until ctx ends; the node outlives the rest so
 	// the last positions, the seal and the BYE go out.
-	nodeCtx, stopNode := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopNode()
 	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	errs := make(chan error, 8)
-	nodeDone := make(chan struct{})
-	wg.Go(func() {
-		defer close(nodeDone)
-		errs <- wrap("fabric", node.Run(nodeCtx))
-	})
+	wg.Go(func() { errs <- wrap("weft", node.Wait(workCtx)) })
 	for name, q := range map[string]*shard.Queue{"events": eventsQ, "typing": typingQ} {
 		if q != nil {
 			wg.Go(func() { errs <- wrap(name+" queue", q.Run(workCtx)) })
@@ -353,7 +272,7 @@ func (r *runner) run(ctx context.Context) error {
 	wg.Go(func() { errs <- wrap("membership", follower.Run(workCtx)) })
 	r.handler.set(instrument(mux, reg))
 	log.Info("instance started", "role", r.role, "name", cfg.Name, "http", r.cfg.HTTPAddr, "advertise", cfg.Advertise(),
-		"writes_events", writesEvents, "writes_typing", cfg.WritesTyping(), "epoch", epoch, "event_writers", follower.Version().Writers)
+		"writes_events", writesEvents, "writes_typing", cfg.WritesTyping(), "event_writers", follower.Version().Writers)
 
 	var runErr error
 	select {
@@ -363,9 +282,10 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	r.stop(svc, eventsQ, typingQ)
 	stopWork()
-	stopNode()
-	<-nodeDone
 	wg.Wait()
+	if err := node.Close(); err != nil && runErr == nil { // seals, says BYE
+		runErr = wrap("weft", err)
+	}
 	close(errs)
 	for err := range errs {
 		if err != nil && runErr == nil {
@@ -375,22 +295,29 @@ func (r *runner) run(ctx context.Context) error {
 	return runErr
 }
 
-// openWriter takes the writer name, waiting for a live holder to go (in a
-// rolling update the successor waits here, and takes the name as soon as
-// its predecessor seals it); while it waits, the waiting page and a
-// periodic WARN say who holds it.
-func (r *runner) openWriter(ctx context.Context, pool *pgxpool.Pool) (*fabric.Writer, error) {
-	var lastLog time.Time
-	return fabric.OpenWriter(ctx, pool, fabric.WriterConfig{Instance: r.inst, Name: r.cfg.Name, Stream: rooms.Events(),
-		LeaseTTL: r.cfg.LeaseTTL, Wait: true, URL: r.cfg.Advertise(),
-		OnWait: func(holder string, epoch int64, until time.Time) {
-			r.wait.set(holder, epoch, until)
-			if time.Since(lastLog) >= waitingLogEvery {
-				lastLog = time.Now()
-				r.log.Warn("another instance holds this writer name; waiting for it to stop or its lease to expire",
-					"name", r.cfg.Name, "holder", holder, "holder_epoch", epoch, "lease_until", until, "since", r.wait.get().Since)
-			}
-		}})
+// weftConfig is the instance as weft sees it: its name, servers and
+// streams; the master alone seals expired writers.
+func (r *runner) weftConfig(pool *pgxpool.Pool, reg prometheus.Registerer, live *rooms.Live, writesEvents bool) weft.Config {
+	cfg := r.cfg
+	var writes []string
+	if writesEvents {
+		writes = append(writes, rooms.EventsStream)
+	}
+	if cfg.WritesTyping() {
+		writes = append(writes, rooms.TypingStream)
+	}
+	seal := time.Duration(-1)
+	if r.role == RoleMaster {
+		seal = 0 // at a quarter of the lease
+	}
+	return weft.Config{
+		Name: cfg.Name, Database: pool, DatabaseReadURL: cfg.DatabaseReadURL, RedisURL: cfg.RedisURL, RedisCluster: cfg.RedisCluster,
+		Cluster: cfg.Cluster, Secret: cfg.Secret, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
+		Streams: rooms.Streams(), Writes: writes,
+		Followers:        []weft.Follower{{Stream: rooms.EventsStream, Handler: live}, {Stream: rooms.TypingStream, Handler: live}},
+		AnnounceInterval: cfg.AnnounceInterval, HeartbeatInterval: cfg.HeartbeatInterval, LeaseTTL: cfg.LeaseTTL, SealExpired: seal,
+		OnWait: r.wait.set, Logger: r.log, Registerer: reg,
+	}
 }
 
 // stop runs the first phase of a graceful stop; the caller then stops the
@@ -424,14 +351,6 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	log.Info("stop: requests ended and queues drained; sealing the writer and saying BYE", "took", time.Since(start).Round(time.Millisecond))
 }
 
-// sealExpired: the master seals expired writers at a quarter of the lease.
-func sealExpired(role string, ttl time.Duration) time.Duration {
-	if role == RoleMaster {
-		return ttl / 4
-	}
-	return 0
-}
-
 // refreshHolders keeps the writer registry read at the announce pace, for
 // forwarding.
 func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
@@ -447,73 +366,9 @@ func refreshHolders(ctx context.Context, h *holders, every time.Duration) {
 	}
 }
 
-// openPool connects to the database. A writer's sessions end when idle
-// inside a transaction for half its lease: a writer paused mid-transaction
-// (SIGSTOP, a VM freeze) otherwise holds the lock its seal waits for, and
-// persisted-upto stays stuck behind it for as long as the pause lasts.
-func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
-	pc, err := ParseDatabaseURL("database-url", "WEFT_DATABASE_URL", cfg.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	if cfg.WritesEvents() {
-		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("app: database: %w", err)
-	}
-	return pool, nil
-}
-
-// reads is where readers' range reads go.
-type reads struct {
-	router  *catchup.ReadRouter
-	replica *pgxpool.Pool // nil without --database-read-url; the caller closes it
-}
-
-// openReads builds the read router, with a pool on the read replica if
-// one is configured. The pool connects lazily and refuses a server that is
-// not a streaming replica of the primary: a replica down or wrong sends
-// reads to the primary (counted, and said at WARN), it stops nothing.
-func openReads(ctx context.Context, cfg Config, primary *pgxpool.Pool, reg prometheus.Registerer, log *slog.Logger) (reads, error) {
-	var r reads
-	if cfg.DatabaseReadURL != "" {
-		pc, err := ParseDatabaseURL("database-read-url", "WEFT_DATABASE_READ_URL", cfg.DatabaseReadURL)
-		if err != nil {
-			return r, err
-		}
-		if pc.AfterConnect, err = catchup.VerifyReplica(ctx, primary, log); err != nil {
-			return r, fmt.Errorf("app: --database-read-url: %w", err)
-		}
-		if r.replica, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
-			return r, fmt.Errorf("app: --database-read-url: %w", err)
-		}
-		log.Info("readers' range reads go to the read replica once it holds them", "replica", redact.URL(cfg.DatabaseReadURL))
-	}
-	router, err := catchup.NewReadRouter(catchup.ReadRouterConfig{Primary: primary, Replica: r.replica, Registerer: reg, Logger: log})
-	if err != nil {
-		if r.replica != nil {
-			r.replica.Close()
-		}
-		return reads{}, err
-	}
-	r.router = router
-	return r, nil
-}
-
 func wrap(what string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return fmt.Errorf("app: %s: %w", what, err)
-}
-
-// prepareSchema: the master migrates; a worker waits until the schema is
-// current, so two versions never migrate at once (database.go).
-func prepareSchema(ctx context.Context, pool *pgxpool.Pool, role string, log *slog.Logger) error {
-	if role == RoleMaster {
-		return migrateSchema(ctx, pool, log)
-	}
-	return awaitSchema(ctx, pool, log)
 }

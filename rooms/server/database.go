@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -151,6 +152,34 @@ func awaitSchema(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) erro
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// openPool connects to the database. A writer's sessions end when idle
+// inside a transaction for half its lease: a writer paused mid-transaction
+// (SIGSTOP, a VM freeze) otherwise holds the lock its seal waits for, and
+// persisted-upto stays stuck behind it for as long as the pause lasts.
+func openPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
+	pc, err := ParseDatabaseURL("database-url", "WEFT_DATABASE_URL", cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.WritesEvents() {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("app: database: %w", err)
+	}
+	return pool, nil
+}
+
+// prepareSchema: the master migrates; a worker waits until the schema is
+// current, so two versions never migrate at once.
+func prepareSchema(ctx context.Context, pool *pgxpool.Pool, role string, log *slog.Logger) error {
+	if role == RoleMaster {
+		return migrateSchema(ctx, pool, log)
+	}
+	return awaitSchema(ctx, pool, log)
 }
 
 // migrateSchema is the master's start: migrate once the database answers.

@@ -43,6 +43,8 @@ func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
 
 // Status is the /status document.
 type Status struct {
+	// Instance is the instance ID; empty while the process waits for its
+	// writer name (weft.Open makes the ID and returns it with the node).
 	Instance    string `json:"instance"`
 	Name        string `json:"name"`
 	Role        string `json:"role"`
@@ -166,7 +168,6 @@ func (w WaitingStatus) String() string {
 // writer name and runs: alive, not ready, and saying why.
 type waitingPage struct {
 	cfg  Config
-	inst string
 	role string
 
 	mu sync.Mutex
@@ -203,7 +204,7 @@ func (p *waitingPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/readyz":
 		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 	case "/status":
-		writeStatus(w, http.StatusOK, Status{Instance: p.inst, Name: p.cfg.Name, Role: p.role, Version: Version, Revision: Build().Revision,
+		writeStatus(w, http.StatusOK, Status{Name: p.cfg.Name, Role: p.role, Version: Version, Revision: Build().Revision,
 			URL: p.cfg.Advertise(), Waiting: p.get(), Peers: map[string]fabric.Peer{}, QueueDepth: map[string]int{}})
 	default:
 		w.Header().Set("Content-Type", "application/json")
