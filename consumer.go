@@ -73,8 +73,15 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		// snapshot predates that commit, which ON CONFLICT waited for.
 		err = n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&pos)
 	}
+	var group bool
+	if err == nil {
+		err = n.pool.QueryRow(ctx, `SELECT partitions IS NOT NULL FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&group)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("weft: consumer %s of %s: load its cursor: %w", c.Name, c.Stream, err)
+	}
+	if group {
+		return nil, fmt.Errorf("weft: consumer %s of %s: %w: it is a group's name (a consumer with a Key); give this one a name of its own", c.Name, c.Stream, errGroupName)
 	}
 	k.pos.Store(pos)
 	return k, nil
