@@ -2,9 +2,11 @@ package main_test
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -39,13 +41,7 @@ func TestMailerChaos(t *testing.T) {
 	for range 4 {
 		add()
 	}
-	names := func() []string {
-		var out []string
-		for n := range running {
-			out = append(out, n)
-		}
-		return out
-	}
+	names := func() []string { return slices.Sorted(maps.Keys(running)) }
 	wefttest.Eventually(t, 30*time.Second, func() bool { return r.balanced(names()...) }, "not balanced: %v", r.owners())
 	perWriter := fmt.Sprint(150 * 25 * rounds)
 	writers := []*exec.Cmd{
@@ -53,17 +49,7 @@ func TestMailerChaos(t *testing.T) {
 		r.start("-write", perWriter, "-rate", "150", "-name", "w2", "-users", "200"),
 	}
 	rng := rand.New(rand.NewPCG(34, 34))
-	pick := func() string {
-		ns := names()
-		for i := range ns { // map order is not random enough to replay
-			for j := i + 1; j < len(ns); j++ {
-				if ns[j] < ns[i] {
-					ns[i], ns[j] = ns[j], ns[i]
-				}
-			}
-		}
-		return ns[rng.IntN(len(ns))]
-	}
+	pick := func() string { ns := names(); return ns[rng.IntN(len(ns))] }
 	signal := func(name string, sig syscall.Signal) {
 		if err := running[name].Process.Signal(sig); err != nil {
 			t.Fatalf("%s: %v", name, err)
