@@ -19,7 +19,10 @@ import (
 // exactly once, across crashes and restarts. Its error rolls the batch
 // back; it is tried again after a growing delay (the rows after it wait:
 // a consumer applies rows in order). It must not commit or roll back tx,
-// and should do nothing it cannot undo outside it.
+// and should do nothing it cannot undo outside it, nor leave tx idle
+// (waiting on something else) longer than half of Config.LeaseTTL: the
+// server then ends the session, so that a process stopped inside a batch
+// does not hold its cursor's lock.
 //
 // A consumer sees the stream's rows in the order of their positions, one
 // order for every consumer and every run: a batch holds rows up to the
