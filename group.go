@@ -173,18 +173,7 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 			g.cfg.Stream, g.cfg.Name, g.id, lease.Milliseconds())
 	}
 	var v grp.View
-	b.Queue(`SELECT member FROM weft_group_members WHERE stream = $1 AND name = $2 AND lease_until > now() ORDER BY member`,
-		g.cfg.Stream, g.cfg.Name).Query(func(rows pgx.Rows) error {
-		var err error
-		v.Live, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		return err
-	})
-	b.Queue(`SELECT coalesce(owner, ''), epoch, pos FROM weft_group_partitions WHERE stream = $1 AND name = $2 ORDER BY partition`,
-		g.cfg.Stream, g.cfg.Name).Query(func(rows pgx.Rows) error {
-		var err error
-		v.Partitions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[grp.PartitionState])
-		return err
-	})
+	queueView(b, g.cfg.Stream, g.cfg.Name, &v)
 	// One implicit transaction: the lease and the view are of one moment.
 	if err := g.n.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("renew and read: %w", err)
@@ -210,6 +199,23 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 		return g.release(ctx, release)
 	}
 	return nil
+}
+
+// queueView queues the reads of a group's view into v: the live members
+// (by the database clock) and every partition's row.
+func queueView(b *pgx.Batch, stream, name string, v *grp.View) {
+	b.Queue(`SELECT member FROM weft_group_members WHERE stream = $1 AND name = $2 AND lease_until > now() ORDER BY member`,
+		stream, name).Query(func(rows pgx.Rows) error {
+		var err error
+		v.Live, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	b.Queue(`SELECT coalesce(owner, ''), epoch, pos FROM weft_group_partitions WHERE stream = $1 AND name = $2 ORDER BY partition`,
+		stream, name).Query(func(rows pgx.Rows) error {
+		var err error
+		v.Partitions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[grp.PartitionState])
+		return err
+	})
 }
 
 // take takes the partitions that are still free once locked (released,
