@@ -18,6 +18,10 @@
 //	defer node.Close()
 //	return node.Wait(ctx)
 //
+// A Consumer with a Key is a group: the processes that run it share its
+// rows by key, each key's rows applied by one of them at a time, in
+// order; start more to scale out, stop or kill any.
+//
 // What weft promises: a row is delivered, live or read back from the
 // database, once it has committed, and never otherwise; whatever a
 // writer's caller was told (a commit whose reply was lost is read back
