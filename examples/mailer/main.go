@@ -4,7 +4,7 @@
 // 200" appends notices for random users; "mailer -name m1" sends. Start
 // several, kill any, start more: every notice is sent once, its effect (a
 // row of outbox) committed with the group's cursor. DATABASE_URL,
-// REDIS_URL and WEFT_SECRET say where.
+// REDIS_URL, WEFT_SECRET and WEFT_CLUSTER (its Redis channels) say where.
 package main
 
 import (
@@ -35,7 +35,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := weft.Config{Name: *name, DatabaseURL: os.Getenv("DATABASE_URL"), RedisURL: os.Getenv("REDIS_URL"),
-		Secret: os.Getenv("WEFT_SECRET"), Listen: *listen, LeaseTTL: *lease, Streams: []weft.Stream{{Name: "notices"}}}
+		Secret: os.Getenv("WEFT_SECRET"), Cluster: os.Getenv("WEFT_CLUSTER"), Listen: *listen, LeaseTTL: *lease,
+		Streams: []weft.Stream{{Name: "notices"}}}
 	if *write > 0 {
 		cfg.Writes = []string{"notices"}
 	} else {
