@@ -22,7 +22,8 @@ import (
 // owned again within its lease + 1 s, a leaving one's within 1 s.
 //
 // WEFT_CHAOS=long runs four rounds of the four faults, on mailers picked
-// at random, over writers that run four times as long.
+// at random (each round starts with four), over writers that run four
+// times as long.
 func TestMailerChaos(t *testing.T) {
 	rounds := 1
 	if os.Getenv("WEFT_CHAOS") == "long" {
@@ -38,16 +39,9 @@ func TestMailerChaos(t *testing.T) {
 		running[name] = r.start("-name", name, "-lease", lease.String())
 		return name
 	}
-	for range 4 {
-		add()
-	}
 	names := func() []string { return slices.Sorted(maps.Keys(running)) }
-	wefttest.Eventually(t, 30*time.Second, func() bool { return r.balanced(names()...) }, "not balanced: %v", r.owners())
 	perWriter := fmt.Sprint(150 * 25 * rounds)
-	writers := []*exec.Cmd{
-		r.start("-write", perWriter, "-rate", "150", "-name", "w1", "-users", "200"),
-		r.start("-write", perWriter, "-rate", "150", "-name", "w2", "-users", "200"),
-	}
+	var writers []*exec.Cmd
 	rng := rand.New(rand.NewPCG(34, 34))
 	pick := func() string { ns := names(); return ns[rng.IntN(len(ns))] }
 	signal := func(name string, sig syscall.Signal) {
@@ -57,6 +51,16 @@ func TestMailerChaos(t *testing.T) {
 	}
 	var worstDeath, worstLeave time.Duration
 	for round := range rounds {
+		for len(running) < 4 {
+			add()
+		}
+		wefttest.Eventually(t, 30*time.Second, func() bool { return r.balanced(names()...) }, "not balanced: %v", r.owners())
+		if round == 0 {
+			writers = []*exec.Cmd{
+				r.start("-write", perWriter, "-rate", "150", "-name", "w1", "-users", "200"),
+				r.start("-write", perWriter, "-rate", "150", "-name", "w2", "-users", "200"),
+			}
+		}
 		wefttest.Eventually(t, 30*time.Second, func() bool { return r.count() > 300*(round+1) }, "only %d sent", r.count())
 
 		victim := pick()
