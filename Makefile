@@ -21,12 +21,16 @@ test:
 	$(GO) test -count=1 -run '^TestAllocs$$' ./fabric/wire/ ./fabric/core/ # skipped under -race
 	$(GO) test -count=1 -run '^TestServerHeapBounded$$' ./shard/ # skipped under -race
 	$(GO) test -count=1 -run '^TestSimulation' ./shard/handover/ # 10,000 seeds and the broken fences: too slow under -race
+	$(GO) test -count=1 -run '^TestSimulation' ./group/ # 2,000 seeds and the broken fences: too slow under -race
 
-# The chaos scenarios in their long form (more cycles, more load), and
-# 200,000 seeds of the handover simulation.
+# The chaos scenarios in their long form (more cycles, more load),
+# 200,000 seeds of the handover simulation, the consumer groups' chaos
+# (four rounds) and 10,000 seeds of their simulation.
 chaos:
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 120m -run '^(TestChaos|TestRollingRestart|TestRedisOutageDegraded|TestReplayedChannel)' -v ./test/
 	WEFT_SIM_SEEDS=200000 $(GO) test -count=1 -timeout 60m -run '^TestSimulation$$' -v ./shard/handover/
+	WEFT_CHAOS=long $(GO) test -count=1 -timeout 30m -run '^TestMailerChaos$$' -v ./examples/mailer/
+	WEFT_SIM_SEEDS=10000 $(GO) test -count=1 -timeout 30m -run '^TestSimulation$$' -v ./group/
 
 # deploy/'s compose files on a real Docker engine, as a user runs them, with
 # Redis, a writer and a reader killed or stopped under load (deploy/README.md,

@@ -74,7 +74,8 @@ type Config struct {
 	// an idle writer [1s; at least 50ms].
 	AnnounceInterval time.Duration
 	// LeaseTTL: a writer silent this long loses its name to the next
-	// process that claims it [10s].
+	// process that claims it, and a consumer group's member its
+	// partitions to the others [10s].
 	LeaseTTL time.Duration
 	// OnWait, if set, is called while Open waits for Name, held by
 	// another live process (holder: its instance ID; epoch: the name's;
@@ -129,6 +130,17 @@ type Consumer struct {
 	StartAtEnd bool
 	// MaxBatch bounds the rows in one batch [100].
 	MaxBatch int
+	// Key makes the consumer a group: the processes that run it split
+	// the stream's rows by key, each key's rows applied by one of them at
+	// a time, in order (see docs/DESIGN.md, "Consumer groups"). It names a
+	// top-level field of each row's JSON data; a row without it (or with
+	// null) has the key "". Fixed when the group is first created.
+	Key string
+	// Partitions is the number of parts a group's keys are hashed into,
+	// the unit that moves between processes: at most this many processes
+	// share the work. Fixed when the group is first created [64]; zero
+	// takes the stored number. Only with Key; at most 4096.
+	Partitions int
 }
 
 func (c *Config) setDefaults() {
@@ -254,6 +266,9 @@ func (c Config) Validate() error {
 		}
 		if k.MaxBatch < 1 {
 			return fail(field+".MaxBatch", "%d is below 1", k.MaxBatch)
+		}
+		if f, msg := k.validateGroup(); msg != "" {
+			return fail(field+"."+f, "%s", msg)
 		}
 	}
 	return nil

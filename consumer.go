@@ -19,7 +19,10 @@ import (
 // exactly once, across crashes and restarts. Its error rolls the batch
 // back; it is tried again after a growing delay (the rows after it wait:
 // a consumer applies rows in order). It must not commit or roll back tx,
-// and should do nothing it cannot undo outside it.
+// and should do nothing it cannot undo outside it, nor leave tx idle
+// (waiting on something else) longer than half of Config.LeaseTTL: the
+// server then ends the session, so that a process stopped inside a batch
+// does not hold its cursor's lock.
 //
 // A consumer sees the stream's rows in the order of their positions, one
 // order for every consumer and every run: a batch holds rows up to the
@@ -73,8 +76,15 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		// snapshot predates that commit, which ON CONFLICT waited for.
 		err = n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&pos)
 	}
+	var group bool
+	if err == nil {
+		err = n.pool.QueryRow(ctx, `SELECT partitions IS NOT NULL FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&group)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("weft: consumer %s of %s: load its cursor: %w", c.Name, c.Stream, err)
+	}
+	if group {
+		return nil, fmt.Errorf("weft: consumer %s of %s: %w: it is a group's name (a consumer with a Key); give this one a name of its own", c.Name, c.Stream, errGroupName)
 	}
 	k.pos.Store(pos)
 	return k, nil

@@ -11,7 +11,7 @@ import (
 // other processes, behind Secret), /healthz (the process runs), /readyz
 // (200 once it serves fresh data, else 503 and why), /metrics (when
 // Config.Registerer is nil: the process's own registry) and /status (a
-// JSON summary: streams, writers, consumers and their lag). Open serves it
+// JSON summary: streams, writers, consumers and groups, and their lag). Open serves it
 // on Config.Listen; mount it on a server of your own otherwise (its paths
 // are absolute), and set Config.Advertise to that server's URL.
 func (n *Node) Handler() http.Handler {
@@ -53,6 +53,7 @@ type Status struct {
 	NotReady  string           `json:"not_ready,omitempty"`
 	Streams   []StreamStatus   `json:"streams"`
 	Consumers []ConsumerStatus `json:"consumers,omitempty"`
+	Groups    []GroupStatus    `json:"groups,omitempty"`
 }
 
 // StreamStatus is one stream as this process sees it.
@@ -96,6 +97,9 @@ func (n *Node) Status() Status {
 	}
 	for _, c := range n.consumer {
 		s.Consumers = append(s.Consumers, c.status())
+	}
+	for _, g := range n.groups {
+		s.Groups = append(s.Groups, g.status())
 	}
 	return s
 }

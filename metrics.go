@@ -9,9 +9,10 @@ import (
 // metrics are the front door's own series; the layers under it register
 // theirs. Labels are bounded: stream and consumer names.
 type metrics struct {
-	rows  *prometheus.CounterVec
-	fails *prometheus.CounterVec
-	lag   *lagCollector
+	rows      *prometheus.CounterVec
+	fails     *prometheus.CounterVec
+	handovers *prometheus.CounterVec
+	lag       *lagCollector
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -20,9 +21,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Rows a consumer applied (committed with its cursor), by stream and consumer."}, []string{"stream", "consumer"}),
 		fails: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "batch_failures_total",
 			Help: "A consumer's batches rolled back (its function's error, or the database's), by stream and consumer."}, []string{"stream", "consumer"}),
+		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "group", Name: "handovers_total",
+			Help: "Partitions of a consumer group this member took, released, or lost (taken over after its lease ran out), by stream, consumer and event."},
+			[]string{"stream", "consumer", "event"}),
 		lag: &lagCollector{},
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.fails, m.lag} {
+	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -37,12 +41,14 @@ var (
 	posDesc     = prometheus.NewDesc("weft_consumer_position", "A consumer's cursor: every row at or below it is applied.", []string{"stream", "consumer"}, nil)
 	lagPosDesc  = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
 	lagSecsDesc = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
+	ownedDesc   = prometheus.NewDesc("weft_group_partitions_owned", "How many partitions of a consumer group this member owns and runs.", []string{"stream", "consumer"}, nil)
 )
 
 func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- posDesc
 	ch <- lagPosDesc
 	ch <- lagSecsDesc
+	ch <- ownedDesc
 }
 
 func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
@@ -55,5 +61,8 @@ func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(posDesc, prometheus.GaugeValue, float64(s.Pos), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(s.LagPositions), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, s.LagSeconds, s.Stream, s.Name)
+	}
+	for _, g := range n.groups {
+		g.collect(ch)
 	}
 }

@@ -18,6 +18,10 @@
 //	defer node.Close()
 //	return node.Wait(ctx)
 //
+// A Consumer with a Key is a group: the processes that run it share its
+// rows by key, each key's rows applied by one of them at a time, in
+// order; start more to scale out, stop or kill any.
+//
 // What weft promises: a row is delivered, live or read back from the
 // database, once it has committed, and never otherwise; whatever a
 // writer's caller was told (a commit whose reply was lost is read back
@@ -78,6 +82,7 @@ type Node struct {
 	gather   prometheus.Gatherer
 	m        *metrics
 	consumer []*consumer
+	groups   []*group
 
 	stop    context.CancelFunc // ends the node's goroutines
 	done    chan struct{}      // closed once they have all ended
@@ -165,7 +170,15 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.openFabric(reg); err != nil {
 		return nil, err
 	}
-	for _, c := range cfg.Consumers {
+	for i, c := range cfg.Consumers {
+		if c.Key != "" {
+			g, err := n.newGroup(ctx, i, c)
+			if err != nil {
+				return nil, err
+			}
+			n.groups = append(n.groups, g)
+			continue
+		}
 		k, err := n.newConsumer(ctx, c)
 		if err != nil {
 			return nil, err
@@ -187,9 +200,10 @@ func (n *Node) openPool(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("weft: Config.DatabaseURL: %w", err)
 	}
-	if len(n.cfg.Writes) > 0 {
+	if len(n.cfg.Writes) > 0 || len(n.cfg.Consumers) > 0 {
 		// A writer paused inside a transaction (SIGSTOP, a VM freeze)
-		// would hold the lock its seal waits for as long as it is paused.
+		// would hold the lock its seal waits for as long as it is paused;
+		// a consumer, its cursors' row locks.
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(n.cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
 	}
 	if n.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
@@ -341,6 +355,9 @@ func (n *Node) start() {
 	var wg sync.WaitGroup
 	for _, c := range n.consumer {
 		wg.Go(func() { c.run(ctx) })
+	}
+	for _, g := range n.groups {
+		wg.Go(func() { g.run(ctx) })
 	}
 	fabDone := make(chan struct{})
 	go func() {

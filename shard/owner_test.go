@@ -321,3 +321,21 @@ func BenchmarkOwner(b *testing.B) {
 		})
 	}
 }
+
+// Owner is the name with the highest Score, for any set of names.
+func TestOwnerIsHighestScore(t *testing.T) {
+	names := []string{"a", "worker1", "worker2", "w-3", "persister"}
+	for i := range 500 {
+		key := fmt.Sprintf("!room%d:test", i)
+		best := ""
+		var top [32]byte
+		for _, n := range names {
+			if s := Score(key, n); best == "" || bytes.Compare(s[:], top[:]) > 0 {
+				best, top = n, s
+			}
+		}
+		if got := Owner(key, names); got != best {
+			t.Fatalf("key %s: Owner %s, highest Score %s", key, got, best)
+		}
+	}
+}

@@ -9,6 +9,7 @@
 //	                        at its current epoch, and their releases
 //	master writers add NAME | remove NAME
 //	                        change a shard map's writers: a new epoch
+//	master groups           consumer groups: members, what each owns, lag
 //
 // Each command takes only the flags it uses. Exit status: 0 on success and
 // after SIGTERM or SIGINT, 1 after a runtime failure, 2 for a bad flag,
@@ -40,6 +41,7 @@ type cli struct {
 	Check   checkCmd   `cmd:"" help:"Run the startup consistency checks of every stream."`
 	Status  statusCmd  `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
 	Writers writersCmd `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
+	Groups  groupsCmd  `cmd:"" help:"Show the consumer groups: their members, the partitions each owns and its lag (from the database)."`
 }
 
 type runCmd struct {
@@ -87,6 +89,8 @@ func run(args []string, o out) int {
 			return server.UsageError(o.stderr, "master writers add", err)
 		}
 		err = c.Writers.Add.add(ctx, o)
+	case "groups":
+		err = c.Groups.run(ctx, o)
 	case "writers remove <name>":
 		if err = c.Writers.Remove.validate(); err != nil {
 			return server.UsageError(o.stderr, "master writers remove", err)

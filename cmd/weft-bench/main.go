@@ -228,6 +228,7 @@ func measurements() []measurement {
 		{"outage", 2 * time.Minute, measureOutage},
 		{"rss", 3 * time.Minute, measureRSS},
 		{"longpoll", 3 * time.Minute, measureLongPoll},
+		{"groups", 4 * time.Minute, measureGroups},
 	}
 }
 

@@ -1,0 +1,334 @@
+package weft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	grp "github.com/weft-dev/weft/group"
+)
+
+// DefaultPartitions is a new group's number of partitions when its
+// Consumer does not say.
+const DefaultPartitions = 64
+
+// groupPoll is how often a member reads its group (the members' leases
+// and the partitions' owners): a partition freed by a graceful stop or a
+// lease that ran out is taken within about this long.
+const groupPoll = 250 * time.Millisecond
+
+// errGroupName: one name is a single consumer or a group, not both.
+var errGroupName = errors.New("weft: a consumer's name is taken by the other kind")
+
+// validateGroup checks a Consumer's group fields: the field and why, or
+// "" when they are valid.
+func (k Consumer) validateGroup() (field, msg string) {
+	switch {
+	case k.Partitions != 0 && k.Key == "":
+		return "Partitions", "set without Key (only a group has partitions)"
+	case k.Partitions < 0 || k.Partitions > grp.MaxPartitions:
+		return "Partitions", fmt.Sprintf("%d is not between 1 and %d", k.Partitions, grp.MaxPartitions)
+	case len(k.Key) > 128:
+		return "Key", "longer than 128 bytes"
+	}
+	return "", ""
+}
+
+// group runs one process's member of a consumer group: a membership loop
+// (renew the lease, read the group, take and release partitions) and a
+// batch loop over the partitions it owns. The decisions are the pure
+// group.Member's; this is its I/O.
+type group struct {
+	n        *Node
+	cfg      Consumer
+	st       *stream
+	id       string // the member: the node's instance ID
+	parts    int
+	readSQL  string
+	wake     chan struct{} // the partitions changed: the batch loop looks again
+	behind   atomic.Int64  // unix nanos since when rows have waited; 0: caught up
+	rows     prometheus.Counter
+	fails    prometheus.Counter
+	handover *prometheus.CounterVec
+
+	mu sync.Mutex
+	m  *grp.Member
+}
+
+// newGroup creates the group's rows, or checks the stored ones agree with
+// c (Consumers[i] in the config): the same kind, key and partitions.
+func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) {
+	st := n.streams[c.Stream]
+	field := fmt.Sprintf("weft: Config.Consumers[%d]", i)
+	var start int64
+	if c.StartAtEnd {
+		start = st.gen.PersistedUpto()
+	}
+	parts := c.Partitions
+	if parts == 0 {
+		parts = DefaultPartitions
+	}
+	var key *string
+	var stored *int
+	err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO weft_consumers (stream, name, pos, key, partitions) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (stream, name) DO NOTHING`, c.Stream, c.Name, start, c.Key, parts); err != nil {
+			return err
+		}
+		// A statement of its own: it sees the row of a process that
+		// created the group at the same moment (ON CONFLICT waited for it).
+		if err := tx.QueryRow(ctx, `SELECT pos, key, partitions FROM weft_consumers WHERE stream = $1 AND name = $2`,
+			c.Stream, c.Name).Scan(&start, &key, &stored); err != nil {
+			return err
+		}
+		if stored == nil {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO weft_group_partitions (stream, name, partition, pos)
+			SELECT $1, $2, p, $3 FROM generate_series(0, $4 - 1) AS p ON CONFLICT DO NOTHING`, c.Stream, c.Name, start, *stored)
+		return err
+	})
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("weft: group %s of %s: create or read it: %w", c.Name, c.Stream, err)
+	case stored == nil:
+		return nil, fmt.Errorf("%s.Key: %w: %q of %q is a single consumer's (no Key); give the group a name of its own", field, errGroupName, c.Name, c.Stream)
+	case *key != c.Key:
+		return nil, fmt.Errorf("%s.Key: %q, but group %s of %s was created with key %q (a group's key never changes)", field, c.Key, c.Name, c.Stream, *key)
+	case c.Partitions != 0 && c.Partitions != *stored:
+		return nil, fmt.Errorf("%s.Partitions: %d, but group %s of %s was created with %d (a group's partitions never change; 0 takes them)", field, c.Partitions, c.Name, c.Stream, *stored)
+	}
+	g := &group{n: n, cfg: c, st: st, id: n.inst, parts: *stored, wake: make(chan struct{}, 1),
+		m:        grp.NewMember(n.inst, c.Stream+"/"+c.Name, *stored),
+		rows:     n.m.rows.WithLabelValues(c.Stream, c.Name),
+		fails:    n.m.fails.WithLabelValues(c.Stream, c.Name),
+		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name})}
+	g.readSQL = g.rowsSQL()
+	return g, nil
+}
+
+// run is the member until ctx ends: then it leaves the group at once (its
+// partitions, but those of its batch in flight, are free to take), lets
+// the batch in flight commit, and releases the rest.
+func (g *group) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { g.batches(ctx) })
+	g.membership(ctx)
+	g.leave(context.WithoutCancel(ctx), true)
+	wg.Wait()
+	g.leave(context.WithoutCancel(ctx), false)
+}
+
+// membership renews the member's lease, reads the group, and takes and
+// releases partitions, every groupPoll until ctx ends. A failed round is
+// logged once and tried again at the next; the batches go on meanwhile
+// (the fence in each batch is what keeps them right).
+func (g *group) membership(ctx context.Context) {
+	t := time.NewTicker(groupPoll)
+	defer t.Stop()
+	var renewed time.Time
+	failing := false
+	for {
+		err := g.step(ctx, &renewed)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			g.n.log.Warn("weft: a group member cannot reach its group; it keeps what it has, and its batches find out what it lost",
+				"stream", g.cfg.Stream, "consumer", g.cfg.Name, "err", err)
+			failing = true
+		case err == nil && failing:
+			g.n.log.Info("weft: a group member reaches its group again", "stream", g.cfg.Stream, "consumer", g.cfg.Name)
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// step is one round: renew the lease when a third of it has passed and
+// read the group in one round trip, then take and release what the Member
+// plans.
+func (g *group) step(ctx context.Context, renewed *time.Time) error {
+	lease := g.n.cfg.LeaseTTL
+	ctx, cancel := context.WithTimeout(ctx, max(lease/3, time.Second))
+	defer cancel()
+	b := &pgx.Batch{}
+	renew := time.Since(*renewed) >= lease/3
+	sent := time.Now()
+	if renew {
+		// Members gone a minute ago are forgotten (not being live, they
+		// own nothing already).
+		b.Queue(`DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND lease_until < now() - interval '1 minute'`,
+			g.cfg.Stream, g.cfg.Name)
+		b.Queue(`INSERT INTO weft_group_members (stream, name, member, lease_until) VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
+			ON CONFLICT (stream, name, member) DO UPDATE SET lease_until = EXCLUDED.lease_until`,
+			g.cfg.Stream, g.cfg.Name, g.id, lease.Milliseconds())
+	}
+	var v grp.View
+	queueView(b, g.cfg.Stream, g.cfg.Name, &v)
+	// One implicit transaction: the lease and the view are of one moment.
+	if err := g.n.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("renew and read: %w", err)
+	}
+	if renew {
+		*renewed = sent
+	}
+	g.mu.Lock()
+	lost := g.m.Observe(v)
+	take, release := g.m.Plan()
+	g.mu.Unlock()
+	g.handover.WithLabelValues("lost").Add(float64(len(lost)))
+	if len(lost) > 0 {
+		g.n.log.Warn("weft: a group member lost partitions it did not release (its lease ran out)", "stream", g.cfg.Stream,
+			"consumer", g.cfg.Name, "partitions", lost)
+	}
+	if len(take) > 0 {
+		if err := g.take(ctx, take); err != nil {
+			return err
+		}
+	}
+	if len(release) > 0 {
+		return g.release(ctx, release)
+	}
+	return nil
+}
+
+// queueView queues the reads of a group's view into v: the live members
+// (by the database clock) and every partition's row.
+func queueView(b *pgx.Batch, stream, name string, v *grp.View) {
+	b.Queue(`SELECT member FROM weft_group_members WHERE stream = $1 AND name = $2 AND lease_until > now() ORDER BY member`,
+		stream, name).Query(func(rows pgx.Rows) error {
+		var err error
+		v.Live, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	b.Queue(`SELECT coalesce(owner, ''), epoch, pos FROM weft_group_partitions WHERE stream = $1 AND name = $2 ORDER BY partition`,
+		stream, name).Query(func(rows pgx.Rows) error {
+		var err error
+		v.Partitions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[grp.PartitionState])
+		return err
+	})
+}
+
+// take takes the partitions that are still free once locked (released,
+// or their owner's lease ran out); one a batch holds is skipped, for the
+// next round.
+func (g *group) take(ctx context.Context, parts []int) error {
+	var took []grp.Locked
+	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+		free, err := g.lockFree(ctx, tx, parts)
+		if err != nil || len(free) == 0 {
+			return err
+		}
+		rows, err := tx.Query(ctx, `UPDATE weft_group_partitions p SET owner = $3, epoch = p.epoch + 1, updated_at = now()
+			WHERE p.stream = $1 AND p.name = $2 AND p.partition = ANY($4) AND (p.owner IS NULL OR NOT EXISTS (
+				SELECT 1 FROM weft_group_members m
+				WHERE m.stream = $1 AND m.name = $2 AND m.member = p.owner AND m.lease_until > now()))
+			RETURNING partition, owner, epoch, pos`, g.cfg.Stream, g.cfg.Name, g.id, free)
+		if err != nil {
+			return err
+		}
+		took, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (grp.Locked, error) {
+			var l grp.Locked
+			err := r.Scan(&l.Partition, &l.Owner, &l.Epoch, &l.Pos)
+			return l, err
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("take partitions %v: %w", parts, err)
+	}
+	if len(took) == 0 {
+		return nil
+	}
+	g.mu.Lock()
+	for _, l := range took {
+		g.m.Took(l.Partition, l.Epoch, l.Pos)
+	}
+	g.mu.Unlock()
+	g.handover.WithLabelValues("taken").Add(float64(len(took)))
+	g.kick()
+	return nil
+}
+
+// release gives up the partitions no longer assigned here, but those the
+// batch in flight holds (for the next round: the batch loop runs them no
+// more).
+func (g *group) release(ctx context.Context, parts []int) error {
+	var done []int
+	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+		var err error
+		if done, err = g.lockFree(ctx, tx, parts); err != nil || len(done) == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions SET owner = NULL, updated_at = now()
+			WHERE stream = $1 AND name = $2 AND partition = ANY($3) AND owner = $4`, g.cfg.Stream, g.cfg.Name, done, g.id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("release partitions %v: %w", parts, err)
+	}
+	g.mu.Lock()
+	for _, p := range done {
+		g.m.Released(p) // released, or found not to be this member's
+	}
+	g.mu.Unlock()
+	g.handover.WithLabelValues("released").Add(float64(len(done)))
+	return nil
+}
+
+// lockFree locks those of parts no other transaction holds, and returns
+// them: takes and releases never wait for a batch (nor a batch of a
+// process paused inside its transaction, which the server ends after its
+// idle-in-transaction timeout).
+func (g *group) lockFree(ctx context.Context, tx pgx.Tx, parts []int) ([]int, error) {
+	rows, err := tx.Query(ctx, `SELECT partition FROM weft_group_partitions WHERE stream = $1 AND name = $2 AND partition = ANY($3)
+		ORDER BY partition FOR UPDATE SKIP LOCKED`, g.cfg.Stream, g.cfg.Name, parts)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int])
+}
+
+// leave takes the member out of its group: first (early) its lease, with
+// the partitions no batch holds, so the others take them at their next
+// read; once the batch in flight has ended, whatever it still owns.
+func (g *group) leave(ctx context.Context, early bool) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
+			g.cfg.Stream, g.cfg.Name, g.id); err != nil {
+			return err
+		}
+		skip := ""
+		if early {
+			skip = " SKIP LOCKED"
+		}
+		_, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET owner = NULL, updated_at = now()
+			WHERE stream = $1 AND name = $2 AND partition IN (SELECT partition FROM weft_group_partitions
+				WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AND owner = $3`, g.cfg.Stream, g.cfg.Name, g.id)
+		return err
+	})
+	if err != nil {
+		// Its lease runs out instead: the others take its partitions then.
+		g.n.log.Warn("weft: a group member could not leave its group; its partitions move when its lease runs out",
+			"stream", g.cfg.Stream, "consumer", g.cfg.Name, "err", err)
+	}
+}
+
+// kick wakes the batch loop.
+func (g *group) kick() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,225 @@
+package group
+
+import (
+	"slices"
+)
+
+// PartitionState is a partition's row in the database.
+type PartitionState struct {
+	// Owner is the member that holds the partition; "" when it was
+	// released or never taken.
+	Owner string
+	// Epoch is raised by every take: a member holds a partition at the
+	// epoch its take wrote.
+	Epoch int64
+	// Pos is the partition's cursor: every row of its keys at or below it
+	// is applied.
+	Pos int64
+}
+
+// View is one read of a group: the members whose lease has not expired
+// (by the database clock) and every partition's row, indexed by
+// partition.
+type View struct {
+	Live       []string
+	Partitions []PartitionState
+}
+
+// Locked is a partition's row as a batch read it, under the row's lock.
+type Locked struct {
+	Partition int
+	PartitionState
+}
+
+// Cursor is a partition a batch runs: the epoch its member holds it at
+// and the position its rows start after.
+type Cursor struct {
+	Partition int
+	Epoch     int64
+	Pos       int64
+}
+
+// Member is one member's state (see the package doc). The zero value is
+// not usable; use [NewMember].
+type Member struct {
+	self, label string
+	n           int
+	live        []string // sorted
+	assigned    []string // Assign over live
+	owned       map[int]int64
+	pos         []int64 // the highest cursor seen of each partition
+	view        View
+
+	// broken is a deliberately broken member the simulation must catch.
+	// Tests only.
+	broken breakage
+}
+
+// breakage names one way to break a member, for the simulation's tests.
+type breakage int
+
+const (
+	intact           breakage = iota
+	noFence                   // a batch runs every partition it asked for, whoever owns it now
+	cursorFromMemory          // a batch starts from the cursor the member remembers (its takes' and commits'), not the locked row's
+)
+
+// NewMember returns the state of member self of the group named label
+// (the assignment's salt: groups with the same members split differently)
+// with n partitions. It owns nothing and knows no view yet.
+func NewMember(self, label string, n int) *Member {
+	return &Member{self: self, label: label, n: n, owned: map[int]int64{}, pos: make([]int64, n)}
+}
+
+// Self is the member's ID.
+func (m *Member) Self() string { return m.self }
+
+// Observe takes in a view read from the database. A partition the view
+// shows taken by another member, or released, at or above the epoch this
+// member holds it at is lost (returned, by partition); one the view shows
+// this member holding but which it does not know it holds (a take whose
+// answer was lost) is adopted. Views must be read after the member's own
+// takes and releases were answered: an older one may lose what it just
+// took, which the next take repairs.
+func (m *Member) Observe(v View) (lost []int) {
+	live := slices.Compact(slices.Sorted(slices.Values(v.Live)))
+	if m.assigned == nil || !slices.Equal(live, m.live) {
+		m.live, m.assigned = live, Assign(m.label, m.n, live)
+	}
+	parts := v.Partitions[:min(len(v.Partitions), m.n)]
+	for p, ps := range parts {
+		if m.broken != cursorFromMemory {
+			m.pos[p] = max(m.pos[p], ps.Pos)
+		}
+		e, held := m.owned[p]
+		switch {
+		case held && (ps.Epoch > e || ps.Epoch == e && ps.Owner != m.self):
+			delete(m.owned, p)
+			lost = append(lost, p)
+		case !held && ps.Owner == m.self:
+			m.owned[p] = ps.Epoch
+		}
+	}
+	m.view = View{Live: live, Partitions: slices.Clone(parts)}
+	return lost
+}
+
+// Plan is what the member does after the last view: take the partitions
+// assigned to it that are free (no owner, or an owner whose lease
+// expired), and release those it holds that are assigned to another
+// member. Both by partition. A take must check again, in the database
+// and under the row's lock, that the partition is still free; a release
+// waits for the member's batch in flight (Batch leaves released-to-be
+// partitions out already).
+func (m *Member) Plan() (take, release []int) {
+	if m.assigned == nil {
+		return nil, nil
+	}
+	for p := range m.n {
+		_, held := m.owned[p]
+		switch mine := m.assigned[p] == m.self; {
+		case mine && !held && p < len(m.view.Partitions):
+			if o := m.view.Partitions[p].Owner; o == "" || !m.isLive(o) {
+				take = append(take, p)
+			}
+		case !mine && held:
+			release = append(release, p)
+		}
+	}
+	return take, release
+}
+
+func (m *Member) isLive(member string) bool {
+	_, ok := slices.BinarySearch(m.live, member)
+	return ok
+}
+
+// Took records that the member took partition p: its take wrote epoch
+// and read the cursor pos.
+func (m *Member) Took(p int, epoch, pos int64) {
+	m.owned[p] = epoch
+	m.pos[p] = max(m.pos[p], pos)
+}
+
+// Released records that the member no longer holds p (it released it,
+// or found it was not its own).
+func (m *Member) Released(p int) { delete(m.owned, p) }
+
+// Batch is what the next batch asks for, by partition: the partitions
+// the member holds and is still assigned, at the epoch it holds them at,
+// with the highest cursor it has seen of each.
+func (m *Member) Batch() []Cursor {
+	var out []Cursor
+	if m.assigned == nil {
+		return nil
+	}
+	for p := range m.n {
+		if e, held := m.owned[p]; held && m.assigned[p] == m.self {
+			out = append(out, Cursor{Partition: p, Epoch: e, Pos: m.pos[p]})
+		}
+	}
+	return out
+}
+
+// Fence decides, from the partitions' rows a batch read under their
+// locks, which it runs and from which cursor: those the member still
+// holds, owner and epoch unchanged, from the locked row's cursor (the
+// cursor a previous owner, or this member's own commit whose answer was
+// lost, moved). A partition taken by another member or released is lost
+// (returned) and dropped; one the member took after the batch began is
+// left for the next batch. While the batch holds the locks no take or
+// release of them can commit, so a batch that runs a partition commits
+// for it only while the member holds it.
+func (m *Member) Fence(locked []Locked) (run []Cursor, lost []int) {
+	for _, l := range locked {
+		p := l.Partition
+		e, held := m.owned[p]
+		switch {
+		case m.broken == noFence || held && l.Owner == m.self && l.Epoch == e:
+			pos := l.Pos
+			if m.broken == cursorFromMemory {
+				pos = m.pos[p]
+			} else {
+				m.pos[p] = max(m.pos[p], l.Pos)
+			}
+			run = append(run, Cursor{Partition: p, Epoch: l.Epoch, Pos: pos})
+		case held && (l.Epoch > e || l.Owner != m.self):
+			delete(m.owned, p)
+			lost = append(lost, p)
+		}
+	}
+	return run, lost
+}
+
+// Committed records that a batch that ran run committed with every
+// cursor moved to at least next.
+func (m *Member) Committed(run []Cursor, next int64) {
+	for _, c := range run {
+		m.pos[c.Partition] = max(m.pos[c.Partition], next)
+	}
+}
+
+// Owned is the partitions the member holds, ascending.
+func (m *Member) Owned() []int {
+	out := make([]int, 0, len(m.owned))
+	for p := range m.n {
+		if _, ok := m.owned[p]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Assigned is the member each partition is assigned to over the last
+// view's live members ("" for all before a view, or with none live).
+func (m *Member) Assigned() []string {
+	if m.assigned == nil {
+		return make([]string, m.n)
+	}
+	return slices.Clone(m.assigned)
+}
+
+// LastView is the last view observed.
+func (m *Member) LastView() View {
+	return View{Live: slices.Clone(m.view.Live), Partitions: slices.Clone(m.view.Partitions)}
+}

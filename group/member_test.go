@@ -1,0 +1,136 @@
+package group
+
+import (
+	"slices"
+	"testing"
+)
+
+// view is a view of n partitions owned as owners says ("" none), each at
+// epoch 1 and position 10, with live members.
+func view(live []string, owners ...string) View {
+	v := View{Live: live}
+	for _, o := range owners {
+		v.Partitions = append(v.Partitions, PartitionState{Owner: o, Epoch: 1, Pos: 10})
+	}
+	return v
+}
+
+// A lone member takes every free partition; when a second one goes live
+// it releases what is now assigned to the other, which takes it only once
+// it is released.
+func TestMemberTakesAndReleases(t *testing.T) {
+	a, b := NewMember("a", "s/g", 4), NewMember("b", "s/g", 4)
+	a.Observe(view([]string{"a"}, "", "", "", ""))
+	take, release := a.Plan()
+	if !slices.Equal(take, []int{0, 1, 2, 3}) || len(release) != 0 {
+		t.Fatalf("a alone: take %v release %v", take, release)
+	}
+	for _, p := range take {
+		a.Took(p, 2, 10)
+	}
+	both := []string{"a", "b"}
+	assigned := Assign("s/g", 4, both)
+	a.Observe(view(both, "a", "a", "a", "a"))
+	_, release = a.Plan()
+	b.Observe(view(both, "a", "a", "a", "a"))
+	if take, _ := b.Plan(); len(take) != 0 {
+		t.Fatalf("b takes %v from a live owner", take)
+	}
+	var toB []int
+	for p, m := range assigned {
+		if m == "b" {
+			toB = append(toB, p)
+		}
+	}
+	if !slices.Equal(release, toB) || len(toB) == 0 {
+		t.Fatalf("a releases %v; b is assigned %v", release, toB)
+	}
+	for _, c := range a.Batch() {
+		if assigned[c.Partition] != "a" {
+			t.Fatalf("a's next batch runs partition %d, which it is releasing", c.Partition)
+		}
+	}
+	owners := []string{"a", "a", "a", "a"}
+	for _, p := range release {
+		a.Released(p)
+		owners[p] = ""
+	}
+	b.Observe(view(both, owners...))
+	if take, _ := b.Plan(); !slices.Equal(take, toB) {
+		t.Fatalf("b takes %v once they are released; want %v", take, toB)
+	}
+}
+
+// A partition whose owner's lease expired is taken by its assignee.
+func TestMemberTakesFromExpiredOwner(t *testing.T) {
+	b := NewMember("b", "s/g", 4)
+	b.Observe(view([]string{"b"}, "a", "a", "", "a"))
+	if take, _ := b.Plan(); !slices.Equal(take, []int{0, 1, 2, 3}) {
+		t.Fatalf("take %v; want every partition (a is not live)", take)
+	}
+}
+
+// The fence runs only what the member still holds at its epoch, from the
+// locked cursor; a partition taken by another or released is lost, one
+// the member took after the batch began waits for the next batch.
+func TestMemberFence(t *testing.T) {
+	m := NewMember("a", "s/g", 4)
+	m.Observe(view([]string{"a"}, "", "", "", ""))
+	for p := range 3 {
+		m.Took(p, 2, 10)
+	}
+	run, lost := m.Fence([]Locked{
+		{0, PartitionState{Owner: "a", Epoch: 2, Pos: 15}}, // still held; a lost COMMIT answer moved it
+		{1, PartitionState{Owner: "b", Epoch: 3, Pos: 10}}, // taken over
+		{2, PartitionState{Owner: "", Epoch: 2, Pos: 10}},  // released
+		{3, PartitionState{Owner: "a", Epoch: 4, Pos: 10}}, // taken after the batch began
+	})
+	if !slices.Equal(run, []Cursor{{Partition: 0, Epoch: 2, Pos: 15}}) || !slices.Equal(lost, []int{1, 2}) {
+		t.Fatalf("run %v lost %v; want partition 0 from 15, and 1 and 2 lost", run, lost)
+	}
+	if got := m.Owned(); !slices.Equal(got, []int{0}) {
+		t.Fatalf("owned %v after the fence", got)
+	}
+	m.Committed(run, 40)
+	if b := m.Batch(); len(b) != 1 || b[0].Pos != 40 {
+		t.Fatalf("batch after the commit: %v", b)
+	}
+}
+
+// A view older than the member's own take does not lose it; one that
+// shows the member holding a partition it does not know of (a take whose
+// answer was lost) adopts it; a newer epoch loses it.
+func TestMemberObserveEpochs(t *testing.T) {
+	m := NewMember("a", "s/g", 2)
+	m.Observe(view([]string{"a"}, "", ""))
+	m.Took(0, 5, 10)
+	v := view([]string{"a"}, "b", "a")
+	v.Partitions[0].Epoch = 4
+	if lost := m.Observe(v); len(lost) != 0 {
+		t.Fatalf("a stale view lost %v", lost)
+	}
+	if got := m.Owned(); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("owned %v; want 0 (kept) and 1 (adopted)", got)
+	}
+	v = view([]string{"a", "b"}, "b", "a")
+	v.Partitions[0].Epoch = 6
+	if lost := m.Observe(v); !slices.Equal(lost, []int{0}) {
+		t.Fatalf("a newer epoch: lost %v", lost)
+	}
+}
+
+// A member that is not live by its own lease is assigned nothing, and so
+// releases everything.
+func TestMemberNotLiveReleases(t *testing.T) {
+	m := NewMember("a", "s/g", 2)
+	m.Observe(view([]string{"a"}, "", ""))
+	m.Took(0, 2, 0)
+	m.Took(1, 2, 0)
+	m.Observe(view([]string{"b"}, "a", "a"))
+	if take, release := m.Plan(); len(take) != 0 || !slices.Equal(release, []int{0, 1}) {
+		t.Fatalf("take %v release %v", take, release)
+	}
+	if len(m.Batch()) != 0 {
+		t.Fatalf("a member assigned nothing batches %v", m.Batch())
+	}
+}

@@ -1,0 +1,134 @@
+package group
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// The simulation's checks (see sim_test.go) and its dump of a failing
+// seed.
+
+// checkCommit: the committer owns every partition it commits for, at the
+// epoch of its take, and every row it applies is the next of its key.
+func (s *sim) checkCommit(m *simMember, run []Cursor, rows []simRow) {
+	for _, c := range run {
+		if pt := s.parts[c.Partition]; pt.Owner != m.id || pt.Epoch != c.Epoch {
+			s.failf("%s commits for partition %d at epoch %d, owned by %q at epoch %d: two owners", m.id, c.Partition, c.Epoch, pt.Owner, pt.Epoch)
+			return
+		}
+	}
+	for _, r := range rows {
+		n := s.applied[r.key]
+		if want := s.byKey[r.key]; n >= len(want) || want[n] != r.id {
+			s.failf("%s applies row %d of %s; the next of the key is its row %d of %v: not once and in order", m.id, r.id, r.key, n, want)
+			return
+		}
+		s.applied[r.key] = n + 1
+	}
+}
+
+// checkCoverage: no partition stays without a running owner longer than
+// its bound.
+func (s *sim) checkCoverage() {
+	runningOwner := func(id string) bool {
+		for _, m := range s.members {
+			if m.id == id {
+				return m.running && !m.paused && !m.cut
+			}
+		}
+		return false
+	}
+	// anyone: a member could take a partition. zombie: a member that
+	// cannot is still live by its lease, and may be assigned partitions
+	// until it expires (then the bound after a death holds, not the one
+	// after a leave).
+	anyone := false
+	for _, m := range s.members {
+		up := m.running && !m.paused && !m.cut
+		anyone = anyone || up && !m.leaving
+		if !up && s.leases[m.id] > s.now {
+			s.lastZombie = s.now
+		}
+	}
+	for p, pt := range s.parts {
+		if runningOwner(pt.Owner) {
+			delete(s.since, p)
+			delete(s.left, p)
+			continue
+		}
+		if _, ok := s.since[p]; !ok || !anyone {
+			s.since[p] = s.now // the clock runs while a member could take it
+		}
+		if _, ok := s.left[p]; ok && !anyone {
+			s.left[p] = s.now
+		}
+		if !s.faults && s.now < s.cfg.faultsFor+deathBound {
+			continue // the members just reconnected or restarted
+		}
+		if from := max(s.since[p], s.lastLoss); s.now-from > deathBound {
+			s.failf("partition %d has had no running owner since %dms (owner %q, last death at %dms)", p, s.since[p], pt.Owner, s.lastLoss)
+			return
+		}
+		if at, ok := s.left[p]; ok && s.now-max(at, s.lastZombie, s.lastLost) > leaveBound {
+			s.failf("partition %d released by a graceful leave at %dms is still not owned", p, at)
+			return
+		}
+	}
+}
+
+func (s *sim) allApplied() bool {
+	for k, ids := range s.byKey {
+		if s.applied[k] != len(ids) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkEnd: every row applied, every partition owned by the member the
+// assignment over the running members names, and nothing moved in the
+// last quiet second.
+func (s *sim) checkEnd() {
+	if !s.allApplied() {
+		for _, k := range slices.Sorted(maps.Keys(s.byKey)) {
+			if s.applied[k] != len(s.byKey[k]) {
+				s.failf("key %s: %d of its %d rows applied by the end", k, s.applied[k], len(s.byKey[k]))
+				return
+			}
+		}
+	}
+	var live []string
+	for _, m := range s.running() {
+		live = append(live, m.id)
+	}
+	want := Assign(s.label, simPartitions, live)
+	for p, pt := range s.parts {
+		if pt.Owner != want[p] {
+			s.failf("partition %d is owned by %q at the end; the assignment over %v names %q", p, pt.Owner, live, want[p])
+			return
+		}
+	}
+	if s.now-s.moves < 1500 {
+		s.failf("a partition moved at %dms, in the quiet end", s.moves)
+	}
+}
+
+// dump describes the state, for a failing seed.
+func (s *sim) dump() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "database: rows %d, leases %v\n", len(s.rows), s.leases)
+	for p, pt := range s.parts {
+		lock := ""
+		if pt.lock != nil {
+			lock = " locked by " + pt.lock.m.id
+		}
+		fmt.Fprintf(&b, "partition %d: owner %q epoch %d pos %d%s, %d waiting\n", p, pt.Owner, pt.Epoch, pt.Pos, lock, len(pt.waiting))
+	}
+	for _, m := range s.members {
+		fmt.Fprintf(&b, "%s running %v paused %v cut %v leaving %v: owns %v batch %v assigned %v\n",
+			m.id, m.running, m.paused, m.cut, m.leaving, m.node.Owned(), m.node.Batch(), m.node.Assigned())
+	}
+	return b.String()
+}

@@ -1,0 +1,728 @@
+package group
+
+import (
+	"container/heap"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+)
+
+// The simulation runs a consumer group in one process, on simulated time:
+// a database (the partitions' rows with their row locks, the members'
+// leases, the stream's rows, the effects), members (a Member each, a
+// membership loop that renews, reads, takes and releases, and a batch
+// loop: lock, fence, read, apply, commit), writers that append rows of
+// random keys, and faults: kill -9 (the server ends the member's sessions),
+// SIGSTOP for up to three leases (its sessions stay open, idle in their
+// transaction, until the server's idle-in-transaction timeout ends them),
+// a member cut off from PostgreSQL (its statements get no answer; the
+// server ends its idle transactions the same way), lost answers (a COMMIT
+// that committed reads as failed), graceful leaves and joins. Everything
+// random comes from the seed and every map is walked in sorted order, so a
+// seed replays exactly.
+//
+// After every step it checks:
+//   - one owner per partition: a batch commits effects or a cursor for a
+//     partition only while its member is the partition's owner, at the
+//     epoch of its take (a zombie never commits for a partition it lost);
+//   - per-key order, exactly once: every row applied is the next row of
+//     its key not yet applied;
+//   - coverage: a partition whose owner died (killed, stopped or cut off)
+//     is owned by a running member within the lease + 1 s of the last
+//     death, and one released by a graceful leave within 1 s (unless a
+//     member that cannot take it is live by its lease meanwhile, so that
+//     it may be assigned to it, or an answer is lost: then within the
+//     bound after a death);
+//
+// and at the end, with the faults stopped, that every row was applied,
+// every partition is owned by the member the assignment names, and nothing
+// moved during the last quiet second (no rebalancing storm).
+
+// simConfig shapes one run.
+type simConfig struct {
+	faultsFor, settleFor int64    // ms of writes and faults; ms after them for everything to settle
+	broken               breakage // a broken member the simulation must catch
+	noIdleTimeout        bool     // the server never ends a transaction left idle
+}
+
+var defaultSim = simConfig{faultsFor: 4000, settleFor: 5000}
+
+const (
+	simPartitions = 8
+	simKeys       = 24
+	maxMembers    = 5
+	leaseTTL      = 1000         // ms
+	pollEvery     = 250          // ms between a member's reads of the group
+	renewAfter    = leaseTTL / 3 // a member renews its lease when this old
+	idleTimeout   = leaseTTL / 2 // the server ends a transaction idle this long
+	stmtTimeout   = 200          // a membership statement with no answer fails
+	batchTimeout  = 3000         // a batch statement with no answer fails
+	maxBatch      = 10
+	deathBound    = leaseTTL + 1000 // a dead member's partitions are owned again within
+	leaveBound    = 1000            // a leaving member's partitions are owned again within
+)
+
+type event struct {
+	at, seq int64
+	fn      func()
+}
+
+type eventHeap []*event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(*event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+type simRow struct {
+	id   int64
+	key  string
+	part int
+}
+
+// simPart is a partition's row and its lock.
+type simPart struct {
+	PartitionState
+	lock    *simTx
+	waiting []*simTx // batches queued for the lock, in order
+}
+
+// simTx is a batch's transaction, on the server.
+type simTx struct {
+	m         *simMember
+	parts     []int // to lock, ascending
+	held      []int
+	idleSince int64 // when its last statement was answered; -1 while one runs
+	ended     bool
+	onLocked  func()
+}
+
+type simMember struct {
+	id                 string
+	node               *Member
+	running            bool // started and not killed or left
+	paused, cut        bool
+	leaving            bool
+	held               []func() // its events, frozen by SIGSTOP
+	lastRenew          int64    // when the last renewal that succeeded was sent; -1 never
+	stepping, batching bool
+	idle               bool // the batch loop waits for rows or partitions
+}
+
+type sim struct {
+	cfg    simConfig
+	rng    *rand.Rand
+	label  string
+	now    int64
+	seq    int64
+	events eventHeap
+	faults bool
+	lossy  bool
+	fail   []string
+
+	// the database
+	parts   []*simPart
+	leases  map[string]int64 // member -> lease_until
+	rows    []simRow
+	byKey   map[string][]int64 // key -> its rows' positions, ascending
+	applied map[string]int     // key -> how many of its rows are applied
+	moves   int64              // time of the last take or release
+
+	members    []*simMember
+	names      int
+	lastLoss   int64         // the last time a member died, stopped or was cut off
+	lastZombie int64         // the last time a member that could not take was live by its lease
+	lastLost   int64         // the last time an answer was lost
+	since      map[int]int64 // partition -> since when it has had no running owner
+	left       map[int]int64 // partition -> when a graceful leave released it
+	stats      simStats
+}
+
+type simStats struct {
+	rows, commits, kills, pauses, cuts, leaves, joins, takes, releases, lostAnswers, idleKills, fenced int
+}
+
+func (st *simStats) add(o simStats) {
+	st.rows += o.rows
+	st.commits += o.commits
+	st.kills += o.kills
+	st.pauses += o.pauses
+	st.cuts += o.cuts
+	st.leaves += o.leaves
+	st.joins += o.joins
+	st.takes += o.takes
+	st.releases += o.releases
+	st.lostAnswers += o.lostAnswers
+	st.idleKills += o.idleKills
+	st.fenced += o.fenced
+}
+
+func (st simStats) String() string {
+	return fmt.Sprintf("%d rows, %d commits, %d kills, %d stops, %d cuts, %d leaves, %d joins, %d takes, %d releases, "+
+		"%d answers lost, %d transactions ended idle, %d partitions fenced off a batch",
+		st.rows, st.commits, st.kills, st.pauses, st.cuts, st.leaves, st.joins, st.takes, st.releases, st.lostAnswers, st.idleKills, st.fenced)
+}
+
+func newSim(seed uint64, cfg simConfig) *sim {
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x67726f7570)), label: fmt.Sprintf("s%d/g", seed%89),
+		leases: map[string]int64{}, byKey: map[string][]int64{}, applied: map[string]int{},
+		since: map[int]int64{}, left: map[int]int64{}}
+	for range simPartitions {
+		s.parts = append(s.parts, &simPart{})
+	}
+	for range 3 {
+		s.join()
+	}
+	return s
+}
+
+func (s *sim) after(d int64, fn func()) {
+	s.seq++
+	heap.Push(&s.events, &event{at: s.now + d, seq: s.seq, fn: fn})
+}
+
+// at runs fn in member m after d, unless m has stopped running; while m is
+// stopped (SIGSTOP) its events wait.
+func (s *sim) at(m *simMember, d int64, fn func()) {
+	s.after(d, func() { s.in(m, fn) })
+}
+
+func (s *sim) in(m *simMember, fn func()) {
+	switch {
+	case !m.running:
+	case m.paused:
+		m.held = append(m.held, fn)
+	default:
+		fn()
+	}
+}
+
+func (s *sim) failf(format string, args ...any) {
+	s.fail = append(s.fail, fmt.Sprintf("t=%dms: ", s.now)+fmt.Sprintf(format, args...))
+}
+
+func (s *sim) rtt() int64 { return 1 + int64(s.rng.IntN(3)) }
+
+// call sends a statement from m: the server runs exec when it arrives
+// (unless m is cut off), which answers at once or later (a lock wait);
+// m gets the answer (unless it is lost) and runs it, or runs failed after
+// timeout of its own time, whichever comes first.
+func (s *sim) call(m *simMember, timeout int64, exec func(answer func(reply func())), failed func()) {
+	done := false
+	answer := func(reply func()) {
+		if m.cut || s.lossy && s.rng.IntN(15) == 0 {
+			s.stats.lostAnswers++
+			s.lastLost = s.now
+			return
+		}
+		s.at(m, s.rtt(), func() {
+			if !done && !m.cut {
+				done = true
+				reply()
+			}
+		})
+	}
+	if !m.cut {
+		s.after(s.rtt(), func() {
+			if !m.cut && m.running { // a killed member's connections are closed
+				exec(answer)
+			}
+		})
+	}
+	s.at(m, timeout, func() {
+		if !done {
+			done = true
+			failed()
+		}
+	})
+}
+
+// run drives the simulation to its end and returns the failures.
+func (s *sim) run() []string {
+	end := s.cfg.faultsFor + s.cfg.settleFor
+	s.faults = true
+	s.after(100+int64(s.rng.IntN(200)), s.chaos)
+	s.after(0, s.write)
+	s.after(s.cfg.faultsFor, s.heal)
+	for len(s.events) > 0 && len(s.fail) == 0 {
+		e := heap.Pop(&s.events).(*event)
+		if e.at > end {
+			break
+		}
+		s.now = e.at
+		e.fn()
+		s.checkCoverage()
+		if !s.faults && s.now > s.cfg.faultsFor+deathBound && s.now-s.moves > 1500 && s.allApplied() {
+			break
+		}
+	}
+	if len(s.fail) == 0 {
+		s.checkEnd()
+	}
+	return s.fail
+}
+
+// --- the writers and the faults
+
+func (s *sim) write() {
+	if !s.faults {
+		return
+	}
+	key := fmt.Sprintf("user%d", s.rng.IntN(simKeys))
+	r := simRow{id: int64(len(s.rows) + 1), key: key, part: Partition(key, simPartitions)}
+	s.rows = append(s.rows, r)
+	s.byKey[key] = append(s.byKey[key], r.id)
+	s.stats.rows++
+	for _, m := range s.members {
+		if m.idle {
+			m.idle = false
+			s.at(m, 1, func() { s.batch(m) })
+		}
+	}
+	s.after(2+int64(s.rng.IntN(12)), s.write)
+}
+
+func (s *sim) running() []*simMember {
+	var out []*simMember
+	for _, m := range s.members {
+		if m.running && !m.leaving {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (s *sim) chaos() {
+	if !s.faults {
+		return
+	}
+	run := s.running()
+	var m *simMember
+	if len(run) > 0 {
+		m = run[s.rng.IntN(len(run))]
+	}
+	switch r := s.rng.IntN(12); {
+	case r < 2 && m != nil:
+		s.kill(m)
+		s.after(100+int64(s.rng.IntN(1500)), s.restart)
+	case r < 4 && m != nil && !m.paused:
+		s.pause(m, 100+int64(s.rng.IntN(3*leaseTTL)))
+	case r < 6 && m != nil && !m.cut:
+		s.cutOff(m, 100+int64(s.rng.IntN(2*leaseTTL)))
+	case r < 8 && m != nil:
+		s.leave(m)
+		s.after(200+int64(s.rng.IntN(1000)), s.restart)
+	case r < 9 && len(run) < maxMembers:
+		s.join()
+	default:
+		s.lossy = !s.lossy
+	}
+	s.after(150+int64(s.rng.IntN(500)), s.chaos)
+}
+
+// heal stops the faults: stopped members continue, cut ones reconnect,
+// and at least two members run.
+func (s *sim) heal() {
+	s.faults, s.lossy = false, false
+	for _, m := range s.members {
+		if m.paused {
+			s.resume(m)
+		}
+		m.cut = false
+	}
+	for len(s.running()) < 2 {
+		s.join()
+	}
+}
+
+// restart starts a member in place of one that died or left, unless the
+// faults are over (heal starts what is missing).
+func (s *sim) restart() {
+	if s.faults {
+		s.join()
+	}
+}
+
+func (s *sim) join() {
+	s.names++
+	m := &simMember{id: fmt.Sprintf("m%02d", s.names), running: true, lastRenew: -1, idle: true}
+	m.node = NewMember(m.id, s.label, simPartitions)
+	m.node.broken = s.cfg.broken
+	s.members = append(s.members, m)
+	s.stats.joins++
+	s.at(m, int64(s.rng.IntN(pollEvery)), func() { s.step(m) })
+}
+
+func (s *sim) kill(m *simMember) {
+	s.stats.kills++
+	m.running = false
+	s.lastLoss = s.now
+	for _, tx := range s.openTxs(m) {
+		s.end(tx) // the server sees the connections close
+	}
+}
+
+func (s *sim) pause(m *simMember, d int64) {
+	s.stats.pauses++
+	m.paused = true
+	s.lastLoss = s.now
+	s.after(d, func() {
+		if m.paused && s.faults {
+			s.resume(m)
+		}
+	})
+}
+
+func (s *sim) resume(m *simMember) {
+	m.paused = false
+	held := m.held
+	m.held = nil
+	for _, fn := range held {
+		s.in(m, fn)
+	}
+}
+
+func (s *sim) cutOff(m *simMember, d int64) {
+	s.stats.cuts++
+	m.cut = true
+	s.lastLoss = s.now
+	s.after(d, func() { m.cut = false })
+}
+
+// leave is a graceful stop. One statement deletes the member's lease and
+// releases its partitions but those its batch in flight holds (they are
+// free to take once it ends: their owner is no longer live); the batch
+// in flight finishes, and no other begins.
+func (s *sim) leave(m *simMember) {
+	s.stats.leaves++
+	m.leaving = true
+	var exit func()
+	exit = func() {
+		if m.batching {
+			s.at(m, 5, exit)
+			return
+		}
+		m.running = false
+	}
+	s.in(m, func() {
+		s.call(m, stmtTimeout, func(answer func(func())) {
+			delete(s.leases, m.id)
+			for p, pt := range s.parts {
+				if pt.Owner == m.id {
+					s.left[p] = s.now
+					if pt.lock == nil {
+						pt.Owner = ""
+						s.moves = s.now
+					}
+				}
+			}
+			answer(exit)
+		}, exit)
+	})
+}
+
+// --- the membership loop
+
+// step is one round of a member's membership loop: renew the lease when a
+// third of it has passed, read the group, then take and release what the
+// Member plans, each a statement that waits for no lock.
+func (s *sim) step(m *simMember) {
+	if m.leaving {
+		return
+	}
+	next := func() {
+		m.stepping = false
+		s.at(m, pollEvery-10+int64(s.rng.IntN(20)), func() { s.step(m) })
+	}
+	if m.stepping {
+		return
+	}
+	m.stepping = true
+	renew := m.lastRenew < 0 || s.now-m.lastRenew >= renewAfter
+	sent := s.now
+	s.call(m, stmtTimeout, func(answer func(func())) {
+		if renew {
+			s.leases[m.id] = s.now + leaseTTL
+		}
+		v := s.view()
+		answer(func() {
+			if renew {
+				m.lastRenew = sent
+			}
+			s.observe(m, v)
+			take, release := m.node.Plan()
+			s.takeAndRelease(m, take, release, next)
+		})
+	}, next)
+}
+
+func (s *sim) view() View {
+	v := View{}
+	for _, id := range slices.Sorted(maps.Keys(s.leases)) {
+		if s.leases[id] > s.now {
+			v.Live = append(v.Live, id)
+		}
+	}
+	for _, p := range s.parts {
+		v.Partitions = append(v.Partitions, p.PartitionState)
+	}
+	return v
+}
+
+func (s *sim) observe(m *simMember, v View) {
+	m.node.Observe(v)
+	s.wake(m)
+}
+
+func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
+	if len(take) == 0 && len(release) == 0 {
+		next()
+		return
+	}
+	s.call(m, stmtTimeout, func(answer func(func())) {
+		var took []Locked
+		var dropped []int
+		for _, p := range take {
+			pt := s.parts[p]
+			if pt.lock != nil || pt.Owner != "" && s.leases[pt.Owner] > s.now {
+				continue // locked: SKIP LOCKED; or its owner is live
+			}
+			pt.Owner, pt.Epoch = m.id, pt.Epoch+1
+			took = append(took, Locked{Partition: p, PartitionState: pt.PartitionState})
+			s.stats.takes++
+			s.moves = s.now
+		}
+		for _, p := range release {
+			pt := s.parts[p]
+			if pt.lock != nil {
+				continue
+			}
+			if pt.Owner == m.id {
+				pt.Owner = ""
+				s.stats.releases++
+				s.moves = s.now
+			}
+			dropped = append(dropped, p)
+		}
+		answer(func() {
+			for _, t := range took {
+				m.node.Took(t.Partition, t.Epoch, t.Pos)
+			}
+			for _, p := range dropped {
+				m.node.Released(p)
+			}
+			s.wake(m)
+			next()
+		})
+	}, next)
+}
+
+// wake starts the batch loop if it waits.
+func (s *sim) wake(m *simMember) {
+	if m.idle {
+		m.idle = false
+		s.at(m, 0, func() { s.batch(m) })
+	}
+}
+
+// --- the batch loop
+
+// batch runs one batch: lock the partitions' rows in partition order
+// (waiting for other transactions' locks), fence, read the rows, apply
+// them (taking simulated time), commit. It loops until the member leaves.
+func (s *sim) batch(m *simMember) {
+	if m.batching || m.idle {
+		return
+	}
+	cur := m.node.Batch()
+	lo := int64(-1)
+	for _, c := range cur {
+		if lo < 0 || c.Pos < lo {
+			lo = c.Pos
+		}
+	}
+	if m.leaving || len(cur) == 0 || lo >= int64(len(s.rows)) {
+		m.idle = !m.leaving
+		return
+	}
+	m.batching = true
+	again := func(d int64) {
+		m.batching = false
+		s.at(m, d, func() { s.batch(m) })
+	}
+	tx := &simTx{m: m, idleSince: -1}
+	for _, c := range cur {
+		tx.parts = append(tx.parts, c.Partition)
+	}
+	fail := func() {
+		s.rollback(m, tx)
+		again(20 + int64(s.rng.IntN(30)))
+	}
+	s.call(m, batchTimeout, func(answer func(func())) {
+		tx.onLocked = func() {
+			locked := make([]Locked, len(tx.parts))
+			for i, p := range tx.parts {
+				locked[i] = Locked{Partition: p, PartitionState: s.parts[p].PartitionState}
+			}
+			upto := int64(len(s.rows))
+			s.answered(tx)
+			answer(func() { s.fenced(m, tx, locked, upto, again, fail) })
+		}
+		s.lockNext(tx)
+	}, fail)
+}
+
+// rollback is the client giving up tx: it rolls back, or closes its
+// connection, which the server hears unless the client is cut off.
+func (s *sim) rollback(m *simMember, tx *simTx) {
+	if !m.cut {
+		s.end(tx)
+	}
+}
+
+func (s *sim) fenced(m *simMember, tx *simTx, locked []Locked, upto int64, again func(int64), fail func()) {
+	run, lost := m.node.Fence(locked)
+	s.stats.fenced += len(lost)
+	if len(run) == 0 {
+		s.rollback(m, tx)
+		again(1)
+		return
+	}
+	s.call(m, batchTimeout, func(answer func(func())) {
+		if tx.ended {
+			answer(fail)
+			return
+		}
+		tx.idleSince = -1
+		rows := s.read(run, upto)
+		s.answered(tx)
+		answer(func() {
+			next := upto
+			if len(rows) == maxBatch {
+				next = rows[len(rows)-1].id
+			}
+			// The user's function: time in the member, the transaction idle.
+			s.at(m, int64(len(rows))*(1+int64(s.rng.IntN(3))), func() { s.commit(m, tx, run, rows, next, again, fail) })
+		})
+	}, fail)
+}
+
+func (s *sim) read(run []Cursor, upto int64) []simRow {
+	after := map[int]int64{}
+	lo := upto
+	for _, c := range run {
+		after[c.Partition] = c.Pos
+		lo = min(lo, c.Pos)
+	}
+	var out []simRow
+	for _, r := range s.rows[lo:upto] {
+		if a, ok := after[r.part]; ok && r.id > a {
+			out = append(out, r)
+			if len(out) == maxBatch {
+				break
+			}
+		}
+	}
+	return out
+}
+
+func (s *sim) commit(m *simMember, tx *simTx, run []Cursor, rows []simRow, next int64, again func(int64), fail func()) {
+	s.call(m, batchTimeout, func(answer func(func())) {
+		if tx.ended {
+			answer(fail)
+			return
+		}
+		s.checkCommit(m, run, rows)
+		for _, c := range run {
+			pt := s.parts[c.Partition]
+			pt.Pos = max(pt.Pos, next)
+		}
+		s.stats.commits++
+		s.end(tx)
+		answer(func() {
+			m.node.Committed(run, next)
+			again(0)
+		})
+	}, fail)
+}
+
+// --- the server's transactions and locks
+
+// lockNext takes tx's locks in partition order; it queues behind a lock
+// another transaction holds and goes on when that one ends.
+func (s *sim) lockNext(tx *simTx) {
+	for len(tx.held) < len(tx.parts) {
+		if tx.ended {
+			return
+		}
+		pt := s.parts[tx.parts[len(tx.held)]]
+		if pt.lock != nil && pt.lock != tx {
+			pt.waiting = append(pt.waiting, tx)
+			return
+		}
+		pt.lock = tx
+		tx.held = append(tx.held, tx.parts[len(tx.held)])
+	}
+	tx.onLocked()
+}
+
+// answered marks tx idle in its transaction from now: the server ends it
+// after idleTimeout unless its next statement arrives first.
+func (s *sim) answered(tx *simTx) {
+	tx.idleSince = s.now
+	if s.cfg.noIdleTimeout {
+		return
+	}
+	at := s.now
+	s.after(idleTimeout, func() {
+		if !tx.ended && tx.idleSince == at {
+			s.stats.idleKills++
+			s.end(tx)
+		}
+	})
+}
+
+// end rolls tx back (or finishes its commit) and hands its locks on.
+func (s *sim) end(tx *simTx) {
+	if tx.ended {
+		return
+	}
+	tx.ended = true
+	for _, p := range tx.held {
+		pt := s.parts[p]
+		pt.lock = nil
+		for len(pt.waiting) > 0 && pt.lock == nil {
+			w := pt.waiting[0]
+			pt.waiting = pt.waiting[1:]
+			if !w.ended {
+				s.lockNext(w)
+			}
+		}
+	}
+	for _, pt := range s.parts {
+		pt.waiting = slices.DeleteFunc(pt.waiting, func(w *simTx) bool { return w == tx })
+	}
+}
+
+func (s *sim) openTxs(m *simMember) []*simTx {
+	seen := map[*simTx]bool{}
+	var out []*simTx
+	for _, pt := range s.parts {
+		for _, tx := range append([]*simTx{pt.lock}, pt.waiting...) {
+			if tx != nil && tx.m == m && !seen[tx] {
+				seen[tx] = true
+				out = append(out, tx)
+			}
+		}
+	}
+	return out
+}

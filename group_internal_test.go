@@ -1,0 +1,134 @@
+package weft
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	grp "github.com/weft-dev/weft/group"
+	"github.com/weft-dev/weft/internal/testenv"
+)
+
+// The fence as PostgreSQL runs it: a member whose partition was taken
+// over (its lease ran out while it was stopped, say) runs a batch from
+// its stale view; the batch locks the partitions' rows, sees the owner
+// and epoch changed, and commits nothing for that partition, while the
+// others' rows are applied. Once the member takes the partition back,
+// its rows are applied from the cursor in the row.
+func TestGroupBatchFencedInSQL(t *testing.T) {
+	ctx := context.Background()
+	db, rds := testenv.NewDatabase(t), testenv.StartRedis(t)
+	n, err := Open(ctx, Config{Name: "w", DatabaseURL: db, RedisURL: rds.URL(), Insecure: true, AnnounceInterval: 100 * time.Millisecond,
+		Streams: []Stream{{Name: "notices"}}, Writes: []string{"notices"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var mu sync.Mutex
+	var applied []string
+	apply := func(_ context.Context, _ pgx.Tx, rows []Row) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range rows {
+			var v struct{ User string }
+			if err := r.Decode(&v); err != nil {
+				return err
+			}
+			applied = append(applied, v.User)
+		}
+		return nil
+	}
+	const parts = 4
+	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var renewed time.Time
+	if err := g.step(ctx, &renewed); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.m.Owned(); len(got) != parts {
+		t.Fatalf("the only member owns %v", got)
+	}
+	// A user in each partition, and one row each.
+	users := make([]string, parts)
+	for i := 0; slices.Contains(users, ""); i++ {
+		if u := fmt.Sprintf("u%d", i); users[grp.Partition(u, parts)] == "" {
+			users[grp.Partition(u, parts)] = u
+		}
+	}
+	var last int64
+	for _, u := range users {
+		ids, err := n.Append(ctx, "notices", map[string]string{"user": u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ids[0]
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return g.st.gen.ComputedUpto() >= last }, "persisted-upto behind %d", last)
+	// Another member takes partition 2 while this one does not know.
+	if _, err := n.pool.Exec(ctx, `UPDATE weft_group_partitions SET owner = 'other', epoch = epoch + 1 WHERE name = 'mailer' AND partition = 2`); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(users)
+	want = slices.Delete(want, 2, 3)
+	if !slices.Equal(applied, want) {
+		t.Fatalf("applied %v; want %v (not %s: its partition was taken over)", applied, want, users[2])
+	}
+	var pos int64
+	if err := n.pool.QueryRow(ctx, `SELECT pos FROM weft_group_partitions WHERE name = 'mailer' AND partition = 2`).Scan(&pos); err != nil || pos != 0 {
+		t.Fatalf("partition 2's cursor %d (%v); want it unmoved at 0", pos, err)
+	}
+	if got := g.m.Owned(); slices.Contains(got, 2) {
+		t.Fatalf("the member still owns %v", got)
+	}
+	// "other" has no lease: the member takes it back, at a new epoch.
+	if err := g.step(ctx, &renewed); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
+		t.Fatal(err)
+	}
+	if want = append(want, users[2]); !slices.Equal(applied, want) {
+		t.Fatalf("applied %v; want %v", applied, want)
+	}
+}
+
+// The partition PostgreSQL computes for a key is group.Partition's.
+func TestPartitionSQLMatchesGo(t *testing.T) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var keys []string
+	for i := range 2000 {
+		keys = append(keys, fmt.Sprintf("@user%d:example.org", i*7919), fmt.Sprint(i))
+	}
+	keys = append(keys, "", "ünïcode ✓", "a\tb")
+	for _, n := range []int{1, 7, 64, 4096} {
+		rows, err := conn.Query(ctx, `SELECT `+grp.PartitionSQL("k", "$2")+` FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`, keys, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range keys {
+			if want := grp.Partition(k, n); got[i] != want {
+				t.Fatalf("key %q of %d: PostgreSQL says %d, Go %d", k, n, got[i], want)
+			}
+		}
+	}
+}
