@@ -10,24 +10,62 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
 
 // The README's examples are run, so they cannot drift: the block of
-// "Running a cluster" is read line by line, its processes started on free
-// ports, its curl lines and `master status` run against them; the curl
-// lines of deploy/README.md run against the same cluster's master.
+// "Running the binaries" in README.md and the longer one of "Running a
+// cluster" in docs/OPERATIONS.md are each read line by line, their
+// processes started on free ports, their curl lines and `master status`
+// run against them; the curl lines of deploy/README.md run against the
+// second cluster's master.
 func TestReadmeExamples(t *testing.T) {
 	curl := testenv.RequireTool(t, "curl", "curl")
-	block := readmeBlock(t, "../README.md", "## Running a cluster")
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
+	t.Run("README", func(t *testing.T) {
+		runClusterBlock(t, curl, "../README.md", "## Running the binaries")
+	})
+	t.Run("OPERATIONS", func(t *testing.T) {
+		master := runClusterBlock(t, curl, "../docs/OPERATIONS.md", "## Running a cluster")
+		// deploy/README.md talks to the compose master on localhost:8080.
+		n := 0
+		for _, line := range readmeLines(t, "../deploy/README.md") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == "curl" && strings.Contains(line, "localhost:8080") {
+				runCurl(t, curl, strings.ReplaceAll(line, "localhost:8080", strings.TrimPrefix(master.url, "http://")))
+				n++
+			}
+		}
+		if n < 2 {
+			t.Errorf("deploy/README.md: %d curl lines against localhost:8080, expected the examples", n)
+		}
+	})
+}
 
-	ports := map[string]string{} // README address -> the test's
+// runClusterBlock runs the ```sh block after heading in path as a reader
+// would, on a private Redis and database and on free ports, and returns
+// its master. Its first curl line must write a message and its second
+// sync it back.
+func runClusterBlock(t *testing.T, curl, path, heading string) *proc {
+	block := readmeBlock(t, path, heading)
+	rds := testenv.StartRedis(t)
+	var env []string // the block's exports the cluster keeps
+	for _, line := range block {
+		if rest, ok := strings.CutPrefix(stripComment(line), "export "); ok {
+			for _, kv := range strings.Fields(rest) {
+				if strings.HasPrefix(kv, "WEFT_EVENT_WRITERS=") {
+					env = append(env, kv)
+				}
+			}
+		}
+	}
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), env...)
+
+	ports := map[string]string{} // the block's address -> the test's
 	addr := regexp.MustCompile(`127\.0\.0\.1:\d{4,5}`)
 	local := func(line string) string {
 		return addr.ReplaceAllStringFunc(line, func(a string) string {
@@ -45,7 +83,7 @@ func TestReadmeExamples(t *testing.T) {
 		switch {
 		case line == "make build", strings.HasPrefix(line, "export WEFT_"), strings.HasPrefix(line, "createdb "):
 			// TestMain built the binaries; the cluster has its own
-			// secret and database.
+			// secret and database, and keeps WEFT_EVENT_WRITERS.
 		case len(f) > 1 && (f[0] == "bin/master" || f[0] == "bin/worker") && f[len(f)-1] == "&":
 			p := &proc{bin: strings.TrimPrefix(f[0], "bin/"), args: f[1 : len(f)-1], name: strings.TrimPrefix(f[0], "bin/")}
 			if n := testenv.FlagValue(p.args, "name"); n != "" {
@@ -53,7 +91,7 @@ func TestReadmeExamples(t *testing.T) {
 			}
 			p.url = "http://" + testenv.FlagValue(p.args, "http-addr")
 			if p.url == "http://" {
-				t.Fatalf("README: %q: the test needs --http-addr", line)
+				t.Fatalf("%s: %q: the test needs --http-addr", path, line)
 			}
 			procs = append(procs, p)
 		case f[0] == "curl":
@@ -61,11 +99,11 @@ func TestReadmeExamples(t *testing.T) {
 		case len(f) > 1 && f[0] == "bin/master" && f[1] == "status":
 			status = f[1:]
 		default:
-			t.Fatalf("README's cluster block: this test does not know how to run %q; teach it", line)
+			t.Fatalf("%s, %q: this test does not know how to run %q; teach it", path, heading, line)
 		}
 	}
-	if len(procs) < 2 || len(curls) == 0 || status == nil {
-		t.Fatalf("README's cluster block: %d processes, %d curl lines, status %q: the block moved?", len(procs), len(curls), status)
+	if len(procs) < 2 || len(curls) < 2 || status == nil {
+		t.Fatalf("%s, %q: %d processes, %d curl lines, status %q: the block moved?", path, heading, len(procs), len(curls), status)
 	}
 	for _, p := range procs {
 		c.procs[p.name] = p
@@ -78,6 +116,9 @@ func TestReadmeExamples(t *testing.T) {
 			master = p
 		}
 	}
+	if master == nil {
+		t.Fatalf("%s, %q: no bin/master line", path, heading)
+	}
 
 	outs := make([]string, len(curls))
 	for i, line := range curls {
@@ -88,35 +129,24 @@ func TestReadmeExamples(t *testing.T) {
 		EventID string `json:"event_id"`
 	}
 	if err := json.Unmarshal([]byte(outs[0]), &ack); err != nil || ack.EventID == "" {
-		t.Errorf("README: %s answered %s, want an event_id", curls[0], outs[0])
+		t.Errorf("%s: %s answered %s, want an event_id", path, curls[0], outs[0])
 	}
 	if !strings.Contains(outs[1], ack.EventID) || !strings.Contains(outs[1], `"body":"hi"`) {
-		t.Errorf("README: %s answered %s, want the message sent above", curls[1], outs[1])
+		t.Errorf("%s: %s answered %s, want the message sent above", path, curls[1], outs[1])
 	}
 
 	cmd := exec.Command(filepath.Join(binDir, "master"), status...)
 	cmd.Env = append(baseEnv(), "WEFT_HTTP_ADDR="+strings.TrimPrefix(master.url, "http://"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("README: master %q: %v\n%s", status, err, out)
+		t.Fatalf("%s: master %q: %v\n%s", path, status, err, out)
 	}
 	for _, p := range procs {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(p.name) + `-\S+\s+` + regexp.QuoteMeta(p.name) + `\s`).Match(out) {
-			t.Errorf("README: master status does not list %s:\n%s", p.name, out)
+			t.Errorf("%s: master status does not list %s:\n%s", path, p.name, out)
 		}
 	}
-
-	// deploy/README.md talks to the compose master on localhost:8080.
-	n := 0
-	for _, line := range readmeLines(t, "../deploy/README.md") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "curl" && strings.Contains(line, "localhost:8080") {
-			runCurl(t, curl, strings.ReplaceAll(line, "localhost:8080", strings.TrimPrefix(master.url, "http://")))
-			n++
-		}
-	}
-	if n < 2 {
-		t.Errorf("deploy/README.md: %d curl lines against localhost:8080, expected the examples", n)
-	}
+	return master
 }
 
 // runCurl runs a README line through sh, as a reader would paste it, and
@@ -276,4 +306,143 @@ func TestBadInputDecisions(t *testing.T) {
 	if code, _, v := do("GET", "/v1/sync?since=m0~99.999999&timeout_ms=0", ""); code != 400 || v["field"] != "since" {
 		t.Errorf("since beyond the sequence: %d %v, want 400 naming since", code, v)
 	}
+}
+
+// The README's library quick start is examples/jobs, which has its own
+// test: its ```go block must be the example's code as it stands.
+func TestReadmeJobsExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "\n```go\n")
+	block, _, _ = strings.Cut(block, "\n```\n")
+	if !ok || !strings.Contains(block, "package main") {
+		t.Fatal("README.md: no ```go block with the jobs example")
+	}
+	src, err := os.ReadFile("../examples/jobs/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(src), block+"\n") {
+		t.Errorf("README.md's ```go block is not examples/jobs/main.go's code: copy it again from %q on", "package main")
+	}
+}
+
+// Every relative link of the README and docs/ reaches a file, and its
+// #anchor a heading there; the README links every page of docs/, so each
+// is one link from it.
+func TestReadmeLinks(t *testing.T) {
+	pages, err := filepath.Glob("../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, "../README.md", "../deploy/README.md", "../CHANGELOG.md")
+	readme := map[string]bool{} // what README.md links
+	for _, page := range pages {
+		data, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, link := range mdLinks(string(data)) {
+			if strings.Contains(link, "://") || strings.HasPrefix(link, "mailto:") {
+				continue
+			}
+			target, anchor, _ := strings.Cut(link, "#")
+			file := page
+			if target != "" {
+				file = filepath.Join(filepath.Dir(page), target)
+			}
+			if page == "../README.md" {
+				readme[filepath.Clean(file)] = true
+			}
+			st, err := os.Stat(file)
+			if err != nil {
+				t.Errorf("%s: link %q: %v", page, link, err)
+				continue
+			}
+			if anchor == "" {
+				continue
+			}
+			if st.IsDir() || !strings.HasSuffix(file, ".md") {
+				t.Errorf("%s: link %q: an anchor into something that is not a markdown file", page, link)
+				continue
+			}
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(mdAnchors(string(data)), anchor) {
+				t.Errorf("%s: link %q: %s has no heading with that anchor (it has %q)", page, link, file, mdAnchors(string(data)))
+			}
+		}
+	}
+	for _, page := range pages {
+		if strings.HasPrefix(page, "../docs/") && !readme[filepath.Clean(page)] {
+			t.Errorf("README.md does not link %s", page)
+		}
+	}
+}
+
+// mdLinks is the target of every inline link in markdown text, outside
+// code blocks and code spans.
+func mdLinks(text string) []string {
+	var out []string
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	fenced := false
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		if fenced {
+			continue
+		}
+		// Drop code spans: every other piece between backticks.
+		parts := strings.Split(line, "`")
+		var prose strings.Builder
+		for i := 0; i < len(parts); i += 2 {
+			prose.WriteString(parts[i])
+		}
+		for _, m := range link.FindAllStringSubmatch(prose.String(), -1) {
+			out = append(out, m[1])
+		}
+	}
+	return out
+}
+
+// mdAnchors is the anchor GitHub gives each heading of markdown text:
+// lower case, punctuation dropped, spaces as hyphens, "-1", "-2" after
+// repeats.
+func mdAnchors(text string) []string {
+	var out []string
+	seen := map[string]int{}
+	fenced := false
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+		}
+		if fenced || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var b strings.Builder
+		for _, r := range strings.ToLower(h) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			seen[a]++
+			a = fmt.Sprintf("%s-%d", a, n)
+		} else {
+			seen[a] = 1
+		}
+		out = append(out, a)
+	}
+	return out
 }
