@@ -53,8 +53,8 @@ type ClientConfig struct {
 	SourceTimeout time.Duration
 	// RequestTimeout bounds one whole page read: every HTTP attempt, the
 	// delays between them and the fallback read [10 s]; zero means the
-	// default. A caller's earlier deadline wins. (It used to bound one
-	// attempt; SourceTimeout does that now.)
+	// default. A caller's earlier deadline wins. SourceTimeout bounds one
+	// attempt.
 	RequestTimeout time.Duration
 	// Retries is the number of HTTP attempts per page, the first included,
 	// for a stream without a Fallback: ephemeral, or durable with none

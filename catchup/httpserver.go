@@ -11,8 +11,8 @@ type HTTPLimits struct {
 	// ReadHeaderTimeout bounds reading a request's headers [5 s].
 	ReadHeaderTimeout time.Duration
 	// ReadTimeout bounds reading a whole request, headers and body
-	// [15 s]. A handler that has read its body to the end, or got none,
-	// is no longer bound by it (see NewHTTPServerWith).
+	// [15 s]. It does not bound a handler once the handler has read its
+	// body to the end, or got none (see NewHTTPServerWith).
 	ReadTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers [16 KiB].
 	MaxHeaderBytes int
@@ -51,7 +51,7 @@ func NewHTTPServer(addr string, h http.Handler) *http.Server {
 // body keeps the deadline, which only stops net/http from draining the
 // rest once it answered; the connection is then closed. WriteTimeout stays
 // zero: handlers bound their own time, and a long-poll writes nothing
-// until it answers. TestHTTPServerClosesSlowBodies holds net/http to this.
+// until it answers.
 func NewHTTPServerWith(addr string, h http.Handler, l HTTPLimits) *http.Server {
 	return &http.Server{
 		Addr:              addr,

@@ -25,9 +25,9 @@ import (
 // and every byte of the frame before it: the commands (which name the
 // sender) and their stamps (so a replayed line cannot be given a fresh
 // sequence). A line taken out of its frame, a frame cut short and frames
-// joined all fail. A frame of one line is exactly a signed line: one MAC
-// per PUBLISH instead of per line halved a reader's cost of checking them
-// (HMAC-SHA256's fixed cost is most of it on a short line). Without a
+// joined all fail. A frame of one line is exactly a signed line. There is
+// one MAC per PUBLISH, not per line, because HMAC-SHA256's fixed cost is
+// most of the cost of checking a short line. Without a
 // secret lines are stamped but unsigned: anyone on the channel can forge
 // them, so that mode is for development only.
 const sigChars = 22

@@ -1,8 +1,8 @@
 // Package rooms is weft's reference workload, built only on the library:
 // a small chat-like service whose room events are a durable multi-writer
 // stream sharded by room, whose room state is derived on the room's owner
-// through the same per-room queue (the race of background/3 cannot
-// happen), whose typing notifications are an ephemeral stream with one
+// through the same per-room queue (so a recomputation never races the
+// writes it reads), whose typing notifications are an ephemeral stream with one
 // writer, and whose long-poll sync returns what is new after a token.
 //
 // Every instance serves the client API. Writes are forwarded to the room's

@@ -229,8 +229,8 @@ type StoredPosition struct {
 }
 
 // Stored lists every writer of the stream the registry held at the last
-// Open or Refresh, sealed writers included, by name. Persisted-upto no
-// longer waits for a sealed writer, but its rows stay to be read: a reader
+// Open or Refresh, sealed writers included, by name. Persisted-upto does
+// not wait for a sealed writer, but its rows stay to be read: a reader
 // that starts (or restarts) behind one learns here how far to fetch.
 func (g *Generator) Stored() []StoredPosition {
 	g.mu.Lock()

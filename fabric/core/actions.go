@@ -42,8 +42,8 @@ type Fetch struct {
 // they are applied the view of Key is at Pos: no Advance follows a Deliver.
 //
 // It is emitted as a *Deliver, lent from blocks the core allocates a few
-// at a time: boxing one value per row into an Action was an allocation per
-// row, on a reader's hot path.
+// at a time, so that delivering a row does not allocate one Action for it
+// on a reader's hot path.
 type Deliver struct {
 	Key      Key
 	Instance string

@@ -37,8 +37,8 @@ type StreamSpec struct {
 	Start int64
 	// Writers are the durable writers known to exist when the instance
 	// starts (from the database). A connection waits for their POSITION
-	// as for writers heard from before: without it a fresh instance was
-	// established, and ready, before it knew where any writer was.
+	// as for writers heard from before, so a fresh instance is not
+	// established, nor ready, before it knows where each writer is.
 	Writers []string
 }
 

@@ -133,9 +133,8 @@ func (c *Core) sealed(cmd *wire.Sealed) {
 // A writer stores its position before its lines have reached every
 // reader, so while the connection is established and the writer is live
 // here, the live path is given StoredGrace to bring the view there first;
-// only then is the range fetched. Without the grace, a busy machine
-// fetched from the database what was already on its way, and readiness
-// flapped.
+// only then is the range fetched, so a busy reader does not fetch from the
+// database what is already on its way, nor turn unready for it.
 func (c *Core) Stored(k Key, pos int64) []Action {
 	spec, ok := c.streams[k.Stream]
 	if !ok || spec.Ephemeral || k.Writer == c.cfg.Hello.Name {

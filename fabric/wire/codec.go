@@ -98,7 +98,7 @@ func (c *Codec) Decode(line []byte) (Command, error) { return c.decode(line, fal
 // DecodeSigned is Decode for a line whose signature was verified: its
 // sender holds the cluster secret and validated its rows' JSON when it
 // encoded them, so an RDATA's rows are only checked for shape here, not
-// parsed again. JSON validation is about a quarter of a reader's CPU.
+// parsed again.
 func (c *Codec) DecodeSigned(line []byte) (Command, error) { return c.decode(line, true, nil) }
 
 func (c *Codec) decode(line []byte, signed bool, s *Slab) (Command, error) {
