@@ -18,8 +18,8 @@ import (
 )
 
 // The examples need a PostgreSQL with weft's schema (schema.Migrate) and a
-// ledger table, and a Redis: they compile in `make test` and run in
-// examples/ and the README's quick start.
+// ledger table, and a Redis: they compile in `make test`; examples/ and
+// docs/LIBRARY.md run the same calls.
 
 var ledger = streams.Config{
 	Name:     "ledger",

@@ -18,8 +18,8 @@ import (
 
 // maxPollBytes bounds what one waiting long-poll may hold, all told: its
 // connection, request and goroutines in net/http, its room names and its
-// index entries here (about 92 KiB measured; the README's Security section
-// states the bound).
+// index entries here (about 92 KiB measured; docs/SECURITY.md states the
+// bound).
 const maxPollBytes = 100 << 10
 
 // A sync names at most MaxSyncRooms rooms (400 beyond, naming the limit),

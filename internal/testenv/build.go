@@ -50,7 +50,7 @@ func MainWithCommands(m interface{ Run() int }, binDir *string, names ...string)
 
 // FlagValue is the value of --name in a command line's args (--name=v or
 // --name v), or "" when it is absent: for tests that read the command
-// lines of the deploy files and the README.
+// lines of the deploy files and of the docs.
 func FlagValue(args []string, name string) string {
 	for i, a := range args {
 		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
