@@ -18,8 +18,8 @@ import (
 )
 
 // The examples need a PostgreSQL with weft's schema (schema.Migrate) and a
-// ledger table, and a Redis: they compile in `make test`; examples/ and
-// docs/LIBRARY.md run the same calls.
+// ledger table, and a Redis: they compile in `make test`; docs/LIBRARY.md
+// shows the same calls.
 
 var ledger = streams.Config{
 	Name:     "ledger",
