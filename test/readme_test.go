@@ -329,6 +329,17 @@ func TestReadmeJobsExample(t *testing.T) {
 	}
 }
 
+// The README is a newcomer's five minutes; the rest lives in docs/.
+func TestReadmeSize(t *testing.T) {
+	st, err := os.Stat("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > 12<<10 {
+		t.Errorf("README.md is %d bytes, over 12 KiB: move a section to docs/", st.Size())
+	}
+}
+
 // Every relative link of the README and docs/ reaches a file, and its
 // #anchor a heading there; the README links every page of docs/, so each
 // is one link from it.
