@@ -242,8 +242,8 @@ func stripComment(line string) string {
 	return strings.TrimSpace(line)
 }
 
-// The edges of the client API that the README decides: each answer, as
-// documented there.
+// The edges of the client API that docs/OPERATIONS.md decides: each
+// answer, as documented there.
 func TestBadInputDecisions(t *testing.T) {
 	_, master, _, _, sync1 := smallCluster(t)
 	ctx := context.Background()
