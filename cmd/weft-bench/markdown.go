@@ -120,7 +120,9 @@ func renderGoals(b *strings.Builder, res Results, l links) {
 		}
 		fmt.Fprintf(b, "| %s | %d of %d | %s |\n", title, t.met, t.all, strings.Join(t.missed, "; "))
 	}
-	fmt.Fprintf(b, "\nWhy the missed goals stay missed, and what was tried: [%s](%s).\n", l.Notes, l.Notes)
+	if l.Notes != "" {
+		fmt.Fprintf(b, "\nWhy the missed goals stay missed, and what was tried: [%s](%s).\n", l.Notes, l.Notes)
+	}
 }
 
 // standing is where f stands against its goal, in the goal's terms.

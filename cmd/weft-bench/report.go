@@ -125,9 +125,18 @@ func markdownFor(res Results, to reports) (string, error) {
 		}
 		return filepath.ToSlash(p)
 	}
-	l := links{Chart: rel(to.Chart), Results: rel(to.JSON), Notes: rel(filepath.Join(filepath.Dir(to.JSON), "notes.md"))}
+	l := links{Chart: rel(to.Chart), Results: rel(to.JSON)}
+	// The analysis behind the missed goals sits beside the results.
+	if notes := filepath.Join(filepath.Dir(to.JSON), "notes.md"); fileExists(notes) {
+		l.Notes = rel(notes)
+	}
 	if to.Peers != "" {
 		l.Peers = rel(strings.TrimSuffix(to.Peers, ".jsonl") + ".md")
 	}
 	return renderMarkdown(res, peers, l), nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
