@@ -66,6 +66,6 @@ const howToRead = `**How to read.** Each figure is the median over the runs, (mi
 bare operation weft wraps, measured moments before weft on the same servers; *ratio* is weft/raw
 within each run, then the median. The machine is shared, so absolute figures move from run to
 run more than ratios do. Peer columns come from a separate pass (` + "`make peers`" + `, private
-servers, synchronous commits): each is that peer's figure over raw INSERT+PUBLISH's in the same
-pass, to set beside the ratio column; *peers only* rows are figures weft-bench does not take.
+servers, synchronous commits): each is that peer's figure over raw's (INSERT+PUBLISH, or a SELECT
+for catch-up) in the same pass, to set beside the ratio column; *peers only* rows are figures weft-bench does not take.
 centrifuge keeps its history in Redis memory: it is not durable.`

@@ -90,7 +90,7 @@ func TestRenderMarkdown(t *testing.T) {
 	md := renderMarkdown(testResults(), nil, links{Results: "../bench/results.json", Chart: "../bench/chart.png", Notes: "../bench/notes.md"})
 	for _, want := range []string{
 		"# Benchmarks",
-		"from [../bench/results.json](../bench/results.json)",
+		"from [bench/results.json](../bench/results.json)",
 		"Test CPU, 2 cores",
 		"Go 1.26.0, Redis 7.0.15, PostgreSQL 15.2",
 		"`make bench (go run ./cmd/weft-bench)`",
@@ -223,8 +223,8 @@ func TestBenchDoc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"](../bench/chart.png)", "[../bench/results.json](../bench/results.json)",
-		"[../bench/peers/results.md](../bench/peers/results.md)", "`make peers` on abc1234"} {
+	for _, want := range []string{"](../bench/chart.png)", "[bench/results.json](../bench/results.json)",
+		"[bench/peers/results.md](../bench/peers/results.md)", "`make peers` on abc1234"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
