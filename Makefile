@@ -6,7 +6,7 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench bench-quick peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
+.PHONY: test lint bench bench-quick bench-doc peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # The chaos suite's short scenarios run in here; the binary-running tests
 # need more than go test's default 10 minutes per package on 2 cores.
@@ -62,7 +62,7 @@ lint:
 	$(GO) tool staticcheck $(PKGS)
 
 # The benchmark harness: weft against raw Redis/PostgreSQL in one run,
-# median of 3; writes bench/results.json and regenerates BENCHMARKS.md.
+# median of 3; writes bench/results.json and regenerates docs/BENCHMARKS.md.
 # bench/cluster.sh starts a private Redis Cluster beside it, for the
 # per-stream measurement's sharded pub/sub rows.
 bench:
@@ -72,12 +72,19 @@ bench:
 bench-quick:
 	$(GO) run ./cmd/weft-bench -quick
 
+# docs/BENCHMARKS.md (and bench/chart.png) from the committed results and
+# the peers' pass, measuring nothing.
+bench-doc:
+	$(GO) run ./cmd/weft-bench -render bench/results.json
+
 # weft beside raw INSERT+PUBLISH, centrifuge and watermill
 # (../shared/peerbench, on private servers; needs root for initdb):
-# the lines every peer runs alike, one pass; REPS=3 for three.
+# the lines every peer runs alike, one pass; REPS=3 for three. Writes
+# bench/peers/results.jsonl and regenerates docs/BENCHMARKS.md from it.
 peers:
 	bench/peers/run.sh start
 	SET=headline REPS=$${REPS:-1} bench/peers/run.sh all; s=$$?; bench/peers/run.sh stop; exit $$s
+	$(MAKE) bench-doc
 
 # Every Go micro-benchmark in the tree.
 gobench:

@@ -2,7 +2,7 @@
 // the raw operations it wraps (PostgreSQL INSERTs, Redis PUBLISH and
 // SUBSCRIBE, a range read), each baseline measured in the same run on the
 // same servers, and reports the median of several runs as a table, as
-// bench/results.json, as BENCHMARKS.md and as bench/chart.png.
+// bench/results.json, as docs/BENCHMARKS.md and as bench/chart.png.
 //
 // It needs the local Redis (127.0.0.1:6379) and PostgreSQL (127.0.0.1:5432,
 // trust auth for postgres). Every measurement creates its own database and
@@ -15,6 +15,7 @@
 //
 //	go run ./cmd/weft-bench          # 3 runs, writes the reports (make bench)
 //	go run ./cmd/weft-bench -quick   # 1 short run, prints only (make bench-quick)
+//	go run ./cmd/weft-bench -render bench/results.json   # the doc only (make bench-doc)
 package main
 
 import (
@@ -60,9 +61,9 @@ func main() {
 	flag.BoolVar(&o.Quick, "quick", false, "one short run that writes nothing but a temp copy of the reports (make bench-quick)")
 	flag.IntVar(&o.Runs, "runs", 0, "runs to take the median of [3; 1 with -quick]")
 	flag.StringVar(&o.JSON, "json", "bench/results.json", "machine-readable results")
-	flag.StringVar(&o.Markdown, "markdown", "BENCHMARKS.md", "the report, regenerated from the results")
+	flag.StringVar(&o.Markdown, "markdown", "docs/BENCHMARKS.md", "the report, regenerated from the results")
 	flag.StringVar(&o.Chart, "chart", "bench/chart.png", "throughput and latency against the number of readers")
-	flag.StringVar(&o.Notes, "notes", "bench/notes.md", "hand-written analysis appended to the report")
+	flag.StringVar(&o.Peers, "peers", "bench/peers/results.jsonl", "the peers' figures shown beside weft's (make peers writes them)")
 	flag.StringVar(&o.RedisURL, "redis-url", "redis://127.0.0.1:6379/0", "the shared Redis")
 	flag.StringVar(&o.ClusterURL, "redis-cluster-url", os.Getenv("WEFT_BENCH_REDIS_CLUSTER"),
 		"a Redis Cluster's seed URL (redis://a?addr=b&addr=c): the per-stream measurement runs there too (make bench starts one)")
@@ -70,9 +71,9 @@ func main() {
 		"a database on the PostgreSQL server to create each run's databases from")
 	flag.StringVar(&o.Only, "only", "", "comma-separated measurements to run ("+strings.Join(measurementNames(), ",")+")")
 	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write this process's CPU profile here")
-	flag.BoolVar(&o.SyncCommit, "sync-commit", false, "commit with synchronous_commit = on (the default measures with it off, see BENCHMARKS.md)")
+	flag.BoolVar(&o.SyncCommit, "sync-commit", false, "commit with synchronous_commit = on (the default measures with it off, see docs/BENCHMARKS.md)")
 	flag.BoolVar(&o.Verbose, "v", false, "log progress")
-	flag.StringVar(&o.Render, "render", "", "measure nothing: regenerate the markdown and the chart from this results file (after editing the notes)")
+	flag.StringVar(&o.Render, "render", "", "measure nothing: regenerate the markdown and the chart from this results file (make bench-doc)")
 	flag.Parse()
 	if o.Verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -89,7 +90,7 @@ func main() {
 type options struct {
 	Quick                        bool
 	Runs                         int
-	JSON, Markdown, Chart, Notes string
+	JSON, Markdown, Chart, Peers string
 	RedisURL, DatabaseURL        string
 	ClusterURL                   string
 	Only, CPUProfile, Render     string
@@ -190,7 +191,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		}
 		jsonPath, mdPath, chartPath = filepath.Join(out, "results.json"), filepath.Join(out, "BENCHMARKS.md"), filepath.Join(out, "chart.png")
 	}
-	if err := writeReports(res, jsonPath, mdPath, chartPath, o.Notes); err != nil {
+	if err := writeReports(res, reports{JSON: jsonPath, Markdown: mdPath, Chart: chartPath, Peers: o.Peers}); err != nil {
 		return err
 	}
 	fmt.Printf("\nwrote %s, %s, %s in %.0fs\n", jsonPath, mdPath, chartPath, time.Since(started).Seconds())
@@ -285,7 +286,7 @@ func render(o options) error {
 	if err := json.Unmarshal(b, &res); err != nil {
 		return fmt.Errorf("%s: %w", o.Render, err)
 	}
-	if err := writeReports(res, o.JSON, o.Markdown, o.Chart, o.Notes); err != nil {
+	if err := writeReports(res, reports{JSON: o.JSON, Markdown: o.Markdown, Chart: o.Chart, Peers: o.Peers}); err != nil {
 		return err
 	}
 	fmt.Print(renderTable(res))

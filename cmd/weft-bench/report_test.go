@@ -37,7 +37,7 @@ func sampleRuns() [][]Sample {
 			Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.85}}
 	}
 	lat := func(w float64) Sample {
-		return Sample{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: w, Goal: &Goal{Kind: GoalAtMost, Value: 1.5}}
+		return Sample{ID: "e2e.latency.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: w, Goal: &Goal{Kind: GoalAtMost, Value: 1.5}}
 	}
 	fan := func(n int, w, r float64) Sample {
 		return Sample{ID: "fanout.deliveries.r" + string(rune('0'+n)), Group: "Fan-out", Name: "deliveries", Unit: "rows/s",
@@ -72,7 +72,7 @@ func TestAggregate(t *testing.T) {
 	if lat.Weft.Median != 1.4 || lat.Met == nil || !*lat.Met {
 		t.Errorf("latency figure: median %v met %v", lat.Weft.Median, lat.Met)
 	}
-	figs2 := aggregate(append(sampleRuns(), []Sample{{ID: "lat.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: 9,
+	figs2 := aggregate(append(sampleRuns(), []Sample{{ID: "e2e.latency.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: 9,
 		Goal: &Goal{Kind: GoalAtMost, Value: 1.5}}}))
 	if figs2[1].Weft.Median != 1.7 || *figs2[1].Met {
 		t.Errorf("median of 1.2, 2.0, 1.4, 9 = %v, met %v; want 1.7, missed", figs2[1].Weft.Median, *figs2[1].Met)
@@ -87,21 +87,28 @@ func testResults() Results {
 }
 
 func TestRenderMarkdown(t *testing.T) {
-	md := renderMarkdown(testResults(), "bench/chart.png", "## Notes\n\nhand-written")
+	md := renderMarkdown(testResults(), nil, links{Results: "../bench/results.json", Chart: "../bench/chart.png", Notes: "../bench/notes.md"})
 	for _, want := range []string{
 		"# Benchmarks",
+		"from [bench/results.json](../bench/results.json)",
 		"Test CPU, 2 cores",
 		"Go 1.26.0, Redis 7.0.15, PostgreSQL 15.2",
 		"`make bench (go run ./cmd/weft-bench)`",
-		"| rows/s | 900 rows/s (800-950) | 1,000 rows/s (1,000-1,000) | 0.90 | >= 85% of raw: met |",
-		"| p99 | 1.40 ms (1.20-2.00) | - | - | <= 1.50 ms: met |",
+		"| 2026-01-02 03:04 UTC, 3 run(s) in 321 s |",
+		"| End to end | 2 of 2 |  |",
+		"| rows/s | 900 rows/s (800-950) | 1,000 rows/s (1,000-1,000) | 0.90 | >= 85% of raw | met |",
+		"| p99 | 1.40 ms (1.20-2.00) | - | - | <= 1.50 ms | met |",
 		"## Fan-out",
-		"![throughput and latency against the number of readers](bench/chart.png)",
-		"hand-written",
+		paragraph(questions["fanout"].reading),
+		"![fan-out throughput and latency against the number of readers, weft and raw](../bench/chart.png)",
+		"[SCALING.md](SCALING.md)",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
+	}
+	if strings.Contains(md, "peers:") {
+		t.Errorf("markdown without peers has peer columns:\n%s", md)
 	}
 	table := renderTable(testResults())
 	if !strings.Contains(table, "0.90") || !strings.Contains(table, ">= 85% of raw: met") {
@@ -109,29 +116,155 @@ func TestRenderMarkdown(t *testing.T) {
 	}
 }
 
-func TestReportsRoundTrip(t *testing.T) {
-	dir := t.TempDir()
+// TestGoalsStanding: a missed goal is shown where it stands, in its terms.
+func TestGoalsStanding(t *testing.T) {
 	res := testResults()
-	js, md, png := filepath.Join(dir, "bench", "results.json"), filepath.Join(dir, "BENCHMARKS.md"), filepath.Join(dir, "bench", "chart.png")
-	if err := writeReports(res, js, md, png, ""); err != nil {
+	res.Figures = aggregate([][]Sample{{
+		{ID: "e2e.batched", Group: "End to end", Name: "batched", Unit: "rows/s", Weft: 600, Raw: 1000, HasRaw: true,
+			Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.85, AtLeast: 700}},
+		{ID: "e2e.latency.p99", Group: "End to end", Name: "p99", Unit: "ms", Weft: 4, Raw: 2.5, HasRaw: true,
+			Goal: &Goal{Kind: GoalRawPlus, Value: 1}},
+	}})
+	md := renderMarkdown(res, nil, links{})
+	want := "| End to end | 0 of 2 | batched: 0.60 of raw, 600 rows/s (goal >= 85% of raw and >= 700 rows/s); p99: raw + 1.50 ms (goal <= raw + 1.00 ms) |"
+	if !strings.Contains(md, want) {
+		t.Errorf("markdown lacks %q:\n%s", want, md)
+	}
+}
+
+const testPeers = `{"pass": {"taken": "2026-01-02T05:06:00Z", "commit": "abc1234", "set": "headline", "reps": 2}}
+{"rep": 1, "cmd": "raw -writers 4 -subs 4", "label": "peer=raw INSERT+PUBLISH subs=4 rate=max writers=4", "per_sub_min_s": 1000}
+{"rep": 1, "cmd": "cent -writers 4 -subs 4", "label": "peer=centrifuge subs=4 rate=max writers=4", "per_sub_min_s": 1500}
+{"rep": 1, "cmd": "weft -writers 4 -subs 4", "label": "peer=weft subs=4 rate=max writers=4", "per_sub_min_s": 800}
+{"rep": 1, "cmd": "weft -writers 4 -subs 4 -names 4", "label": "peer=weft subs=4 rate=max writers=4 names=4", "per_sub_min_s": 1}
+{"rep": 1, "cmd": "wmrs -writers 4 -groups 4", "label": "peer=watermill-redisstream groups=4 rate=max writers=4", "per_sub_min_s": 500}
+{"rep": 2, "cmd": "raw -writers 4 -subs 4", "label": "peer=raw INSERT+PUBLISH subs=4 rate=max writers=4", "per_sub_min_s": 3000}
+{"rep": 1, "cmd": "rawrec", "label": "peer=raw PostgreSQL recovery=select-paged-1000 rows=100000", "secs": 0.5}
+{"rep": 1, "cmd": "weftrec", "label": "peer=weft recovery=http-paged-1000 rows=100000", "secs": 0.75}
+`
+
+func TestPeers(t *testing.T) {
+	got := labelFields("peer=raw INSERT+PUBLISH subs=4 rate=max writers=4 poll=10ms")
+	want := map[string]string{"peer": "raw INSERT+PUBLISH", "subs": "4", "rate": "max", "writers": "4", "poll": "10ms"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("labelFields = %v, want %v", got, want)
+	}
+	p, err := parsePeers([]byte(testPeers))
+	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(js)
+	if p.Pass.Commit != "abc1234" || p.Pass.Reps != 2 || len(p.Lines) != 7 {
+		t.Fatalf("pass %+v, %d lines", p.Pass, len(p.Lines))
+	}
+	row := peerRow{match: closedLoop("4", "4"), metric: "per_sub_min_s", scale: 1}
+	// raw is the median of its two repetitions, 2,000; weft's -names 4
+	// line has a field the row does not ask for.
+	for peer, want := range map[string]string{"weft": "0.40", "centrifuge": "0.75", "watermill-redisstream": "0.25", "watermill-sql": "-"} {
+		if got := p.ratio(row, peer); got != want {
+			t.Errorf("%s/raw = %s, want %s", peer, got, want)
+		}
+	}
+
+	res := testResults()
+	res.Figures = aggregate([][]Sample{{{ID: "e2e.per_row", Group: "End to end", Name: "rows/s", Unit: "rows/s", Weft: 900, Raw: 1000, HasRaw: true}}})
+	md := renderMarkdown(res, p, links{Peers: "../bench/peers/results.md"})
+	for _, want := range []string{
+		"| peers | `make peers` on abc1234, 2026-01-02 05:06 UTC, SET=headline, 2 pass(es) |",
+		"| figure | weft | raw | ratio | goal | | peers: weft | centrifuge | watermill-sql | watermill-redisstream |",
+		"| rows/s | 900 rows/s | 1,000 rows/s | 0.90 |  |  | 0.40 | 0.75 | - | 0.25 |",
+		"| peers only: 64 writers, 4 subscribers, rows/s per subscriber | - | - | - | | | - | - | - | - |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if _, err := parsePeers([]byte("{\"rep\": 1}\n")); err == nil {
+		t.Error("a line without a label parsed")
+	}
+}
+
+// TestBenchDoc regenerates the doc from a results file the way `make
+// bench-doc` does (weft-bench -render), into a fresh tree.
+func TestBenchDoc(t *testing.T) {
+	dir := t.TempDir()
+	res := testResults()
+	src := filepath.Join(dir, "in.json")
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(src, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	peers := filepath.Join(dir, "bench", "peers", "results.jsonl")
+	if err := os.MkdirAll(filepath.Dir(peers), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(peers, []byte(testPeers), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := options{Render: src, JSON: filepath.Join(dir, "bench", "results.json"), Markdown: filepath.Join(dir, "docs", "BENCHMARKS.md"),
+		Chart: filepath.Join(dir, "bench", "chart.png"), Peers: peers}
+	if err := render(o); err != nil {
+		t.Fatal(err)
+	}
+	js, err := os.ReadFile(o.JSON)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var back Results
-	if err := json.Unmarshal(b, &back); err != nil {
+	if err := json.Unmarshal(js, &back); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(back, res) {
 		t.Errorf("JSON round trip changed the results:\n got %+v\nwant %+v", back, res)
 	}
-	if got, _ := os.ReadFile(md); !strings.Contains(string(got), "](bench/chart.png)") {
-		t.Errorf("markdown does not link the chart relative to itself:\n%s", got)
+	md, err := os.ReadFile(o.Markdown)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if st, err := os.Stat(png); err != nil || st.Size() < 1000 {
+	for _, want := range []string{"](../bench/chart.png)", "[bench/results.json](../bench/results.json)",
+		"[bench/peers/results.md](../bench/peers/results.md)", "`make peers` on abc1234"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if st, err := os.Stat(o.Chart); err != nil || st.Size() < 1000 {
 		t.Errorf("chart: %v, %v", st, err)
+	}
+}
+
+// TestCommittedBenchDoc: docs/BENCHMARKS.md is what the generator makes
+// from the committed results and peers' pass (run `make bench-doc` after
+// changing either or the generator), and it stays short.
+func TestCommittedBenchDoc(t *testing.T) {
+	const root, limit = "../..", 15_000
+	to := reports{JSON: filepath.Join(root, "bench", "results.json"), Markdown: filepath.Join(root, "docs", "BENCHMARKS.md"),
+		Chart: filepath.Join(root, "bench", "chart.png"), Peers: filepath.Join(root, "bench", "peers", "results.jsonl")}
+	b, err := os.ReadFile(to.JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	want, err := markdownFor(res, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) > limit {
+		t.Errorf("the doc from the committed results is %d bytes, over %d", len(want), limit)
+	}
+	got, err := os.ReadFile(to.Markdown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Errorf("%s is not what the generator makes from %s: run make bench-doc", to.Markdown, to.JSON)
+	}
+	if _, err := os.Stat(filepath.Join(root, "BENCHMARKS.md")); err == nil {
+		t.Error("BENCHMARKS.md is back at the top of the tree: the doc is docs/BENCHMARKS.md")
 	}
 }
 
