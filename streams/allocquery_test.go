@@ -48,9 +48,8 @@ func batch(ctx context.Context, g *streams.Generator, q streams.DB, bodies []str
 }
 
 func TestAllocQueryBatch(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	reader := open(t, pool, eventsCfg, "")
 	bodies := []string{"a", "b", "c", "d", "e"}
 	a, got, err := batch(ctx, g, pool, bodies)
@@ -115,9 +114,8 @@ func TestAllocQueryBatch(t *testing.T) {
 // In a transaction the IDs stay in flight until it ends and Finish is
 // called, whichever way it ends.
 func TestAllocQueryInTx(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	for _, commit := range []bool{true, false} {
 		tx, err := pool.Begin(ctx)
 		if err != nil {

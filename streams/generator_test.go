@@ -54,6 +54,14 @@ func setupWith(t testing.TB, ddl string) (*pgxpool.Pool, string) {
 	return pool, url
 }
 
+// openEvents gives a fresh database with the events stream and the
+// generator of its writer persister1.
+func openEvents(t testing.TB) (*pgxpool.Pool, *streams.Generator) {
+	t.Helper()
+	pool, _ := setup(t)
+	return pool, open(t, pool, eventsCfg, "persister1")
+}
+
 func open(t testing.TB, db streams.DB, cfg streams.Config, self string) *streams.Generator {
 	t.Helper()
 	g, err := streams.Open(context.Background(), db, cfg, self)
@@ -64,9 +72,8 @@ func open(t testing.TB, db streams.DB, cfg streams.Config, self string) *streams
 }
 
 func TestGeneratorOutOfOrderCompletion(t *testing.T) {
-	pool, _ := setup(t)
+	_, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	var allocs []*streams.Allocation
 	for range 10 {
 		a, err := g.Alloc(ctx, 1)
@@ -92,9 +99,8 @@ func TestGeneratorOutOfOrderCompletion(t *testing.T) {
 }
 
 func TestGeneratorBatchInOneRoundTrip(t *testing.T) {
-	pool, _ := setup(t)
+	_, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	a, err := g.Alloc(ctx, 100)
 	if err != nil {
 		t.Fatal(err)
@@ -114,9 +120,8 @@ func TestGeneratorBatchInOneRoundTrip(t *testing.T) {
 }
 
 func TestGeneratorInTx(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	insert := func(tx pgx.Tx, ids []int64) error {
 		_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer) VALUES ($1, 'persister1')`, ids[0])
 		return err
@@ -317,9 +322,8 @@ func newPoolFor(t testing.TB, url string) *pgxpool.Pool {
 }
 
 func TestIdleWriterReportsPosition(t *testing.T) {
-	pool, _ := setup(t)
+	pool, a := openEvents(t)
 	ctx := context.Background()
-	a := open(t, pool, eventsCfg, "persister1")
 	b := open(t, pool, eventsCfg, "persister2")
 	reader := open(t, pool, eventsCfg, "")
 	for range 100 {
@@ -354,9 +358,8 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 }
 
 func TestSavePositionOnlyUpNoDeadTuple(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	a, err := g.Alloc(ctx, 5)
 	if err != nil {
 		t.Fatal(err)

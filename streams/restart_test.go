@@ -17,9 +17,8 @@ import (
 // successor of sync1 in a rolling restart reported 10308 after sync1 had
 // reported 10310.
 func TestPersistedUptoAcrossRestart(t *testing.T) {
-	pool, _ := setup(t)
+	pool, w := openEvents(t)
 	ctx := context.Background()
-	w := open(t, pool, eventsCfg, "persister1")
 	var handed int64
 	sample := func(g *streams.Generator, who string) {
 		t.Helper()
@@ -84,9 +83,8 @@ func TestStoredPersistedUptoAboveSequenceRefused(t *testing.T) {
 // nor writes a tuple version, and hands out what it computed, which the row
 // covers.
 func TestStoredPersistedUptoOnlyUp(t *testing.T) {
-	pool, _ := setup(t)
+	pool, w := openEvents(t)
 	ctx := context.Background()
-	w := open(t, pool, eventsCfg, "persister1")
 	ahead, behind := open(t, pool, eventsCfg, ""), open(t, pool, eventsCfg, "")
 	a, err := w.Alloc(ctx, 5)
 	if err != nil {
