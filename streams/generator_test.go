@@ -490,17 +490,17 @@ func TestSequenceBehindTableRefusedThenRepaired(t *testing.T) {
 	}
 }
 
-func TestStoredPositionAboveSequenceRefused(t *testing.T) {
-	pool, _ := setup(t)
+// refusedAheadThenRepaired checks that Open, as self, refuses the events
+// stream with ErrPositionAhead and an error that mentions each of
+// mentions, then repairs the stream.
+func refusedAheadThenRepaired(t *testing.T, pool *pgxpool.Pool, self string, mentions ...string) {
+	t.Helper()
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO stream_positions VALUES ('events', 'persister2', 40)`); err != nil {
-		t.Fatal(err)
-	}
-	_, err := streams.Open(ctx, pool, eventsCfg, "persister1")
+	_, err := streams.Open(ctx, pool, eventsCfg, self)
 	if !errors.Is(err, streams.ErrPositionAhead) {
 		t.Fatalf("Open = %v, want ErrPositionAhead", err)
 	}
-	for _, want := range []string{"stream_positions writer persister2", "40", "events_seq", "setval"} {
+	for _, want := range mentions {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %q: %v", want, err)
 		}
@@ -508,6 +508,15 @@ func TestStoredPositionAboveSequenceRefused(t *testing.T) {
 	if _, err := streams.Repair(ctx, pool, eventsCfg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestStoredPositionAboveSequenceRefused(t *testing.T) {
+	pool, _ := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO stream_positions VALUES ('events', 'persister2', 40)`); err != nil {
+		t.Fatal(err)
+	}
+	refusedAheadThenRepaired(t, pool, "persister1", "stream_positions writer persister2", "40", "events_seq", "setval")
 	g := open(t, pool, eventsCfg, "persister1")
 	a, err := g.Alloc(ctx, 1)
 	if err != nil {
