@@ -101,9 +101,7 @@ func TestAllocQueryBatch(t *testing.T) {
 		t.Fatalf("position %d after Finish, want 10", p)
 	}
 	announce(g, reader, reader)
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	// 11 was drawn and not written, but only its statement knows: the
 	// writer's next allocation carries it past.
 	if u := reader.PersistedUpto(); u != 10 {

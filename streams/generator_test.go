@@ -54,6 +54,14 @@ func setupWith(t testing.TB, ddl string) (*pgxpool.Pool, string) {
 	return pool, url
 }
 
+// refresh refreshes g from the database, failing t on an error.
+func refresh(t testing.TB, g *streams.Generator) {
+	t.Helper()
+	if err := g.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // openEvents gives a fresh database with the events stream and the
 // generator of its writer persister1.
 func openEvents(t testing.TB) (*pgxpool.Pool, *streams.Generator) {
@@ -338,9 +346,7 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 	if a.Position() != 100 {
 		t.Fatalf("A at %d, want 100", a.Position())
 	}
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	if got := reader.PersistedUpto(); got != 0 {
 		t.Fatalf("persisted-upto %d before idle B reports, want 0", got)
 	}
@@ -349,9 +355,7 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 		t.Fatalf("idle B reports %d, want A's last ID 100", got)
 	}
 	reader.Observe(b.SelfID(), b.Position())
-	if err := reader.Refresh(ctx); err != nil { // stores it, to hand it out
-		t.Fatal(err)
-	}
+	refresh(t, reader) // stores it, to hand it out
 	if got := reader.PersistedUpto(); got != 100 {
 		t.Fatalf("persisted-upto %d, want 100", got)
 	}

@@ -40,9 +40,7 @@ func TestPersistedUptoAcrossRestart(t *testing.T) {
 	// lifts the cap; the writer has not stored its position yet.
 	old.Observe(w.SelfID(), w.Position())
 	sample(old, "the reader")
-	if err := old.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, old)
 	sample(old, "the refreshed reader")
 	if handed != 3 {
 		t.Fatalf("the reader hands out persisted-upto %d with every ID up to 3 persisted and known, want 3", handed)
@@ -87,16 +85,12 @@ func TestStoredPersistedUptoOnlyUp(t *testing.T) {
 	}
 	ahead.Observe(w.SelfID(), 5)
 	behind.Observe(w.SelfID(), 3) // an older POSITION
-	if err := ahead.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, ahead)
 	upto, ctid := row()
 	if upto != 5 || ahead.PersistedUpto() != 5 {
 		t.Fatalf("stored %d, handed out %d; want 5 and 5", upto, ahead.PersistedUpto())
 	}
-	if err := behind.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, behind)
 	if got := behind.PersistedUpto(); got != 3 {
 		t.Fatalf("the reader behind hands out %d, want the 3 it computed", got)
 	}
