@@ -303,7 +303,7 @@ func TestSourceCooldown(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		wantFallbacks(t, c, "events", causeUnreachable, 2)
+		wantFallbacks(t, c, "events", causeUnreachable, 2) // no cooldown
 	})
 }
 
