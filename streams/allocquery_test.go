@@ -250,12 +250,9 @@ func TestAllocQueryErrors(t *testing.T) {
 // sometimes roll back) with Alloc, while a reader checks persisted-upto
 // against the ground truth.
 func TestAllocQueryConcurrent(t *testing.T) {
-	_, url := setup(t)
+	url, a, b, reader := twoWritersAndReader(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
-	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
-	reader := open(t, newPoolFor(t, url), eventsCfg, "")
 	truth := &groundTruth{done: map[int64]bool{}}
 
 	monitor := startMonitor(ctx, reader, truth)

@@ -227,12 +227,9 @@ func (g *groundTruth) check(upto int64) error {
 }
 
 func TestTwoWritersOneProcess(t *testing.T) {
-	_, url := setup(t)
+	url, a, b, reader := twoWritersAndReader(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
-	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
-	reader := open(t, newPoolFor(t, url), eventsCfg, "")
 	truth := &groundTruth{done: map[int64]bool{}}
 
 	// The monitor plays a reader that checks persisted-upto against the
@@ -318,6 +315,17 @@ func announce(self, peer, reader *streams.Generator) {
 	pos := self.Position()
 	peer.Observe(self.SelfID(), pos)
 	reader.Observe(self.SelfID(), pos)
+}
+
+// twoWritersAndReader gives a fresh database's URL and, each on a pool
+// of its own, the events stream's writers persister1 and persister2 and a
+// reader.
+func twoWritersAndReader(t testing.TB) (string, *streams.Generator, *streams.Generator, *streams.Generator) {
+	t.Helper()
+	_, url := setup(t)
+	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
+	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
+	return url, a, b, open(t, newPoolFor(t, url), eventsCfg, "")
 }
 
 func newPoolFor(t testing.TB, url string) *pgxpool.Pool {
