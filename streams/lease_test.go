@@ -41,6 +41,16 @@ func claim(t testing.TB, db streams.DB, name, instance string, cfg streams.Lease
 	return l
 }
 
+// leasedWriter claims the name persister1 for a minute as instance and
+// opens the ledger stream's generator as persister1 under that lease.
+func leasedWriter(t testing.TB, pool *pgxpool.Pool, instance string) (*streams.Lease, *streams.Generator) {
+	t.Helper()
+	l := claim(t, pool, "persister1", instance, streams.LeaseConfig{TTL: time.Minute})
+	g := open(t, pool, ledgerCfg, "persister1")
+	g.SetLease(l)
+	return l, g
+}
+
 // fencedTx begins a transaction on pool, rolled back when t ends, and
 // fences it with lease l.
 func fencedTx(t testing.TB, pool *pgxpool.Pool, l *streams.Lease) pgx.Tx {
@@ -244,9 +254,7 @@ func TestLeaseWaitForRelease(t *testing.T) {
 func TestLeaseReclaimBySameInstance(t *testing.T) {
 	pool, _ := leaseSetup(t)
 	ctx := context.Background()
-	old := claim(t, pool, "persister1", "host-1", streams.LeaseConfig{TTL: time.Minute})
-	g := open(t, pool, ledgerCfg, "persister1")
-	g.SetLease(old)
+	old, g := leasedWriter(t, pool, "host-1")
 	if err := g.InTx(ctx, 1, writeLedger(ctx, "persister1")); err != nil {
 		t.Fatal(err)
 	}
@@ -314,9 +322,7 @@ func TestClaimSealsExpiredHolder(t *testing.T) {
 func TestFenceHoldsOffSeal(t *testing.T) {
 	pool, _ := leaseSetup(t)
 	ctx := context.Background()
-	a := claim(t, pool, "persister1", "inst-a", streams.LeaseConfig{TTL: time.Minute})
-	g := open(t, pool, ledgerCfg, "persister1")
-	g.SetLease(a)
+	a, g := leasedWriter(t, pool, "inst-a")
 
 	tx := fencedTx(t, pool, a)
 	alloc, err := g.Alloc(ctx, 1)
