@@ -121,6 +121,33 @@ func (c *consumer) run(ctx context.Context) {
 	}
 }
 
+// applyRows collects the rows a batch's query read after position after
+// (at most maxBatch of them, up to upto) and hands them to apply in tx. It
+// returns where the cursor moves, upto or, when the batch was full and
+// more may follow, its last row's position, and how many rows it applied.
+func applyRows(ctx context.Context, tx pgx.Tx, rows pgx.Rows, stream string, after, upto int64, maxBatch int, apply ConsumerFunc) (int64, int, error) {
+	batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
+		row := Row{Stream: stream}
+		var data string
+		err := r.Scan(&row.Pos, &row.Writer, &data)
+		row.Data = []byte(data)
+		return row, err
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("read rows after %d: %w", after, err)
+	}
+	next := upto
+	if len(batch) == maxBatch {
+		next = batch[len(batch)-1].Pos
+	}
+	if len(batch) > 0 {
+		if err := apply(ctx, tx, batch); err != nil {
+			return 0, 0, fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
+		}
+	}
+	return next, len(batch), nil
+}
+
 // batch applies the rows after the cursor, up to upto and at most
 // MaxBatch of them, and moves the cursor, in one transaction.
 func (c *consumer) batch(ctx context.Context, upto int64) error {
@@ -146,30 +173,15 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 		if err != nil {
 			return fmt.Errorf("read rows after %d: %w", pos, err)
 		}
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
-			row := Row{Stream: c.cfg.Stream}
-			var data string
-			err := r.Scan(&row.Pos, &row.Writer, &data)
-			row.Data = []byte(data)
-			return row, err
-		})
-		if err != nil {
-			return fmt.Errorf("read rows after %d: %w", pos, err)
-		}
-		next = upto
-		if len(batch) == c.cfg.MaxBatch {
-			next = batch[len(batch)-1].Pos
-		}
-		if len(batch) > 0 {
-			if err := c.cfg.Apply(ctx, tx, batch); err != nil {
-				return fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
-			}
+		var n int
+		if next, n, err = applyRows(ctx, tx, rows, c.cfg.Stream, pos, upto, c.cfg.MaxBatch, c.cfg.Apply); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE weft_consumers SET pos = $3, updated_at = now() WHERE stream = $1 AND name = $2`,
 			c.cfg.Stream, c.cfg.Name, next); err != nil {
 			return fmt.Errorf("move the cursor to %d: %w", next, err)
 		}
-		applied = len(batch)
+		applied = n
 		return nil
 	})
 	if err != nil {

@@ -121,30 +121,15 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 		if rows, err = tx.Query(ctx, g.readSQL, lo, upto, after, g.cfg.MaxBatch, g.cfg.Key); err != nil {
 			return fmt.Errorf("read rows after %d: %w", lo, err)
 		}
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
-			row := Row{Stream: g.cfg.Stream}
-			var data string
-			err := r.Scan(&row.Pos, &row.Writer, &data)
-			row.Data = []byte(data)
-			return row, err
-		})
-		if err != nil {
-			return fmt.Errorf("read rows after %d: %w", lo, err)
-		}
-		next = upto
-		if len(batch) == g.cfg.MaxBatch {
-			next = batch[len(batch)-1].Pos
-		}
-		if len(batch) > 0 {
-			if err := g.cfg.Apply(ctx, tx, batch); err != nil {
-				return fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
-			}
+		var n int
+		if next, n, err = applyRows(ctx, tx, rows, g.cfg.Stream, lo, upto, g.cfg.MaxBatch, g.cfg.Apply); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = greatest(pos, $4), updated_at = now()
 			WHERE stream = $1 AND name = $2 AND partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, ran, next); err != nil {
 			return fmt.Errorf("move the cursors of %v to %d: %w", ran, next, err)
 		}
-		applied = len(batch)
+		applied = n
 		return nil
 	})
 	if err != nil {

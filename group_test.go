@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,16 +41,8 @@ func sent(member string) weft.ConsumerFunc {
 
 func sentTable(t *testing.T, db string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE sent (pos bigint PRIMARY KEY, usr text NOT NULL, n int NOT NULL,
-		member text NOT NULL, seq bigserial)`); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return effectsPool(t, db, `CREATE TABLE sent (pos bigint PRIMARY KEY, usr text NOT NULL, n int NOT NULL,
+		member text NOT NULL, seq bigserial)`)
 }
 
 func member(t *testing.T, db, rds, name string, partitions int) *weft.Node {
@@ -68,27 +59,11 @@ func member(t *testing.T, db, rds, name string, partitions int) *weft.Node {
 func checkSent(t *testing.T, db string, pool *pgxpool.Pool) map[string]int {
 	t.Helper()
 	want := wefttest.Rows(t, db, notices)
-	count := func() int {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM sent`).Scan(&n)
-		return n
-	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return count() >= len(want) }, "%d effects of %d rows", count(), len(want))
-	rows, err := pool.Query(context.Background(), `SELECT pos, usr, member FROM sent ORDER BY seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
 	type effect struct {
 		Pos          int64
 		User, Member string
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[effect])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(want) {
-		t.Fatalf("%d effects, want %d", len(got), len(want))
-	}
+	got := appliedEffects(t, pool, "sent", "pos, usr, member", len(want), pgx.RowToStructByPos[effect])
 	last := map[string]int64{}
 	byMember := map[string]int{}
 	for _, e := range got {
@@ -103,23 +78,7 @@ func checkSent(t *testing.T, db string, pool *pgxpool.Pool) map[string]int {
 
 func appendNotices(t *testing.T, w *weft.Node, from, count, users int) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for c := range 4 {
-		wg.Go(func() {
-			for i := from + c; i < from+count; i += 4 {
-				if _, err := w.Append(context.Background(), "notices", notice{User: fmt.Sprintf("u%d", i%users), N: i}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		t.Fatal(err)
-	}
+	appendRows(t, w, "notices", from, count, 4, func(i int) any { return notice{User: fmt.Sprintf("u%d", i%users), N: i} })
 }
 
 // Three members of a group split a stream by user: every row's effect
@@ -128,8 +87,7 @@ func appendNotices(t *testing.T, w *weft.Node, from, count, users int) {
 func TestGroupSplitsByKey(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := sentTable(t, db)
-	wcfg := wefttest.Config("writer", db, rds)
-	wcfg.Streams, wcfg.Writes = []weft.Stream{notices}, []string{"notices"}
+	wcfg := writerConfig(db, rds, notices)
 	w := wefttest.Open(t, wcfg)
 	var ms []*weft.Node
 	for i := range 3 {
@@ -170,8 +128,7 @@ func balanced(s weft.Status, want int) bool {
 func TestGroupGracefulLeave(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := sentTable(t, db)
-	wcfg := wefttest.Config("writer", db, rds)
-	wcfg.Streams, wcfg.Writes = []weft.Stream{notices}, []string{"notices"}
+	wcfg := writerConfig(db, rds, notices)
 	w := wefttest.Open(t, wcfg)
 	a := member(t, db, rds, "a", 0)
 	cfg := wefttest.Config("b", db, rds)

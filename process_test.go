@@ -32,8 +32,7 @@ func TestOnWaitRoleVersion(t *testing.T) {
 	sub := rc.Subscribe(context.Background(), "weft:weft")
 	defer sub.Close()
 
-	cfg := wefttest.Config("writer", db, rds)
-	cfg.Streams, cfg.Writes = []weft.Stream{jobs}, []string{"jobs"}
+	cfg := writerConfig(db, rds, jobs)
 	cfg.Logger = wefttest.Logger(t)
 	first, err := weft.Open(context.Background(), cfg)
 	if err != nil {
@@ -147,8 +146,7 @@ func TestSealExpired(t *testing.T) {
 // and Reads routes reads of one's own the same way.
 func TestDatabaseReadURL(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	wc := wefttest.Config("writer", db, rds)
-	wc.Streams, wc.Writes = []weft.Stream{jobs}, []string{"jobs"}
+	wc := writerConfig(db, rds, jobs)
 	w := wefttest.Open(t, wc)
 	appendJobs(t, w, 0, 20, 1)
 	want := wefttest.Rows(t, db, jobs)

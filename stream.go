@@ -1,6 +1,7 @@
 package weft
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,15 +57,9 @@ func (s *Stream) setDefaults() {
 	if s.Sequence == "" && s.Table != "" {
 		s.Sequence = s.Table + "_seq"
 	}
-	if s.IDColumn == "" {
-		s.IDColumn = "id"
-	}
-	if s.WriterColumn == "" {
-		s.WriterColumn = "writer"
-	}
-	if s.DataColumn == "" {
-		s.DataColumn = "data"
-	}
+	s.IDColumn = cmp.Or(s.IDColumn, "id")
+	s.WriterColumn = cmp.Or(s.WriterColumn, "writer")
+	s.DataColumn = cmp.Or(s.DataColumn, "data")
 }
 
 func (s Stream) validate() error {

@@ -24,14 +24,8 @@ import (
 func TestArraysStream(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	batches := weft.Stream{Name: "batches", DataColumn: "rows", Arrays: true}
-	cfg := func(name string) weft.Config {
-		c := wefttest.Config(name, db, rds)
-		c.Streams = []weft.Stream{batches}
-		return c
-	}
-	wc := cfg("writer")
-	wc.Writes = []string{"batches"}
-	w := wefttest.Open(t, wc)
+	cfg := streamConfig(db, rds, batches)
+	w := wefttest.Open(t, writerConfig(db, rds, batches))
 	live := wefttest.NewRecorder()
 	lc := cfg("live")
 	lc.Followers = []weft.Follower{{Stream: "batches", Handler: live}}
@@ -136,11 +130,7 @@ func (r *resetRecorder) resetCount() int {
 func TestEphemeralStream(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	typing := weft.Stream{Name: "typing", Ephemeral: true}
-	cfg := func(name string) weft.Config {
-		c := wefttest.Config(name, db, rds)
-		c.Streams = []weft.Stream{typing}
-		return c
-	}
+	cfg := streamConfig(db, rds, typing)
 	wc := cfg("typist")
 	wc.Writes = []string{"typing"}
 	wc.Listen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // the late follower fetches from the writer

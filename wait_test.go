@@ -16,8 +16,7 @@ import (
 // the position, and not before: a client reads its own write there.
 func TestWaitFor(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	wcfg := wefttest.Config("writer", db, rds)
-	wcfg.Streams, wcfg.Writes = []weft.Stream{jobs}, []string{"jobs"}
+	wcfg := writerConfig(db, rds, jobs)
 	w := wefttest.Open(t, wcfg)
 
 	// The reader's follower holds each row until the gate opens.

@@ -36,56 +36,74 @@ func effects(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
 	return nil
 }
 
-func effectsTable(t *testing.T, db string) *pgxpool.Pool {
+// streamConfig returns the config of a process, by its name, that knows
+// stream s.
+func streamConfig(db, rds string, s weft.Stream) func(name string) weft.Config {
+	return func(name string) weft.Config {
+		c := wefttest.Config(name, db, rds)
+		c.Streams = []weft.Stream{s}
+		return c
+	}
+}
+
+// writerConfig is the config of a process named "writer" that writes
+// stream s.
+func writerConfig(db, rds string, s weft.Stream) weft.Config {
+	c := streamConfig(db, rds, s)("writer")
+	c.Writes = []string{s.Name}
+	return c
+}
+
+// effectsPool opens a pool on db, closed when t ends, and creates there
+// the table a test's consumer writes its effects into, with ddl.
+func effectsPool(t *testing.T, db, ddl string) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (pos bigint PRIMARY KEY, n int NOT NULL, seq bigserial)`); err != nil {
+	if _, err := pool.Exec(context.Background(), ddl); err != nil {
 		t.Fatal(err)
 	}
 	return pool
 }
 
-// checkEffects waits until the effects are those of every row of jobs,
-// each once, applied in position order.
-func checkEffects(t *testing.T, db string, pool *pgxpool.Pool) {
+// appliedEffects waits until table holds n effects, then returns their
+// columns cols, read by scan, in the order they were applied (the
+// table's seq), and fails t unless there are exactly n.
+func appliedEffects[T any](t *testing.T, pool *pgxpool.Pool, table, cols string, n int, scan pgx.RowToFunc[T]) []T {
 	t.Helper()
-	want := wefttest.Rows(t, db, jobs)
 	count := func() int {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM effects`).Scan(&n)
-		return n
+		var c int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&c)
+		return c
 	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return count() >= len(want) }, "%d effects of %d rows", count(), len(want))
-	rows, err := pool.Query(context.Background(), `SELECT pos FROM effects ORDER BY seq`)
+	wefttest.Eventually(t, 30*time.Second, func() bool { return count() >= n }, "%d effects of %d rows", count(), n)
+	rows, err := pool.Query(context.Background(), `SELECT `+cols+` FROM `+table+` ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	got, err := pgx.CollectRows(rows, scan)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != len(want) {
-		t.Fatalf("%d effects, want %d", len(got), len(want))
+	if len(got) != n {
+		t.Fatalf("%d effects, want %d", len(got), n)
 	}
-	for i := range want {
-		if got[i] != want[i].Pos {
-			t.Fatalf("effect %d is of position %d, want %d: applied out of order or not once", i, got[i], want[i].Pos)
-		}
-	}
+	return got
 }
 
-func appendJobs(t *testing.T, n *weft.Node, from, count, callers int) {
+// appendRows appends row(i) to stream for i from from to from+count-1,
+// from callers goroutines at once, and fails t on the first error.
+func appendRows(t *testing.T, n *weft.Node, stream string, from, count, callers int, row func(i int) any) {
 	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
 	for c := range callers {
 		wg.Go(func() {
 			for i := from + c; i < from+count; i += callers {
-				if _, err := n.Append(context.Background(), "jobs", job{N: i}); err != nil {
+				if _, err := n.Append(context.Background(), stream, row(i)); err != nil {
 					errs <- err
 					return
 				}
@@ -99,19 +117,36 @@ func appendJobs(t *testing.T, n *weft.Node, from, count, callers int) {
 	}
 }
 
+func effectsTable(t *testing.T, db string) *pgxpool.Pool {
+	t.Helper()
+	return effectsPool(t, db, `CREATE TABLE effects (pos bigint PRIMARY KEY, n int NOT NULL, seq bigserial)`)
+}
+
+// checkEffects waits until the effects are those of every row of jobs,
+// each once, applied in position order.
+func checkEffects(t *testing.T, db string, pool *pgxpool.Pool) {
+	t.Helper()
+	want := wefttest.Rows(t, db, jobs)
+	got := appliedEffects(t, pool, "effects", "pos", len(want), pgx.RowTo[int64])
+	for i := range want {
+		if got[i] != want[i].Pos {
+			t.Fatalf("effect %d is of position %d, want %d: applied out of order or not once", i, got[i], want[i].Pos)
+		}
+	}
+}
+
+func appendJobs(t *testing.T, n *weft.Node, from, count, callers int) {
+	t.Helper()
+	appendRows(t, n, "jobs", from, count, callers, func(i int) any { return job{N: i} })
+}
+
 // A writer, a follower that sees every row live, and two processes that
 // run one consumer: each row's effect exactly once, in position order.
 func TestAppendFollowConsume(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := effectsTable(t, db)
-	cfg := func(name string) weft.Config {
-		c := wefttest.Config(name, db, rds)
-		c.Streams = []weft.Stream{jobs}
-		return c
-	}
-	wcfg := cfg("writer")
-	wcfg.Writes = []string{"jobs"}
-	w := wefttest.Open(t, wcfg)
+	cfg := streamConfig(db, rds, jobs)
+	w := wefttest.Open(t, writerConfig(db, rds, jobs))
 	rec := wefttest.NewRecorder()
 	fcfg := cfg("follower")
 	fcfg.Followers = []weft.Follower{{Stream: "jobs", Handler: rec, FromStart: true}}
@@ -131,8 +166,7 @@ func TestAppendFollowConsume(t *testing.T) {
 func TestConsumerAfterWriterSealed(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := effectsTable(t, db)
-	wcfg := wefttest.Config("writer", db, rds)
-	wcfg.Streams, wcfg.Writes = []weft.Stream{jobs}, []string{"jobs"}
+	wcfg := writerConfig(db, rds, jobs)
 	wcfg.Logger = wefttest.Logger(t)
 	w, err := weft.Open(context.Background(), wcfg)
 	if err != nil {
@@ -183,8 +217,7 @@ func TestConsumerBatchFailsAndRetries(t *testing.T) {
 func TestAppendTx(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := effectsTable(t, db)
-	cfg := wefttest.Config("writer", db, rds)
-	cfg.Streams, cfg.Writes = []weft.Stream{jobs}, []string{"jobs"}
+	cfg := writerConfig(db, rds, jobs)
 	rec := wefttest.NewRecorder()
 	cfg.Followers = []weft.Follower{{Stream: "jobs", Handler: rec}}
 	n := wefttest.Open(t, cfg)

@@ -4,6 +4,7 @@
 package backoff
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -63,15 +64,9 @@ func (c Config) Validate() error {
 
 // withDefaults fills the zero fields and maps a negative Jitter to 0.
 func (c Config) withDefaults() Config {
-	if c.Initial == 0 {
-		c.Initial = DefaultInitial
-	}
-	if c.Max == 0 {
-		c.Max = DefaultMax
-	}
-	if c.Multiplier == 0 {
-		c.Multiplier = DefaultMultiplier
-	}
+	c.Initial = cmp.Or(c.Initial, DefaultInitial)
+	c.Max = cmp.Or(c.Max, DefaultMax)
+	c.Multiplier = cmp.Or(c.Multiplier, DefaultMultiplier)
 	switch {
 	case c.Jitter == 0:
 		c.Jitter = DefaultJitter

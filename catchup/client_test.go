@@ -69,6 +69,14 @@ func newTestClient(t *testing.T, cfg ClientConfig) *Client {
 	return c
 }
 
+// wantFallbacks checks that c counted want fallbacks of stream for cause.
+func wantFallbacks(t *testing.T, c *Client, stream, cause string, want float64) {
+	t.Helper()
+	if got := value(t, c.m.fallbacks.WithLabelValues(stream, cause)); got != want {
+		t.Fatalf("%v fallbacks of %s for %s counted, want %v", got, stream, cause, want)
+	}
+}
+
 func fetch(url, stream, writer string, from, to int64) core.Fetch {
 	return core.Fetch{ID: 1, Key: core.Key{Stream: stream, Writer: writer}, URL: url, From: from, To: to}
 }
@@ -313,9 +321,7 @@ func TestClientFallback(t *testing.T) {
 		if err != nil || !slices.Equal(positions(p.Rows), []int64{3, 4, 6}) || p.Upto != 10 {
 			t.Fatalf("%+v %v", p, err)
 		}
-		if got := value(t, c.m.fallbacks.WithLabelValues("events", "unreachable")); got != 1 {
-			t.Fatalf("fallbacks counted %v", got)
-		}
+		wantFallbacks(t, c, "events", "unreachable", 1)
 		if got := value(t, c.m.rows.WithLabelValues("events", "fallback")); got != 3 {
 			t.Fatalf("fallback rows counted %v", got)
 		}
@@ -331,9 +337,7 @@ func TestClientFallback(t *testing.T) {
 		if err != nil || !slices.Equal(positions(p.Rows), []int64{3, 4}) {
 			t.Fatalf("%+v %v", p, err)
 		}
-		if got := value(t, c.m.fallbacks.WithLabelValues("events", "no_url")); got != 1 {
-			t.Fatalf("fallbacks counted %v", got)
-		}
+		wantFallbacks(t, c, "events", "no_url", 1)
 		if _, err := c.FetchPage(ctx, fetch("", "other", "w1", 0, 4)); err == nil {
 			t.Fatal("no URL, no fallback: no error")
 		}
@@ -353,9 +357,7 @@ func TestClientFallback(t *testing.T) {
 		if n := ch.n.Load(); n != 1 {
 			t.Fatalf("%d requests before falling back, want 1", n)
 		}
-		if got := value(t, c.m.fallbacks.WithLabelValues("events", "status_5xx")); got != 1 {
-			t.Fatalf("fallbacks counted %v", got)
-		}
+		wantFallbacks(t, c, "events", "status_5xx", 1)
 	})
 	t.Run("fallback fails too", func(t *testing.T) {
 		bad := newMemSource(nil)
@@ -450,9 +452,7 @@ func TestClientTimeout(t *testing.T) {
 	if n := ch.n.Load(); n != 1 {
 		t.Fatalf("%d attempts, want 1 (then the fallback)", n)
 	}
-	if got := value(t, c.m.fallbacks.WithLabelValues("events", "timeout")); got != 1 {
-		t.Fatalf("timeout fallbacks %v", got)
-	}
+	wantFallbacks(t, c, "events", "timeout", 1)
 }
 
 // streamSource is a RowStreamer over rows that can fail after failAfter

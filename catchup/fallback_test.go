@@ -117,9 +117,7 @@ func TestHungSourceFallsBack(t *testing.T) {
 		if n := requests.Load(); n != 1 {
 			t.Fatalf("source contacted %d times, want 1", n)
 		}
-		if got := value(t, c.m.fallbacks.WithLabelValues("events", causeTimeout)); got != 1 {
-			t.Fatalf("timeout fallbacks %v", got)
-		}
+		wantFallbacks(t, c, "events", causeTimeout, 1)
 	}
 	t.Run("accepts and never answers, defaults", func(t *testing.T) {
 		url, accepted := hungListener(t)
@@ -215,9 +213,7 @@ func TestFallbackCauses(t *testing.T) {
 			if took > DefaultSourceTimeout {
 				t.Fatalf("took %v", took)
 			}
-			if got := value(t, c.m.fallbacks.WithLabelValues("events", tc.cause)); got != 1 {
-				t.Fatalf("fallbacks with cause %s: %v", tc.cause, got)
-			}
+			wantFallbacks(t, c, "events", tc.cause, 1)
 			if got := c.cool.live(url); got != tc.cools {
 				t.Fatalf("source cooling down: %v, want %v", got, tc.cools)
 			}
@@ -262,9 +258,7 @@ func TestSourceCooldown(t *testing.T) {
 	if took >= st {
 		t.Fatalf("second page took %v: it waited for the source", took)
 	}
-	if got := value(t, c.m.fallbacks.WithLabelValues("events", causeCooldown)); got != 1 {
-		t.Fatalf("cooldown fallbacks %v", got)
-	}
+	wantFallbacks(t, c, "events", causeCooldown, 1)
 	// Ephemeral streams have no fallback: they still try the source.
 	if _, _, err := fetchTimed(t, c, hs.URL, true, 0, maxID); err != nil {
 		t.Fatal(err)
@@ -309,9 +303,7 @@ func TestSourceCooldown(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if got := value(t, c.m.fallbacks.WithLabelValues("events", causeUnreachable)); got != 2 {
-			t.Fatalf("unreachable fallbacks %v, want 2 (no cooldown)", got)
-		}
+		wantFallbacks(t, c, "events", causeUnreachable, 2) // no cooldown
 	})
 }
 
@@ -340,9 +332,7 @@ func TestBusySourceFallsBack(t *testing.T) {
 	if err != nil || len(p.Rows) != 1 {
 		t.Fatalf("%+v %v", p, err)
 	}
-	if got := value(t, c.m.fallbacks.WithLabelValues("events", causeBusy)); got != 1 {
-		t.Fatalf("busy fallbacks %v", got)
-	}
+	wantFallbacks(t, c, "events", causeBusy, 1)
 	if c.cool.live(hs.URL) {
 		t.Fatal("a busy source is cooling down: it is slow, not gone")
 	}
@@ -465,9 +455,7 @@ func TestFallbackWarningsDeduplicated(t *testing.T) {
 	if len(logs) != 2 || logs[0]["cause"] != causeUnreachable || logs[1]["cause"] != causeCooldown || logs[0]["err"] == "" {
 		t.Fatalf("want one unreachable and one cooldown warning, got %v", logs)
 	}
-	if got := value(t, c.m.fallbacks.WithLabelValues("events", causeCooldown)); got != 4 {
-		t.Fatalf("cooldown fallbacks counted %v, want 4 (every one)", got)
-	}
+	wantFallbacks(t, c, "events", causeCooldown, 4)
 	mu.Lock()
 	now = now.Add(fallbackWarnEvery)
 	mu.Unlock()

@@ -319,43 +319,45 @@ func TestReadReplicaUnderLoad(t *testing.T) {
 	for _, w := range writers {
 		views[w] = gens[w].Position()
 	}
-	readers.Go(func() {
-		for done := false; !done; {
+	// readRounds reads every writer's rows up to its position with read,
+	// round after round, until stop is closed and then once more; it
+	// counts the rounds and stops at the first error.
+	readRounds := func(rounds *int, read func(w string, to int64) error) {
+		for done := false; !done; *rounds++ {
 			select {
 			case <-stop:
 				done = true
 			default:
 			}
 			for _, w := range writers {
-				to := gens[w].Position()
-				rows, err := viaFallback.Updates(ctx, "", "events", w, views[w], to)
-				if err != nil {
+				if err := read(w, gens[w].Position()); err != nil {
 					t.Error(err)
 					return
 				}
-				check("head", w, rows, views[w], to)
-				views[w] = to
 			}
 		}
+	}
+	var headRounds, rounds int
+	readers.Go(func() {
+		readRounds(&headRounds, func(w string, to int64) error {
+			rows, err := viaFallback.Updates(ctx, "", "events", w, views[w], to)
+			if err != nil {
+				return err
+			}
+			check("head", w, rows, views[w], to)
+			views[w] = to
+			return nil
+		})
 	})
-	rounds := 0
 	readers.Go(func() {
-		for done := false; !done; rounds++ {
-			select {
-			case <-stop:
-				done = true
-			default:
+		readRounds(&rounds, func(w string, to int64) error {
+			rows, err := viaHTTP.Updates(ctx, hs.URL, "events", w, 0, to)
+			if err != nil {
+				return err
 			}
-			for _, w := range writers {
-				to := gens[w].Position()
-				rows, err := viaHTTP.Updates(ctx, hs.URL, "events", w, 0, to)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				check("history", w, rows, 0, to)
-			}
-		}
+			check("history", w, rows, 0, to)
+			return nil
+		})
 	})
 	wg.Wait()
 	readers.Wait()

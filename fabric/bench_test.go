@@ -67,10 +67,7 @@ func BenchmarkPublishApply(b *testing.B) {
 	rds := testenv.StartRedis(b)
 	var rawRate baseline
 	b.Run("raw", func(b *testing.B) {
-		opts := benchOptions(b, rds.URL())
-		lines := benchLines(b, 0, rows, json.RawMessage(benchRowJSON))
-		raw := newRawCount(b, opts, nil)
-		pub := newRawPub(b, opts)
+		lines, pub, raw := newRawPair(b, rds.URL(), rows)
 		ctx := context.Background()
 		runtime.GC()
 		b.ResetTimer()
@@ -232,10 +229,7 @@ func BenchmarkReaderCPU(b *testing.B) {
 	rds := testenv.StartRedis(b)
 	var rawPerRow baseline
 	b.Run("raw", func(b *testing.B) {
-		opts := benchOptions(b, rds.URL())
-		lines := benchLines(b, 0, rows, json.RawMessage(benchRowJSON))
-		raw := newRawCount(b, opts, nil)
-		pub := newRawPub(b, opts)
+		lines, pub, raw := newRawPair(b, rds.URL(), rows)
 		ctx := context.Background()
 		var pubCPU, subCPU time.Duration
 		b.ResetTimer()
@@ -477,6 +471,16 @@ func knows(n *Node, k core.Key) bool {
 		}
 	}
 	return false
+}
+
+// newRawPair is a raw sub-benchmark's go-redis publisher and subscriber
+// that only counts, with the rows realistic rows as pre-encoded RDATA
+// lines to publish.
+func newRawPair(b *testing.B, url string, rows int) ([]string, *rawPub, *rawCount) {
+	opts := benchOptions(b, url)
+	lines := benchLines(b, 0, rows, json.RawMessage(benchRowJSON))
+	raw := newRawCount(b, opts, nil)
+	return lines, newRawPub(b, opts), raw
 }
 
 func benchOptions(b *testing.B, url string) *redis.Options {

@@ -32,6 +32,20 @@ type doubtRig struct {
 func newDoubtRig(t *testing.T, lease bool) *doubtRig {
 	t.Helper()
 	pool, dbURL := fabrictest.EventsDBURL(t)
+	proxy, via := proxiedPool(t, dbURL)
+	rds := testenv.StartRedis(t)
+	r := &doubtRig{pool: pool, proxy: proxy}
+	r.w = startMember(t, via, rds.URL(), "persister1", clusterOpts{lease: lease})
+	r.reader = startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: fromZero})
+	testenv.Eventually(t, 10*time.Second, func() bool { return r.reader.node.Ready() && r.w.node.Ready() }, "nodes not ready")
+	return r
+}
+
+// proxiedPool starts a fault proxy in front of the database at dbURL and
+// returns it with a pool that reaches the database through it; both are
+// closed when t ends.
+func proxiedPool(t *testing.T, dbURL string) (*faultproxy.PGProxy, *pgxpool.Pool) {
+	t.Helper()
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -50,12 +64,7 @@ func newDoubtRig(t *testing.T, lease bool) *doubtRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(via.Close)
-	rds := testenv.StartRedis(t)
-	r := &doubtRig{pool: pool, proxy: proxy}
-	r.w = startMember(t, via, rds.URL(), "persister1", clusterOpts{lease: lease})
-	r.reader = startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: fromZero})
-	testenv.Eventually(t, 10*time.Second, func() bool { return r.reader.node.Ready() && r.w.node.Ready() }, "nodes not ready")
-	return r
+	return proxy, via
 }
 
 func (r *doubtRig) arm(t *testing.T, f faultproxy.Fault, match string) *faultproxy.Armed {

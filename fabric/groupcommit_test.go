@@ -102,6 +102,17 @@ func writerAndReader(t *testing.T, lease bool) (*pgxpool.Pool, *member, *member)
 	return pool, w, reader
 }
 
+// withWriterAndReader runs test on a fresh writerAndReader, once with
+// the writer holding no lease and once with one.
+func withWriterAndReader(t *testing.T, test func(t *testing.T, pool *pgxpool.Pool, w, reader *member)) {
+	for _, lease := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
+			pool, w, reader := writerAndReader(t, lease)
+			test(t, pool, w, reader)
+		})
+	}
+}
+
 // xmins counts the distinct xmin of the rows at ids: one per transaction,
 // or per savepoint.
 func xmins(t *testing.T, pool *pgxpool.Pool, ids []int64) int {
@@ -323,56 +334,53 @@ func TestWriterGroupSealed(t *testing.T) {
 // A group of Inserts goes out as one pipeline; a statement that fails
 // fails only its own call (the group runs again behind savepoints).
 func TestWriterGroupInsertsPipelined(t *testing.T) {
-	for _, lease := range []bool{false, true} {
-		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
-			pool, w, reader := writerAndReader(t, lease)
-			const insert = `INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`
-			// Fails when it runs: 1/0 on the row's index.
-			const failing = `INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1 / (length($1) - length($1))`
-			for round, bad := range []int{-1, 2} {
-				release, first := held(t, w)
-				const k = 5
-				ids := make([][]int64, k)
-				errs := make([]error, k)
-				var wg sync.WaitGroup
-				for i := range k {
-					queued(t, w, i)
-					row := fmt.Sprintf(`[{"round":%d,"n":%d}]`, round, i)
-					sql := insert
-					if i == bad {
-						sql = failing
-					}
-					wg.Go(func() {
-						ids[i], errs[i] = w.w.Insert(context.Background(), []json.RawMessage{json.RawMessage(row)}, sql, w.gen.Self(), row)
-					})
+	withWriterAndReader(t, func(t *testing.T, pool *pgxpool.Pool, w, reader *member) {
+		const insert = `INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1`
+		// Fails when it runs: 1/0 on the row's index.
+		const failing = `INSERT INTO events (stream_id, writer, rows) SELECT nextval('events_seq'), $1, $2::jsonb RETURNING stream_id, 1 / (length($1) - length($1))`
+		for round, bad := range []int{-1, 2} {
+			release, first := held(t, w)
+			const k = 5
+			ids := make([][]int64, k)
+			errs := make([]error, k)
+			var wg sync.WaitGroup
+			for i := range k {
+				queued(t, w, i)
+				row := fmt.Sprintf(`[{"round":%d,"n":%d}]`, round, i)
+				sql := insert
+				if i == bad {
+					sql = failing
 				}
-				drain(t, w, k, release, first, &wg)
-				var all []int64
-				for i := range k {
-					if (errs[i] != nil) != (i == bad) {
-						t.Fatalf("round %d: call %d returned %v", round, i, errs[i])
-					}
-					all = append(all, ids[i]...)
-				}
-				if !slices.IsSorted(all) {
-					t.Fatalf("round %d: positions %v not in arrival order", round, all)
-				}
-				// A pipeline has no savepoints: its rows share one xmin.
-				if n := xmins(t, pool, all); bad < 0 && n != 1 {
-					t.Fatalf("round %d: the Inserts' rows carry %d xmins, want 1 (one pipeline)", round, n)
-				}
+				wg.Go(func() {
+					ids[i], errs[i] = w.w.Insert(context.Background(), []json.RawMessage{json.RawMessage(row)}, sql, w.gen.Self(), row)
+				})
 			}
-			if txns, calls := groups(t, w); txns != 4 || calls != 12 {
-				// Per round: the held Write alone, then the 5 Inserts;
-				// the failed pipeline's group runs again and counts once.
-				t.Fatalf("%d transactions carried %v calls, want 4 carrying 12", txns, calls)
+			drain(t, w, k, release, first, &wg)
+			var all []int64
+			for i := range k {
+				if (errs[i] != nil) != (i == bad) {
+					t.Fatalf("round %d: call %d returned %v", round, i, errs[i])
+				}
+				all = append(all, ids[i]...)
 			}
-			converged(t, pool, reader, "persister1")
-			if n := len(committed(t, pool, "persister1")); n != 2+5+4 {
-				t.Fatalf("%d rows committed, want 11", n)
+			if !slices.IsSorted(all) {
+				t.Fatalf("round %d: positions %v not in arrival order", round, all)
 			}
-		})
-	}
+			// A pipeline has no savepoints: its rows share one xmin.
+			if n := xmins(t, pool, all); bad < 0 && n != 1 {
+				t.Fatalf("round %d: the Inserts' rows carry %d xmins, want 1 (one pipeline)", round, n)
+			}
+		}
+		if txns, calls := groups(t, w); txns != 4 || calls != 12 {
+			// Per round: the held Write alone, then the 5 Inserts;
+			// the failed pipeline's group runs again and counts once.
+			t.Fatalf("%d transactions carried %v calls, want 4 carrying 12", txns, calls)
+		}
+		converged(t, pool, reader, "persister1")
+		if n := len(committed(t, pool, "persister1")); n != 2+5+4 {
+			t.Fatalf("%d rows committed, want 11", n)
+		}
+	})
 }
 
 // A caller that gives up while its COMMIT is in flight (an HTTP client

@@ -28,21 +28,18 @@ SELECT id, i FROM src`
 // first joined run of a statement is in a transaction; once it has joined
 // right, the next runs as the calls' own pipeline would.
 func TestInsertsJoinOneStatement(t *testing.T) {
-	for _, lease := range []bool{false, true} {
-		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
-			pool, w, reader := writerAndReader(t, lease)
-			for round := range 2 {
-				joinRound(t, pool, w, round)
-				if _, ok := w.w.group.proven[joinable]; !ok {
-					t.Fatalf("round %d: the joined statement is not remembered as joining right", round)
-				}
-				if stmts, calls := histogram(t, w.node.m.writeStatement); stmts != uint64(2*(round+1)) || calls != float64(5*(round+1)) {
-					t.Fatalf("round %d: %d statements carried %v Inserts, want 2 carrying 5 a round", round, stmts, calls)
-				}
+	withWriterAndReader(t, func(t *testing.T, pool *pgxpool.Pool, w, reader *member) {
+		for round := range 2 {
+			joinRound(t, pool, w, round)
+			if _, ok := w.w.group.proven[joinable]; !ok {
+				t.Fatalf("round %d: the joined statement is not remembered as joining right", round)
 			}
-			converged(t, pool, reader, "persister1")
-		})
-	}
+			if stmts, calls := histogram(t, w.node.m.writeStatement); stmts != uint64(2*(round+1)) || calls != float64(5*(round+1)) {
+				t.Fatalf("round %d: %d statements carried %v Inserts, want 2 carrying 5 a round", round, stmts, calls)
+			}
+		}
+		converged(t, pool, reader, "persister1")
+	})
 }
 
 // joinRound queues 5 Inserts behind a held Write: 4 that join (1 to 3 rows
@@ -94,40 +91,36 @@ func joinRound(t *testing.T, pool *pgxpool.Pool, w *member, round int) {
 func TestJoinedStatementThatCannotJoin(t *testing.T) {
 	const constantIndex = `INSERT INTO events (stream_id, writer, rows)
 	SELECT nextval('events_seq'), $1, r::jsonb FROM unnest($2::text[]) AS u(r) RETURNING stream_id, 1`
-	for _, lease := range []bool{false, true} {
-		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
-			pool, w, reader := writerAndReader(t, lease)
-
-			release, first := held(t, w)
-			const k = 3
-			errs := make([]error, k)
-			var wg sync.WaitGroup
-			for i := range k {
-				queued(t, w, i)
-				row := fmt.Sprintf(`[{"n":%d}]`, i)
-				wg.Go(func() {
-					_, errs[i] = w.w.Insert(context.Background(), []json.RawMessage{json.RawMessage(row)}, constantIndex, w.gen.Self(), PerRow([]string{row}))
-				})
+	withWriterAndReader(t, func(t *testing.T, pool *pgxpool.Pool, w, reader *member) {
+		release, first := held(t, w)
+		const k = 3
+		errs := make([]error, k)
+		var wg sync.WaitGroup
+		for i := range k {
+			queued(t, w, i)
+			row := fmt.Sprintf(`[{"n":%d}]`, i)
+			wg.Go(func() {
+				_, errs[i] = w.w.Insert(context.Background(), []json.RawMessage{json.RawMessage(row)}, constantIndex, w.gen.Self(), PerRow([]string{row}))
+			})
+		}
+		drain(t, w, k, release, first, &wg)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("call %d: %v", i, err)
 			}
-			drain(t, w, k, release, first, &wg)
-			for i, err := range errs {
-				if err != nil {
-					t.Fatalf("call %d: %v", i, err)
-				}
-			}
-			var n, distinct int
-			if err := pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT rows) FROM events WHERE writer = 'persister1'`).Scan(&n, &distinct); err != nil {
-				t.Fatal(err)
-			}
-			if n != 1+k || distinct != 1+k {
-				t.Fatalf("%d rows committed (%d distinct), want %d: the failed joined run left rows behind", n, distinct, 1+k)
-			}
-			if _, ok := w.w.group.proven[constantIndex]; ok {
-				t.Fatal("a statement that failed joined is remembered as joining right")
-			}
-			converged(t, pool, reader, "persister1")
-		})
-	}
+		}
+		var n, distinct int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT rows) FROM events WHERE writer = 'persister1'`).Scan(&n, &distinct); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1+k || distinct != 1+k {
+			t.Fatalf("%d rows committed (%d distinct), want %d: the failed joined run left rows behind", n, distinct, 1+k)
+		}
+		if _, ok := w.w.group.proven[constantIndex]; ok {
+			t.Fatal("a statement that failed joined is remembered as joining right")
+		}
+		converged(t, pool, reader, "persister1")
+	})
 }
 
 // A PerRow argument must hold one value per row: a mismatch is refused at

@@ -23,17 +23,29 @@ import (
 // consumer with no state of its own does.
 func fromZero(cfg *Config) { cfg.Streams[0].Start = 0 }
 
-func TestLateReaderAfterGracefulSeal(t *testing.T) {
+// leasedWriterWrote starts the writer persister1 with a lease, its
+// config tuned by tune (if not nil), on a database and a Redis of the
+// test's own, waits until it is ready and has it write n rows. It returns
+// the database, the Redis, the writer and the rows' IDs.
+func leasedWriterWrote(t *testing.T, n int, tune func(*Config)) (*pgxpool.Pool, *testenv.Redis, *member, []int64) {
+	t.Helper()
 	pool := testDB(t)
 	rds := testenv.StartRedis(t)
-	ctx := context.Background()
-	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true})
+	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true, tune: tune})
 	testenv.Eventually(t, 10*time.Second, w.node.Ready, "writer not ready")
-	for i := range 50 {
-		if _, err := w.write(ctx, pool, i); err != nil {
+	ids := make([]int64, 0, n)
+	for i := range n {
+		id, err := w.write(context.Background(), pool, i)
+		if err != nil {
 			t.Fatal(err)
 		}
+		ids = append(ids, id)
 	}
+	return pool, rds, w, ids
+}
+
+func TestLateReaderAfterGracefulSeal(t *testing.T) {
+	pool, rds, w, _ := leasedWriterWrote(t, 50, nil)
 	w.shutdown() // seals persister1 and says BYE
 	if sealed := sealedNames(t, pool); len(sealed) != 1 || sealed[0] != "persister1" {
 		t.Fatalf("sealed writers %v, want [persister1]", sealed)
@@ -53,16 +65,8 @@ func TestLateReaderAfterGracefulSeal(t *testing.T) {
 }
 
 func TestLateReaderAfterExpiredSeal(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
+	pool, rds, w, _ := leasedWriterWrote(t, 50, func(c *Config) { c.SealTimeout = time.Nanosecond })
 	ctx := context.Background()
-	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true, tune: func(c *Config) { c.SealTimeout = time.Nanosecond }})
-	testenv.Eventually(t, 10*time.Second, w.node.Ready, "writer not ready")
-	for i := range 50 {
-		if _, err := w.write(ctx, pool, i); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// A crash: the holder stops renewing without sealing, and a survivor
 	// seals the name once the lease has run out.
 	if _, err := pool.Exec(ctx, `UPDATE weft_writers SET lease_until = now() - interval '1 second' WHERE name = 'persister1'`); err != nil {
@@ -86,19 +90,7 @@ func TestLateReaderAfterExpiredSeal(t *testing.T) {
 // A reader restarted from an older position of its own (Config.Views)
 // fetches what it lacks of a writer sealed meanwhile.
 func TestRestartedReaderBehindSealedWriter(t *testing.T) {
-	pool := testDB(t)
-	rds := testenv.StartRedis(t)
-	ctx := context.Background()
-	w := startMember(t, pool, rds.URL(), "persister1", clusterOpts{lease: true})
-	testenv.Eventually(t, 10*time.Second, w.node.Ready, "writer not ready")
-	var ids []int64
-	for i := range 30 {
-		id, err := w.write(ctx, pool, i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
+	pool, rds, w, ids := leasedWriterWrote(t, 30, nil)
 	w.shutdown()
 	from := ids[9]
 	reader := startMember(t, pool, rds.URL(), "reader", clusterOpts{tune: func(c *Config) {

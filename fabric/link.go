@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,24 +139,12 @@ func (c linkConfig) validate() error {
 }
 
 func (c linkConfig) withDefaults() linkConfig {
-	if c.PingInterval == 0 {
-		c.PingInterval = defaultPingInterval
-	}
-	if c.PingTimeout == 0 {
-		c.PingTimeout = defaultPingTimeout
-	}
-	if c.RunIDCheck == 0 {
-		c.RunIDCheck = defaultRunIDCheck
-	}
-	if c.PublishQueue == 0 {
-		c.PublishQueue = defaultPublishQueue
-	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = defaultMaxBatch
-	}
-	if c.QueueBytes == 0 {
-		c.QueueBytes = defaultQueueBytes
-	}
+	c.PingInterval = cmp.Or(c.PingInterval, defaultPingInterval)
+	c.PingTimeout = cmp.Or(c.PingTimeout, defaultPingTimeout)
+	c.RunIDCheck = cmp.Or(c.RunIDCheck, defaultRunIDCheck)
+	c.PublishQueue = cmp.Or(c.PublishQueue, defaultPublishQueue)
+	c.MaxBatch = cmp.Or(c.MaxBatch, defaultMaxBatch)
+	c.QueueBytes = cmp.Or(c.QueueBytes, defaultQueueBytes)
 	c.Logger = telemetry.Logger(c.Logger)
 	if c.OnAttempt == nil {
 		c.OnAttempt = func() {}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/internal/fabrictest"
 	"github.com/weft-dev/weft/internal/faultproxy"
@@ -45,24 +43,7 @@ func TestWritesAgainstTheTable(t *testing.T) {
 	}
 	pool, dbURL := fabrictest.EventsDBURL(t)
 	uniqueKeys(t, pool)
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.StartPG(context.Background(), u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	viaURL, err := proxy.URL(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	via, err := pgxpool.New(context.Background(), viaURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(via.Close)
+	proxy, via := proxiedPool(t, dbURL)
 	rds := testenv.StartRedis(t)
 	fenced := startMember(t, via, rds.URL(), "persister1", clusterOpts{lease: true, tune: fromZero})
 	unfenced := startMember(t, via, rds.URL(), "persister2", clusterOpts{tune: fromZero})

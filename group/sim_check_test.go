@@ -15,14 +15,14 @@ import (
 func (s *sim) checkCommit(m *simMember, run []Cursor, rows []simRow) {
 	for _, c := range run {
 		if pt := s.parts[c.Partition]; pt.Owner != m.id || pt.Epoch != c.Epoch {
-			s.failf("%s commits for partition %d at epoch %d, owned by %q at epoch %d: two owners", m.id, c.Partition, c.Epoch, pt.Owner, pt.Epoch)
+			s.Failf("%s commits for partition %d at epoch %d, owned by %q at epoch %d: two owners", m.id, c.Partition, c.Epoch, pt.Owner, pt.Epoch)
 			return
 		}
 	}
 	for _, r := range rows {
 		n := s.applied[r.key]
 		if want := s.byKey[r.key]; n >= len(want) || want[n] != r.id {
-			s.failf("%s applies row %d of %s; the next of the key is its row %d of %v: not once and in order", m.id, r.id, r.key, n, want)
+			s.Failf("%s applies row %d of %s; the next of the key is its row %d of %v: not once and in order", m.id, r.id, r.key, n, want)
 			return
 		}
 		s.applied[r.key] = n + 1
@@ -48,8 +48,8 @@ func (s *sim) checkCoverage() {
 	for _, m := range s.members {
 		up := m.running && !m.paused && !m.cut
 		anyone = anyone || up && !m.leaving
-		if !up && s.leases[m.id] > s.now {
-			s.lastZombie = s.now
+		if !up && s.leases[m.id] > s.Now {
+			s.lastZombie = s.Now
 		}
 	}
 	for p, pt := range s.parts {
@@ -59,20 +59,20 @@ func (s *sim) checkCoverage() {
 			continue
 		}
 		if _, ok := s.since[p]; !ok || !anyone {
-			s.since[p] = s.now // the clock runs while a member could take it
+			s.since[p] = s.Now // the clock runs while a member could take it
 		}
 		if _, ok := s.left[p]; ok && !anyone {
-			s.left[p] = s.now
+			s.left[p] = s.Now
 		}
-		if !s.faults && s.now < s.cfg.faultsFor+deathBound {
+		if !s.faults && s.Now < s.cfg.faultsFor+deathBound {
 			continue // the members just reconnected or restarted
 		}
-		if from := max(s.since[p], s.lastLoss); s.now-from > deathBound {
-			s.failf("partition %d has had no running owner since %dms (owner %q, last death at %dms)", p, s.since[p], pt.Owner, s.lastLoss)
+		if from := max(s.since[p], s.lastLoss); s.Now-from > deathBound {
+			s.Failf("partition %d has had no running owner since %dms (owner %q, last death at %dms)", p, s.since[p], pt.Owner, s.lastLoss)
 			return
 		}
-		if at, ok := s.left[p]; ok && s.now-max(at, s.lastZombie, s.lastLost) > leaveBound {
-			s.failf("partition %d released by a graceful leave at %dms is still not owned", p, at)
+		if at, ok := s.left[p]; ok && s.Now-max(at, s.lastZombie, s.lastLost) > leaveBound {
+			s.Failf("partition %d released by a graceful leave at %dms is still not owned", p, at)
 			return
 		}
 	}
@@ -94,7 +94,7 @@ func (s *sim) checkEnd() {
 	if !s.allApplied() {
 		for _, k := range slices.Sorted(maps.Keys(s.byKey)) {
 			if s.applied[k] != len(s.byKey[k]) {
-				s.failf("key %s: %d of its %d rows applied by the end", k, s.applied[k], len(s.byKey[k]))
+				s.Failf("key %s: %d of its %d rows applied by the end", k, s.applied[k], len(s.byKey[k]))
 				return
 			}
 		}
@@ -106,18 +106,19 @@ func (s *sim) checkEnd() {
 	want := Assign(s.label, simPartitions, live)
 	for p, pt := range s.parts {
 		if pt.Owner != want[p] {
-			s.failf("partition %d is owned by %q at the end; the assignment over %v names %q", p, pt.Owner, live, want[p])
+			s.Failf("partition %d is owned by %q at the end; the assignment over %v names %q", p, pt.Owner, live, want[p])
 			return
 		}
 	}
-	if s.now-s.moves < 1500 {
-		s.failf("a partition moved at %dms, in the quiet end", s.moves)
+	if s.Now-s.moves < 1500 {
+		s.Failf("a partition moved at %dms, in the quiet end", s.moves)
 	}
 }
 
-// dump describes the state, for a failing seed.
-func (s *sim) dump() string {
+// Dump describes the statistics and the state, for a failing seed.
+func (s *sim) Dump() string {
 	var b strings.Builder
+	fmt.Fprintf(&b, "(%s)\n", s.stats)
 	fmt.Fprintf(&b, "database: rows %d, leases %v\n", len(s.rows), s.leases)
 	for p, pt := range s.parts {
 		lock := ""

@@ -1,11 +1,12 @@
 package group
 
 import (
-	"container/heap"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/weft-dev/weft/internal/simtest"
 )
 
 // The simulation runs a consumer group in one process, on simulated time:
@@ -63,26 +64,6 @@ const (
 	leaveBound    = 1000            // a leaving member's partitions are owned again within
 )
 
-type event struct {
-	at, seq int64
-	fn      func()
-}
-
-type eventHeap []*event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
-}
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(*event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
-
 type simRow struct {
 	id   int64
 	key  string
@@ -119,15 +100,12 @@ type simMember struct {
 }
 
 type sim struct {
+	simtest.Sched
 	cfg    simConfig
 	rng    *rand.Rand
 	label  string
-	now    int64
-	seq    int64
-	events eventHeap
 	faults bool
 	lossy  bool
-	fail   []string
 
 	// the database
 	parts   []*simPart
@@ -185,15 +163,10 @@ func newSim(seed uint64, cfg simConfig) *sim {
 	return s
 }
 
-func (s *sim) after(d int64, fn func()) {
-	s.seq++
-	heap.Push(&s.events, &event{at: s.now + d, seq: s.seq, fn: fn})
-}
-
 // at runs fn in member m after d, unless m has stopped running; while m is
 // stopped (SIGSTOP) its events wait.
 func (s *sim) at(m *simMember, d int64, fn func()) {
-	s.after(d, func() { s.in(m, fn) })
+	s.After(d, func() { s.in(m, fn) })
 }
 
 func (s *sim) in(m *simMember, fn func()) {
@@ -204,10 +177,6 @@ func (s *sim) in(m *simMember, fn func()) {
 	default:
 		fn()
 	}
-}
-
-func (s *sim) failf(format string, args ...any) {
-	s.fail = append(s.fail, fmt.Sprintf("t=%dms: ", s.now)+fmt.Sprintf(format, args...))
 }
 
 func (s *sim) rtt() int64 { return 1 + int64(s.rng.IntN(3)) }
@@ -221,7 +190,7 @@ func (s *sim) call(m *simMember, timeout int64, exec func(answer func(reply func
 	answer := func(reply func()) {
 		if m.cut || s.lossy && s.rng.IntN(15) == 0 {
 			s.stats.lostAnswers++
-			s.lastLost = s.now
+			s.lastLost = s.Now
 			return
 		}
 		s.at(m, s.rtt(), func() {
@@ -232,7 +201,7 @@ func (s *sim) call(m *simMember, timeout int64, exec func(answer func(reply func
 		})
 	}
 	if !m.cut {
-		s.after(s.rtt(), func() {
+		s.After(s.rtt(), func() {
 			if !m.cut && m.running { // a killed member's connections are closed
 				exec(answer)
 			}
@@ -246,29 +215,23 @@ func (s *sim) call(m *simMember, timeout int64, exec func(answer func(reply func
 	})
 }
 
-// run drives the simulation to its end and returns the failures.
-func (s *sim) run() []string {
+// Run drives the simulation to its end and returns the failures.
+func (s *sim) Run() []string {
 	end := s.cfg.faultsFor + s.cfg.settleFor
 	s.faults = true
-	s.after(100+int64(s.rng.IntN(200)), s.chaos)
-	s.after(0, s.write)
-	s.after(s.cfg.faultsFor, s.heal)
-	for len(s.events) > 0 && len(s.fail) == 0 {
-		e := heap.Pop(&s.events).(*event)
-		if e.at > end {
-			break
-		}
-		s.now = e.at
-		e.fn()
+	s.After(100+int64(s.rng.IntN(200)), s.chaos)
+	s.After(0, s.write)
+	s.After(s.cfg.faultsFor, s.heal)
+	for s.Next(end) {
 		s.checkCoverage()
-		if !s.faults && s.now > s.cfg.faultsFor+deathBound && s.now-s.moves > 1500 && s.allApplied() {
+		if !s.faults && s.Now > s.cfg.faultsFor+deathBound && s.Now-s.moves > 1500 && s.allApplied() {
 			break
 		}
 	}
-	if len(s.fail) == 0 {
+	if len(s.Fail) == 0 {
 		s.checkEnd()
 	}
-	return s.fail
+	return s.Fail
 }
 
 // --- the writers and the faults
@@ -288,7 +251,7 @@ func (s *sim) write() {
 			s.at(m, 1, func() { s.batch(m) })
 		}
 	}
-	s.after(2+int64(s.rng.IntN(12)), s.write)
+	s.After(2+int64(s.rng.IntN(12)), s.write)
 }
 
 func (s *sim) running() []*simMember {
@@ -313,20 +276,20 @@ func (s *sim) chaos() {
 	switch r := s.rng.IntN(12); {
 	case r < 2 && m != nil:
 		s.kill(m)
-		s.after(100+int64(s.rng.IntN(1500)), s.restart)
+		s.After(100+int64(s.rng.IntN(1500)), s.restart)
 	case r < 4 && m != nil && !m.paused:
 		s.pause(m, 100+int64(s.rng.IntN(3*leaseTTL)))
 	case r < 6 && m != nil && !m.cut:
 		s.cutOff(m, 100+int64(s.rng.IntN(2*leaseTTL)))
 	case r < 8 && m != nil:
 		s.leave(m)
-		s.after(200+int64(s.rng.IntN(1000)), s.restart)
+		s.After(200+int64(s.rng.IntN(1000)), s.restart)
 	case r < 9 && len(run) < maxMembers:
 		s.join()
 	default:
 		s.lossy = !s.lossy
 	}
-	s.after(150+int64(s.rng.IntN(500)), s.chaos)
+	s.After(150+int64(s.rng.IntN(500)), s.chaos)
 }
 
 // heal stops the faults: stopped members continue, cut ones reconnect,
@@ -365,7 +328,7 @@ func (s *sim) join() {
 func (s *sim) kill(m *simMember) {
 	s.stats.kills++
 	m.running = false
-	s.lastLoss = s.now
+	s.lastLoss = s.Now
 	for _, tx := range s.openTxs(m) {
 		s.end(tx) // the server sees the connections close
 	}
@@ -374,8 +337,8 @@ func (s *sim) kill(m *simMember) {
 func (s *sim) pause(m *simMember, d int64) {
 	s.stats.pauses++
 	m.paused = true
-	s.lastLoss = s.now
-	s.after(d, func() {
+	s.lastLoss = s.Now
+	s.After(d, func() {
 		if m.paused && s.faults {
 			s.resume(m)
 		}
@@ -394,8 +357,8 @@ func (s *sim) resume(m *simMember) {
 func (s *sim) cutOff(m *simMember, d int64) {
 	s.stats.cuts++
 	m.cut = true
-	s.lastLoss = s.now
-	s.after(d, func() { m.cut = false })
+	s.lastLoss = s.Now
+	s.After(d, func() { m.cut = false })
 }
 
 // leave is a graceful stop. One statement deletes the member's lease and
@@ -418,10 +381,10 @@ func (s *sim) leave(m *simMember) {
 			delete(s.leases, m.id)
 			for p, pt := range s.parts {
 				if pt.Owner == m.id {
-					s.left[p] = s.now
+					s.left[p] = s.Now
 					if pt.lock == nil {
 						pt.Owner = ""
-						s.moves = s.now
+						s.moves = s.Now
 					}
 				}
 			}
@@ -447,11 +410,11 @@ func (s *sim) step(m *simMember) {
 		return
 	}
 	m.stepping = true
-	renew := m.lastRenew < 0 || s.now-m.lastRenew >= renewAfter
-	sent := s.now
+	renew := m.lastRenew < 0 || s.Now-m.lastRenew >= renewAfter
+	sent := s.Now
 	s.call(m, stmtTimeout, func(answer func(func())) {
 		if renew {
-			s.leases[m.id] = s.now + leaseTTL
+			s.leases[m.id] = s.Now + leaseTTL
 		}
 		v := s.view()
 		answer(func() {
@@ -468,7 +431,7 @@ func (s *sim) step(m *simMember) {
 func (s *sim) view() View {
 	v := View{}
 	for _, id := range slices.Sorted(maps.Keys(s.leases)) {
-		if s.leases[id] > s.now {
+		if s.leases[id] > s.Now {
 			v.Live = append(v.Live, id)
 		}
 	}
@@ -493,13 +456,13 @@ func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
 		var dropped []int
 		for _, p := range take {
 			pt := s.parts[p]
-			if pt.lock != nil || pt.Owner != "" && s.leases[pt.Owner] > s.now {
+			if pt.lock != nil || pt.Owner != "" && s.leases[pt.Owner] > s.Now {
 				continue // locked: SKIP LOCKED; or its owner is live
 			}
 			pt.Owner, pt.Epoch = m.id, pt.Epoch+1
 			took = append(took, Locked{Partition: p, PartitionState: pt.PartitionState})
 			s.stats.takes++
-			s.moves = s.now
+			s.moves = s.Now
 		}
 		for _, p := range release {
 			pt := s.parts[p]
@@ -509,7 +472,7 @@ func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
 			if pt.Owner == m.id {
 				pt.Owner = ""
 				s.stats.releases++
-				s.moves = s.now
+				s.moves = s.Now
 			}
 			dropped = append(dropped, p)
 		}
@@ -678,12 +641,12 @@ func (s *sim) lockNext(tx *simTx) {
 // answered marks tx idle in its transaction from now: the server ends it
 // after idleTimeout unless its next statement arrives first.
 func (s *sim) answered(tx *simTx) {
-	tx.idleSince = s.now
+	tx.idleSince = s.Now
 	if s.cfg.noIdleTimeout {
 		return
 	}
-	at := s.now
-	s.after(idleTimeout, func() {
+	at := s.Now
+	s.After(idleTimeout, func() {
 		if !tx.ended && tx.idleSince == at {
 			s.stats.idleKills++
 			s.end(tx)

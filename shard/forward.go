@@ -127,13 +127,10 @@ type ForwarderConfig struct {
 
 // Validate names the first invalid field.
 func (c *ForwarderConfig) Validate() error {
+	if err := validOwners("forwarder", c.Map, c.Placement, c.Local, "Local's"); err != nil {
+		return err
+	}
 	switch {
-	case c.Map == nil && c.Placement == nil:
-		return errors.New("shard: forwarder config: Map and Placement are both nil")
-	case c.Map != nil && c.Placement != nil:
-		return errors.New("shard: forwarder config: Map and Placement are both set")
-	case c.Placement != nil && c.Local != nil && c.Local.cfg.Placement != c.Placement:
-		return errors.New("shard: forwarder config: Local's Placement is not the forwarder's")
 	case c.Resolve == nil:
 		return errors.New("shard: forwarder config: Resolve is nil")
 	case httpx.SecretProblem(c.Secret) != "":

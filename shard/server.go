@@ -69,13 +69,10 @@ type ServerConfig struct {
 
 // Validate names the first invalid field.
 func (c *ServerConfig) Validate() error {
+	if err := validOwners("server", c.Map, c.Placement, c.Queue, "the Queue's"); err != nil {
+		return err
+	}
 	switch {
-	case c.Map == nil && c.Placement == nil:
-		return errors.New("shard: server config: Map and Placement are both nil")
-	case c.Map != nil && c.Placement != nil:
-		return errors.New("shard: server config: Map and Placement are both set")
-	case c.Placement != nil && c.Queue != nil && c.Queue.cfg.Placement != c.Placement:
-		return errors.New("shard: server config: the Queue's Placement is not the server's")
 	case c.Queue == nil:
 		return errors.New("shard: server config: Queue is nil")
 	case c.Secret == "" && !c.Insecure:
@@ -89,6 +86,21 @@ func (c *ServerConfig) Validate() error {
 	}
 	if c.Map != nil && c.Self != "" && !slices.Contains(c.Map.Writers(), c.Self) {
 		return fmt.Errorf("shard: server config: Self %q is not a writer of the shard map %v", c.Self, c.Map.Writers())
+	}
+	return nil
+}
+
+// validOwners checks that the config of what (a server or a forwarder)
+// names its owners one way, a static Map or a Placement, and that its
+// queue q, named queue in the message, follows that same Placement.
+func validOwners(what string, m *Map, p Placement, q *Queue, queue string) error {
+	switch {
+	case m == nil && p == nil:
+		return fmt.Errorf("shard: %s config: Map and Placement are both nil", what)
+	case m != nil && p != nil:
+		return fmt.Errorf("shard: %s config: Map and Placement are both set", what)
+	case p != nil && q != nil && q.cfg.Placement != p:
+		return fmt.Errorf("shard: %s config: %s Placement is not the %s's", what, queue, what)
 	}
 	return nil
 }

@@ -13,9 +13,8 @@ import (
 // statement, and each gets its own allocation; on a pool they commit
 // together.
 func TestAllocPipeline(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	allocs, err := g.AllocPipeline(ctx, pool, []streams.Statement{
 		{SQL: insertOne, Args: []any{g.Self(), "a"}},
 		{SQL: insertOne, Args: []any{g.Self(), "b"}},
@@ -46,9 +45,8 @@ func TestAllocPipeline(t *testing.T) {
 // One failing statement on a pool commits none of the pipeline and tracks
 // no ID: the position moves on with the next allocation.
 func TestAllocPipelineAllOrNothing(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	_, err := g.AllocPipeline(ctx, pool, []streams.Statement{
 		{SQL: insertOne, Args: []any{g.Self(), "a"}},
 		// Fails when it runs, after the first has inserted its row.

@@ -48,9 +48,8 @@ func batch(ctx context.Context, g *streams.Generator, q streams.DB, bodies []str
 }
 
 func TestAllocQueryBatch(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	reader := open(t, pool, eventsCfg, "")
 	bodies := []string{"a", "b", "c", "d", "e"}
 	a, got, err := batch(ctx, g, pool, bodies)
@@ -102,9 +101,7 @@ func TestAllocQueryBatch(t *testing.T) {
 		t.Fatalf("position %d after Finish, want 10", p)
 	}
 	announce(g, reader, reader)
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	// 11 was drawn and not written, but only its statement knows: the
 	// writer's next allocation carries it past.
 	if u := reader.PersistedUpto(); u != 10 {
@@ -115,9 +112,8 @@ func TestAllocQueryBatch(t *testing.T) {
 // In a transaction the IDs stay in flight until it ends and Finish is
 // called, whichever way it ends.
 func TestAllocQueryInTx(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	for _, commit := range []bool{true, false} {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -254,12 +250,9 @@ func TestAllocQueryErrors(t *testing.T) {
 // sometimes roll back) with Alloc, while a reader checks persisted-upto
 // against the ground truth.
 func TestAllocQueryConcurrent(t *testing.T) {
-	_, url := setup(t)
+	url, a, b, reader := twoWritersAndReader(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
-	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
-	reader := open(t, newPoolFor(t, url), eventsCfg, "")
 	truth := &groundTruth{done: map[int64]bool{}}
 
 	monitor := startMonitor(ctx, reader, truth)

@@ -494,23 +494,21 @@ func (g *Generator) InTx(ctx context.Context, n int, fn func(tx pgx.Tx, ids []in
 
 // Observe records a writer's announced position.
 func (g *Generator) Observe(w WriterID, pos int64) {
-	g.mu.Lock()
-	before := g.tr.SelfPosition()
-	g.tr.Observe(w, pos)
-	moved := g.tr.SelfPosition() != before
-	g.mu.Unlock()
-	if moved {
-		g.signal()
-	} else {
-		g.change()
-	}
+	g.observe(func() { g.tr.Observe(w, pos) })
 }
 
 // ObservePersisted records that a row at pos is persisted.
 func (g *Generator) ObservePersisted(pos int64) {
+	g.observe(func() { g.tr.ObservePersisted(pos) })
+}
+
+// observe runs record, which updates the tracker, and wakes those who
+// wait on it: with signal when it moved the local writer's position, else
+// with change.
+func (g *Generator) observe(record func()) {
 	g.mu.Lock()
 	before := g.tr.SelfPosition()
-	g.tr.ObservePersisted(pos)
+	record()
 	moved := g.tr.SelfPosition() != before
 	g.mu.Unlock()
 	if moved {

@@ -54,6 +54,22 @@ func setupWith(t testing.TB, ddl string) (*pgxpool.Pool, string) {
 	return pool, url
 }
 
+// refresh refreshes g from the database, failing t on an error.
+func refresh(t testing.TB, g *streams.Generator) {
+	t.Helper()
+	if err := g.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openEvents gives a fresh database with the events stream and the
+// generator of its writer persister1.
+func openEvents(t testing.TB) (*pgxpool.Pool, *streams.Generator) {
+	t.Helper()
+	pool, _ := setup(t)
+	return pool, open(t, pool, eventsCfg, "persister1")
+}
+
 func open(t testing.TB, db streams.DB, cfg streams.Config, self string) *streams.Generator {
 	t.Helper()
 	g, err := streams.Open(context.Background(), db, cfg, self)
@@ -64,9 +80,8 @@ func open(t testing.TB, db streams.DB, cfg streams.Config, self string) *streams
 }
 
 func TestGeneratorOutOfOrderCompletion(t *testing.T) {
-	pool, _ := setup(t)
+	_, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	var allocs []*streams.Allocation
 	for range 10 {
 		a, err := g.Alloc(ctx, 1)
@@ -92,9 +107,8 @@ func TestGeneratorOutOfOrderCompletion(t *testing.T) {
 }
 
 func TestGeneratorBatchInOneRoundTrip(t *testing.T) {
-	pool, _ := setup(t)
+	_, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	a, err := g.Alloc(ctx, 100)
 	if err != nil {
 		t.Fatal(err)
@@ -114,9 +128,8 @@ func TestGeneratorBatchInOneRoundTrip(t *testing.T) {
 }
 
 func TestGeneratorInTx(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	insert := func(tx pgx.Tx, ids []int64) error {
 		_, err := tx.Exec(ctx, `INSERT INTO events (stream_id, writer) VALUES ($1, 'persister1')`, ids[0])
 		return err
@@ -214,12 +227,9 @@ func (g *groundTruth) check(upto int64) error {
 }
 
 func TestTwoWritersOneProcess(t *testing.T) {
-	_, url := setup(t)
+	url, a, b, reader := twoWritersAndReader(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
-	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
-	reader := open(t, newPoolFor(t, url), eventsCfg, "")
 	truth := &groundTruth{done: map[int64]bool{}}
 
 	// The monitor plays a reader that checks persisted-upto against the
@@ -307,6 +317,17 @@ func announce(self, peer, reader *streams.Generator) {
 	reader.Observe(self.SelfID(), pos)
 }
 
+// twoWritersAndReader gives a fresh database's URL and, each on a pool
+// of its own, the events stream's writers persister1 and persister2 and a
+// reader.
+func twoWritersAndReader(t testing.TB) (string, *streams.Generator, *streams.Generator, *streams.Generator) {
+	t.Helper()
+	_, url := setup(t)
+	a := open(t, newPoolFor(t, url), eventsCfg, "persister1")
+	b := open(t, newPoolFor(t, url), eventsCfg, "persister2")
+	return url, a, b, open(t, newPoolFor(t, url), eventsCfg, "")
+}
+
 func newPoolFor(t testing.TB, url string) *pgxpool.Pool {
 	p, err := pgxpool.New(context.Background(), url)
 	if err != nil {
@@ -317,9 +338,8 @@ func newPoolFor(t testing.TB, url string) *pgxpool.Pool {
 }
 
 func TestIdleWriterReportsPosition(t *testing.T) {
-	pool, _ := setup(t)
+	pool, a := openEvents(t)
 	ctx := context.Background()
-	a := open(t, pool, eventsCfg, "persister1")
 	b := open(t, pool, eventsCfg, "persister2")
 	reader := open(t, pool, eventsCfg, "")
 	for range 100 {
@@ -334,9 +354,7 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 	if a.Position() != 100 {
 		t.Fatalf("A at %d, want 100", a.Position())
 	}
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	if got := reader.PersistedUpto(); got != 0 {
 		t.Fatalf("persisted-upto %d before idle B reports, want 0", got)
 	}
@@ -345,18 +363,15 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 		t.Fatalf("idle B reports %d, want A's last ID 100", got)
 	}
 	reader.Observe(b.SelfID(), b.Position())
-	if err := reader.Refresh(ctx); err != nil { // stores it, to hand it out
-		t.Fatal(err)
-	}
+	refresh(t, reader) // stores it, to hand it out
 	if got := reader.PersistedUpto(); got != 100 {
 		t.Fatalf("persisted-upto %d, want 100", got)
 	}
 }
 
 func TestSavePositionOnlyUpNoDeadTuple(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	a, err := g.Alloc(ctx, 5)
 	if err != nil {
 		t.Fatal(err)
@@ -487,17 +502,17 @@ func TestSequenceBehindTableRefusedThenRepaired(t *testing.T) {
 	}
 }
 
-func TestStoredPositionAboveSequenceRefused(t *testing.T) {
-	pool, _ := setup(t)
+// refusedAheadThenRepaired checks that Open, as self, refuses the events
+// stream with ErrPositionAhead and an error that mentions each of
+// mentions, then repairs the stream.
+func refusedAheadThenRepaired(t *testing.T, pool *pgxpool.Pool, self string, mentions ...string) {
+	t.Helper()
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO stream_positions VALUES ('events', 'persister2', 40)`); err != nil {
-		t.Fatal(err)
-	}
-	_, err := streams.Open(ctx, pool, eventsCfg, "persister1")
+	_, err := streams.Open(ctx, pool, eventsCfg, self)
 	if !errors.Is(err, streams.ErrPositionAhead) {
 		t.Fatalf("Open = %v, want ErrPositionAhead", err)
 	}
-	for _, want := range []string{"stream_positions writer persister2", "40", "events_seq", "setval"} {
+	for _, want := range mentions {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %q: %v", want, err)
 		}
@@ -505,6 +520,15 @@ func TestStoredPositionAboveSequenceRefused(t *testing.T) {
 	if _, err := streams.Repair(ctx, pool, eventsCfg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestStoredPositionAboveSequenceRefused(t *testing.T) {
+	pool, _ := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO stream_positions VALUES ('events', 'persister2', 40)`); err != nil {
+		t.Fatal(err)
+	}
+	refusedAheadThenRepaired(t, pool, "persister1", "stream_positions writer persister2", "40", "events_seq", "setval")
 	g := open(t, pool, eventsCfg, "persister1")
 	a, err := g.Alloc(ctx, 1)
 	if err != nil {

@@ -41,6 +41,32 @@ func claim(t testing.TB, db streams.DB, name, instance string, cfg streams.Lease
 	return l
 }
 
+// leasedWriter claims the name persister1 for a minute as instance and
+// opens the ledger stream's generator as persister1 under that lease.
+func leasedWriter(t testing.TB, pool *pgxpool.Pool, instance string) (*streams.Lease, *streams.Generator) {
+	t.Helper()
+	l := claim(t, pool, "persister1", instance, streams.LeaseConfig{TTL: time.Minute})
+	g := open(t, pool, ledgerCfg, "persister1")
+	g.SetLease(l)
+	return l, g
+}
+
+// fencedTx begins a transaction on pool, rolled back when t ends, and
+// fences it with lease l.
+func fencedTx(t testing.TB, pool *pgxpool.Pool, l *streams.Lease) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	if err := l.Fence(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // writeLedger is an InTx body that writes one ledger row per ID.
 func writeLedger(ctx context.Context, writer string) func(pgx.Tx, []int64) error {
 	return func(tx pgx.Tx, ids []int64) error {
@@ -228,9 +254,7 @@ func TestLeaseWaitForRelease(t *testing.T) {
 func TestLeaseReclaimBySameInstance(t *testing.T) {
 	pool, _ := leaseSetup(t)
 	ctx := context.Background()
-	old := claim(t, pool, "persister1", "host-1", streams.LeaseConfig{TTL: time.Minute})
-	g := open(t, pool, ledgerCfg, "persister1")
-	g.SetLease(old)
+	old, g := leasedWriter(t, pool, "host-1")
 	if err := g.InTx(ctx, 1, writeLedger(ctx, "persister1")); err != nil {
 		t.Fatal(err)
 	}
@@ -298,18 +322,9 @@ func TestClaimSealsExpiredHolder(t *testing.T) {
 func TestFenceHoldsOffSeal(t *testing.T) {
 	pool, _ := leaseSetup(t)
 	ctx := context.Background()
-	a := claim(t, pool, "persister1", "inst-a", streams.LeaseConfig{TTL: time.Minute})
-	g := open(t, pool, ledgerCfg, "persister1")
-	g.SetLease(a)
+	a, g := leasedWriter(t, pool, "inst-a")
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := a.Fence(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	tx := fencedTx(t, pool, a)
 	alloc, err := g.Alloc(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -373,14 +388,7 @@ func TestHeartbeatWhileWriteInFlight(t *testing.T) {
 	pool, _ := leaseSetup(t)
 	ctx := context.Background()
 	a := claim(t, pool, "persister1", "inst-a", streams.LeaseConfig{TTL: time.Minute})
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := a.Fence(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	fencedTx(t, pool, a) // open until the test ends
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.Heartbeat(hctx); err != nil {

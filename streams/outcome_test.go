@@ -29,9 +29,8 @@ func idAndIndex(row pgx.CollectableRow) (int64, error) {
 }
 
 func TestAllocStatementPartial(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	first, err := g.AllocStatement(ctx, pool, streams.Statement{SQL: insertSkip, Args: []any{g.Self(), []string{"a"}}, Scan: idAndIndex, Rows: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -70,9 +69,8 @@ func TestAllocStatementPartial(t *testing.T) {
 // contract; the table still tells, and the row is tracked as Unreturned
 // (the writer's position does not pass it unannounced).
 func TestAllocStatementUnreturnedRow(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	hides := `WITH ins AS (INSERT INTO events (stream_id, writer, body)
 		SELECT nextval('events_seq'), $1, b FROM unnest($2::text[]) AS u(b) RETURNING stream_id, body)
 		SELECT stream_id FROM ins WHERE body <> 'hidden'`
@@ -93,9 +91,8 @@ func TestAllocStatementUnreturnedRow(t *testing.T) {
 // A pending allocation holds the position below what its statement may
 // have drawn until ResolvePending reads it from the table.
 func TestResolvePending(t *testing.T) {
-	pool, _ := setup(t)
+	pool, g := openEvents(t)
 	ctx := context.Background()
-	g := open(t, pool, eventsCfg, "persister1")
 	boom := errors.New("the reply was lost")
 	lost := func(pgx.CollectableRow) (int64, error) { return 0, boom }
 	// The statement commits (autocommit) and its reply is "lost".

@@ -59,9 +59,7 @@ func TestGeneratorRegistry(t *testing.T) {
 	if got := names(reader.Registry()); !slices.Equal(got, []string{"persister1"}) {
 		t.Fatalf("registry before a refresh: %v, want it unchanged", got)
 	}
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	r := reader.Registry()
 	if got := names(r); !slices.Equal(got, []string{"persister1", "persister2"}) || r.Cap() != id {
 		t.Fatalf("registry after a refresh: %v, cap %d; want both, cap %d", got, r.Cap(), id)
@@ -80,9 +78,7 @@ func TestGeneratorRegistry(t *testing.T) {
 	if _, err := streams.Seal(ctx, pool, "persister1", "persister1-aaaaaaaa", []streams.Config{eventsCfg}, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	if got := names(reader.Registry()); !slices.Equal(got, []string{"persister1", "persister2"}) {
 		t.Fatalf("registry after persister1 was sealed: %v, want it still listed", got)
 	}

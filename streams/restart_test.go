@@ -2,8 +2,6 @@ package streams_test
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -17,9 +15,8 @@ import (
 // successor of sync1 in a rolling restart reported 10308 after sync1 had
 // reported 10310.
 func TestPersistedUptoAcrossRestart(t *testing.T) {
-	pool, _ := setup(t)
+	pool, w := openEvents(t)
 	ctx := context.Background()
-	w := open(t, pool, eventsCfg, "persister1")
 	var handed int64
 	sample := func(g *streams.Generator, who string) {
 		t.Helper()
@@ -43,9 +40,7 @@ func TestPersistedUptoAcrossRestart(t *testing.T) {
 	// lifts the cap; the writer has not stored its position yet.
 	old.Observe(w.SelfID(), w.Position())
 	sample(old, "the reader")
-	if err := old.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, old)
 	sample(old, "the refreshed reader")
 	if handed != 3 {
 		t.Fatalf("the reader hands out persisted-upto %d with every ID up to 3 persisted and known, want 3", handed)
@@ -63,18 +58,7 @@ func TestStoredPersistedUptoAboveSequenceRefused(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO stream_persisted VALUES ('events', 40)`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := streams.Open(ctx, pool, eventsCfg, "")
-	if !errors.Is(err, streams.ErrPositionAhead) {
-		t.Fatalf("Open = %v, want ErrPositionAhead", err)
-	}
-	for _, want := range []string{"stream_persisted", "40", "events_seq", "setval"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error does not mention %q: %v", want, err)
-		}
-	}
-	if _, err := streams.Repair(ctx, pool, eventsCfg); err != nil {
-		t.Fatal(err)
-	}
+	refusedAheadThenRepaired(t, pool, "", "stream_persisted", "40", "events_seq", "setval")
 	if got := open(t, pool, eventsCfg, "").PersistedUpto(); got != 40 {
 		t.Fatalf("persisted-upto %d after the repair, want the stored 40", got)
 	}
@@ -84,9 +68,8 @@ func TestStoredPersistedUptoAboveSequenceRefused(t *testing.T) {
 // nor writes a tuple version, and hands out what it computed, which the row
 // covers.
 func TestStoredPersistedUptoOnlyUp(t *testing.T) {
-	pool, _ := setup(t)
+	pool, w := openEvents(t)
 	ctx := context.Background()
-	w := open(t, pool, eventsCfg, "persister1")
 	ahead, behind := open(t, pool, eventsCfg, ""), open(t, pool, eventsCfg, "")
 	a, err := w.Alloc(ctx, 5)
 	if err != nil {
@@ -102,16 +85,12 @@ func TestStoredPersistedUptoOnlyUp(t *testing.T) {
 	}
 	ahead.Observe(w.SelfID(), 5)
 	behind.Observe(w.SelfID(), 3) // an older POSITION
-	if err := ahead.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, ahead)
 	upto, ctid := row()
 	if upto != 5 || ahead.PersistedUpto() != 5 {
 		t.Fatalf("stored %d, handed out %d; want 5 and 5", upto, ahead.PersistedUpto())
 	}
-	if err := behind.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, behind)
 	if got := behind.PersistedUpto(); got != 3 {
 		t.Fatalf("the reader behind hands out %d, want the 3 it computed", got)
 	}

@@ -305,9 +305,7 @@ func TestKilledWriterIsSealed(t *testing.T) {
 
 	// While it lives, its stored position is where it registered: readers
 	// cannot pass it, however much it has committed.
-	if err := reader.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	refresh(t, reader)
 	if _, last := ledgerRows(t, pool, "persister1"); reader.PersistedUpto() >= last {
 		t.Fatalf("persisted-upto %d already at the live writer's last row %d", reader.PersistedUpto(), last)
 	}

@@ -10,6 +10,7 @@
 package wefttest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -118,18 +119,10 @@ func Rows(t testing.TB, url string, s weft.Stream) []weft.Row {
 }
 
 func withDefaults(s weft.Stream) weft.Stream {
-	if s.Table == "" {
-		s.Table = s.Name
-	}
-	if s.IDColumn == "" {
-		s.IDColumn = "id"
-	}
-	if s.WriterColumn == "" {
-		s.WriterColumn = "writer"
-	}
-	if s.DataColumn == "" {
-		s.DataColumn = "data"
-	}
+	s.Table = cmp.Or(s.Table, s.Name)
+	s.IDColumn = cmp.Or(s.IDColumn, "id")
+	s.WriterColumn = cmp.Or(s.WriterColumn, "writer")
+	s.DataColumn = cmp.Or(s.DataColumn, "data")
 	return s
 }
 

@@ -107,44 +107,27 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.ReplicateWait <= 0 {
-		c.ReplicateWait = DefaultReplicateWait
-	}
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.WriterWait <= 0 {
-		c.WriterWait = 2 * c.HeartbeatInterval
-	}
-	if c.AnnounceInterval <= 0 {
-		c.AnnounceInterval = DefaultAnnounceInterval
-	}
-	if c.MaxRowsBytes <= 0 {
-		c.MaxRowsBytes = DefaultMaxRowsBytes
-	}
-	if c.MaxBuffer <= 0 {
-		c.MaxBuffer = DefaultMaxBuffer
-	}
+	orDefault(&c.ReplicateWait, DefaultReplicateWait)
+	orDefault(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	orDefault(&c.WriterWait, 2*c.HeartbeatInterval)
+	orDefault(&c.AnnounceInterval, DefaultAnnounceInterval)
+	orDefault(&c.MaxRowsBytes, DefaultMaxRowsBytes)
+	orDefault(&c.MaxBuffer, DefaultMaxBuffer)
 	if c.RetryDelay == nil {
 		c.RetryDelay = DoublingDelay(100*time.Millisecond, 5*time.Second)
 	}
-	if c.PeerTimeout <= 0 {
-		c.PeerTimeout = 3 * c.HeartbeatInterval
-	}
-	if c.MaxLineAge <= 0 {
-		c.MaxLineAge = DefaultMaxLineAge
-	}
-	if c.StoredGrace <= 0 {
-		c.StoredGrace = max(2*c.AnnounceInterval, 500*time.Millisecond)
-	}
-	if c.MaxClockSkew <= 0 {
-		c.MaxClockSkew = DefaultMaxClockSkew
-	}
-	if c.MaxPeers <= 0 {
-		c.MaxPeers = DefaultMaxPeers
-	}
-	if c.MaxGone <= 0 {
-		c.MaxGone = DefaultMaxGone
+	orDefault(&c.PeerTimeout, 3*c.HeartbeatInterval)
+	orDefault(&c.MaxLineAge, DefaultMaxLineAge)
+	orDefault(&c.StoredGrace, max(2*c.AnnounceInterval, 500*time.Millisecond))
+	orDefault(&c.MaxClockSkew, DefaultMaxClockSkew)
+	orDefault(&c.MaxPeers, DefaultMaxPeers)
+	orDefault(&c.MaxGone, DefaultMaxGone)
+}
+
+// orDefault sets *v to def when it is zero or negative.
+func orDefault[T ~int | ~int64](v *T, def T) {
+	if *v <= 0 {
+		*v = def
 	}
 }
 

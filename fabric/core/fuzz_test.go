@@ -33,12 +33,24 @@ type sim struct {
 	now      time.Time
 	writers  []*simWriter
 	pending  []Fetch
-	views    map[Key]int64
+	views    viewMap
 	got      map[Key]map[int64]int // deliveries per position
 	lastPos  map[Key]int64
 	fetches  int
 	gapsSeen int
 	lost     map[string]bool // streams whose channel is lost: their lines cannot arrive
+}
+
+// viewMap is each key's view, as the actions moved it: a view never
+// moves backwards.
+type viewMap map[Key]int64
+
+func (v viewMap) advance(t testing.TB, k Key, pos int64) {
+	t.Helper()
+	if pos < v[k] {
+		t.Fatalf("view of %s went backwards: %d -> %d", k, v[k], pos)
+	}
+	v[k] = pos
 }
 
 func newSim(t testing.TB) *sim {
@@ -74,9 +86,9 @@ func (s *sim) apply(actions []Action) {
 			s.fetches++
 		case *Deliver:
 			s.deliver(a.Key, a.Pos)
-			s.advance(a.Key, a.Pos)
+			s.views.advance(s.t, a.Key, a.Pos)
 		case Advance:
-			s.advance(a.Key, a.Pos)
+			s.views.advance(s.t, a.Key, a.Pos)
 		case Reset:
 			s.views[a.Key] = 0
 			s.got[a.Key] = nil
@@ -87,13 +99,6 @@ func (s *sim) apply(actions []Action) {
 			}
 		}
 	}
-}
-
-func (s *sim) advance(k Key, pos int64) {
-	if pos < s.views[k] {
-		s.t.Fatalf("view of %s went backwards: %d -> %d", k, s.views[k], pos)
-	}
-	s.views[k] = pos
 }
 
 func (s *sim) deliver(k Key, pos int64) {

@@ -41,7 +41,7 @@ type replaySim struct {
 	writers []*replayWriter
 	rec     []recorded
 	pending []Fetch
-	views   map[Key]int64
+	views   viewMap
 	got     map[string]map[int64]int // instance -> position -> deliveries
 	epochOf map[string]uint64        // instance -> its epoch
 	top     map[Key]uint64           // highest epoch delivered per key
@@ -121,9 +121,9 @@ func (s *replaySim) apply(actions []Action) {
 			s.pending = append(s.pending, a)
 		case *Deliver:
 			s.deliver(a.Key, a.Instance, a.Pos)
-			s.advance(a.Key, a.Pos)
+			s.views.advance(s.t, a.Key, a.Pos)
 		case Advance:
-			s.advance(a.Key, a.Pos)
+			s.views.advance(s.t, a.Key, a.Pos)
 		case Reset:
 			// The instance's state was dropped: its rows may come again.
 			s.views[a.Key] = 0
@@ -134,13 +134,6 @@ func (s *replaySim) apply(actions []Action) {
 			}
 		}
 	}
-}
-
-func (s *replaySim) advance(k Key, pos int64) {
-	if pos < s.views[k] {
-		s.t.Fatalf("view of %s went backwards: %d -> %d", k, s.views[k], pos)
-	}
-	s.views[k] = pos
 }
 
 func (s *replaySim) deliver(k Key, inst string, pos int64) {

@@ -15,17 +15,7 @@ import (
 // position already announced cannot be published in order and is dropped
 // with a "late_rows" note (readers fetch it from the database).
 func (c *Core) LocalRows(stream string, pos int64, rows json.RawMessage) []Action {
-	o, ok := c.own[stream]
-	if !ok {
-		c.note(NoteDropped, stream, "not_writer")
-		return c.flush()
-	}
-	if pos <= o.pos {
-		c.note(NoteDropped, stream, "late_rows")
-		return c.flush()
-	}
-	c.queueOwn(o, pendingRows{pos: pos, rows: rows})
-	return c.flush()
+	return c.queueLocal(stream, pendingRows{pos: pos, rows: rows})
 }
 
 // LocalCommitted queues a row this instance's writer committed at pos
@@ -35,16 +25,23 @@ func (c *Core) LocalRows(stream string, pos int64, rows json.RawMessage) []Actio
 // every reader behind pos fetches it from the database, this instance's
 // own view included. The same rules as LocalRows apply.
 func (c *Core) LocalCommitted(stream string, pos int64) []Action {
+	return c.queueLocal(stream, pendingRows{pos: pos, fetch: true})
+}
+
+// queueLocal queues p on a stream this instance writes, or drops it with
+// a note when the instance does not write the stream or p is at or below
+// the position already announced.
+func (c *Core) queueLocal(stream string, p pendingRows) []Action {
 	o, ok := c.own[stream]
 	if !ok {
 		c.note(NoteDropped, stream, "not_writer")
 		return c.flush()
 	}
-	if pos <= o.pos {
+	if p.pos <= o.pos {
 		c.note(NoteDropped, stream, "late_rows")
 		return c.flush()
 	}
-	c.queueOwn(o, pendingRows{pos: pos, fetch: true})
+	c.queueOwn(o, p)
 	return c.flush()
 }
 

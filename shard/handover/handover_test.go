@@ -3,45 +3,20 @@ package handover
 import (
 	"bytes"
 	"crypto/sha256"
-	"os"
-	"strconv"
 	"testing"
+
+	"github.com/weft-dev/weft/internal/simtest"
 )
 
 // simSeeds is how many seeds TestSimulation runs: WEFT_SIM_SEEDS, else
 // 10,000 (make test runs it without -race; about 20 s on 2 cores), or
 // 1,000 under the race detector (which slows it about tenfold).
-func simSeeds(t *testing.T) uint64 {
-	if v := os.Getenv("WEFT_SIM_SEEDS"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("WEFT_SIM_SEEDS=%q: %v", v, err)
-		}
-		return n
-	}
-	if raceEnabled {
-		return 1000
-	}
-	return 10000
-}
+func simSeeds(t *testing.T) uint64 { return simtest.Seeds(t, 10000, 1000) }
 
 func TestSimulation(t *testing.T) {
-	first, n := uint64(1), simSeeds(t)
-	if v := os.Getenv("WEFT_SIM_SEED"); v != "" { // replay one seed
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("WEFT_SIM_SEED=%q: %v", v, err)
-		}
-		first, n = s, 1
-	}
 	var total simStats
-	for seed := first; seed < first+n; seed++ {
-		s := newSim(seed, defaultSim)
-		if fail := s.run(); len(fail) > 0 {
-			t.Fatalf("seed %d: %s\n(%s)\n%s\nreplay: WEFT_SIM_SEED=%d go test -run '^TestSimulation$' -v ./shard/handover/", seed, fail[0], s.stats, s.dump(), seed)
-		}
-		total.add(s.stats)
-	}
+	n := simtest.Run(t, simSeeds(t), "./shard/handover/", func(seed uint64) *sim { return newSim(seed, defaultSim) },
+		func(s *sim) { total.add(s.stats) })
 	t.Logf("%d seeds: %s", n, total)
 	// The faults must have happened, or the seeds proved nothing.
 	if total.changes < int(n) || total.crashes == 0 || total.partitions == 0 || total.refused == 0 ||
@@ -64,18 +39,9 @@ func TestSimulationCatchesBrokenFence(t *testing.T) {
 		"task done as it begins":              {doneAtBegin: true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if raceEnabled {
-				t.Skip("thousands of seeds; make test runs this without -race")
-			}
 			cfg := defaultSim
 			cfg.broken, cfg.guessRollback, cfg.readEarly, cfg.doneAtBegin = b.broken, b.guessRollback, b.readEarly, b.doneAtBegin
-			for seed := uint64(1); seed <= simSeeds(t); seed++ {
-				if fail := newSim(seed, cfg).run(); len(fail) > 0 {
-					t.Logf("seed %d caught it: %s", seed, fail[0])
-					return
-				}
-			}
-			t.Fatalf("%d seeds did not catch the broken fence", simSeeds(t))
+			simtest.Catches(t, simSeeds(t), func(seed uint64) *sim { return newSim(seed, cfg) })
 		})
 	}
 }

@@ -97,7 +97,7 @@ func (s *sim) begin(w *simWriter, key string) {
 		return
 	}
 	if other := s.open[key]; other != nil {
-		s.failf("one owner per key: %s begins task %d of %s while %s has a transaction open on it", w.name, id, key, other.w.name)
+		s.Failf("one owner per key: %s begins task %d of %s while %s has a transaction open on it", w.name, id, key, other.w.name)
 		return
 	}
 	s.head++
@@ -111,7 +111,7 @@ func (s *sim) begin(w *simWriter, key string) {
 		w.node.Done(key)
 		w.toldDone[key]++
 	}
-	s.after(1+int64(s.rng.IntN(15)), func() { s.sendCommit(tx) })
+	s.After(1+int64(s.rng.IntN(15)), func() { s.sendCommit(tx) })
 }
 
 // sendCommit ends tx's statements with COMMIT, unless it was rolled back
@@ -132,9 +132,9 @@ func (s *sim) sendCommit(tx *simTxn) {
 		o = committed
 		s.stats.unknownCommitted++
 	}
-	tx.decide = s.now + int64(s.rng.IntN(unknownFor))
-	s.after(tx.decide-s.now, func() { s.end(tx, o) })
-	s.after(1+int64(s.rng.IntN(8)), func() { s.lostAnswer(tx) })
+	tx.decide = s.Now + int64(s.rng.IntN(unknownFor))
+	s.After(tx.decide-s.Now, func() { s.end(tx, o) })
+	s.After(1+int64(s.rng.IntN(8)), func() { s.lostAnswer(tx) })
 }
 
 // end is the database ending tx.
@@ -154,7 +154,7 @@ func (s *sim) end(tx *simTxn, o outcome) {
 		}
 		for _, holder := range slices.Sorted(maps.Keys(u.admitted)) {
 			if u.admitted[holder].before(tx.at) {
-				s.failf("per-key FIFO: %s commits task %d of %s (admitted %+v) before task %d (admitted %+v by %s)",
+				s.Failf("per-key FIFO: %s commits task %d of %s (admitted %+v) before task %d (admitted %+v by %s)",
 					tx.w.name, t.id, tx.key, tx.at, u.id, u.admitted[holder], holder)
 				return
 			}
@@ -163,7 +163,7 @@ func (s *sim) end(tx *simTxn, o outcome) {
 	t.commits++
 	s.pending[tx.key] = slices.DeleteFunc(s.pending[tx.key], func(id int) bool { return id == t.id })
 	if t.commits > 1 {
-		s.failf("task %d ran twice", t.id)
+		s.Failf("task %d ran twice", t.id)
 	}
 	s.commits[tx.key] = append(s.commits[tx.key], t.id)
 	s.stats.committed++
@@ -193,12 +193,12 @@ func (s *sim) resolve(tx *simTxn) {
 		case tx.db == undecided && s.cfg.readEarly:
 			s.net(nil, w, func() { s.hear(tx, rolledBack) }) // no row yet
 		case tx.db == undecided:
-			s.after(tx.decide-s.now, answer) // after end: scheduled earlier for the same time
+			s.After(tx.decide-s.Now, answer) // after end: scheduled earlier for the same time
 		default:
 			answer()
 		}
 	})
-	s.after(resolveEvery, func() { s.resolve(tx) })
+	s.After(resolveEvery, func() { s.resolve(tx) })
 }
 
 // hear is tx's writer learning how tx ended: the ID finishes, and the
@@ -283,17 +283,17 @@ func (s *sim) checkPositions() {
 		kept = append(kept, tx)
 		w := tx.w
 		if p := w.position(); w.alive && w.inc == tx.inc && tx.id <= p {
-			s.failf("position: %s's position %d passes %s", w.name, p, tx)
+			s.Failf("position: %s's position %d passes %s", w.name, p, tx)
 		}
 		if p := s.stored[w.name]; tx.db == undecided && tx.id <= p {
-			s.failf("position: %s's stored position %d passes %s", w.name, p, tx)
+			s.Failf("position: %s's stored position %d passes %s", w.name, p, tx)
 		}
 	}
 	clear(s.txns[len(kept):])
 	s.txns = kept
 	for _, w := range s.writers {
 		if p := w.position(); w.alive && p < w.pos {
-			s.failf("position: %s's position went back from %d to %d", w.name, w.pos, p)
+			s.Failf("position: %s's position went back from %d to %d", w.name, w.pos, p)
 		} else if w.alive {
 			w.pos = p
 		}
@@ -312,7 +312,7 @@ func (s *sim) checkRelease(name string, epoch int64) {
 		}
 		for e := max(tx.at.epoch, 1); e <= epoch; e++ {
 			if owner := s.owner(tx.key, s.versions[e-1].Writers); owner != name {
-				s.failf("release while a commit is unknown: %s releases epoch %d while %s is unknown, and the key is %s's at epoch %d",
+				s.Failf("release while a commit is unknown: %s releases epoch %d while %s is unknown, and the key is %s's at epoch %d",
 					name, epoch, tx, owner, e)
 				return
 			}

@@ -1,12 +1,13 @@
 package handover
 
 import (
-	"container/heap"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
+
+	"github.com/weft-dev/weft/internal/simtest"
 )
 
 // The simulation runs the handover of several writers in one process, on
@@ -59,27 +60,6 @@ const (
 	doneTimeout  = 1500
 )
 
-type event struct {
-	at  int64
-	seq int64
-	fn  func()
-}
-
-type eventHeap []*event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
-}
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(*event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
-
 type simTask struct {
 	id       int
 	key      string
@@ -131,15 +111,12 @@ type simFwd struct {
 }
 
 type sim struct {
+	simtest.Sched
 	cfg    simConfig
 	rng    *rand.Rand
 	owner  OwnerFunc // rendezvous hashing salted by the seed: keys move differently per seed
-	now    int64
-	seq    int64
-	events eventHeap
 	lossy  bool
 	faults bool
-	fail   []string
 
 	// the database
 	versions []Version // index epoch-1
@@ -186,18 +163,9 @@ func newSim(seed uint64, cfg simConfig) *sim {
 	for i := range cfg.forwarders {
 		f := &simFwd{id: i, task: -1}
 		s.fwds = append(s.fwds, f)
-		s.after(int64(s.rng.IntN(20)), func() { s.nextTask(f) })
+		s.After(int64(s.rng.IntN(20)), func() { s.nextTask(f) })
 	}
 	return s
-}
-
-func (s *sim) after(d int64, fn func()) {
-	s.seq++
-	heap.Push(&s.events, &event{at: s.now + d, seq: s.seq, fn: fn})
-}
-
-func (s *sim) failf(format string, args ...any) {
-	s.fail = append(s.fail, fmt.Sprintf("t=%dms: ", s.now)+fmt.Sprintf(format, args...))
 }
 
 // net delivers fn after a network delay unless either end is cut off or
@@ -206,7 +174,7 @@ func (s *sim) net(from, to *simWriter, fn func()) {
 	if from != nil && from.cut || to != nil && to.cut || s.lossy && s.rng.IntN(20) == 0 {
 		return
 	}
-	s.after(1+int64(s.rng.IntN(8)), func() {
+	s.After(1+int64(s.rng.IntN(8)), func() {
 		if to != nil && to.cut {
 			return
 		}
@@ -216,43 +184,37 @@ func (s *sim) net(from, to *simWriter, fn func()) {
 
 func (s *sim) epoch() int64 { return int64(len(s.versions)) }
 
-// run drives the simulation to its end and returns the failures.
-func (s *sim) run() []string {
+// Run drives the simulation to its end and returns the failures.
+func (s *sim) Run() []string {
 	end := s.cfg.faultsFor + s.cfg.settleFor
 	s.faults = true
-	s.after(50+int64(s.rng.IntN(100)), s.operator)
-	s.after(100+int64(s.rng.IntN(300)), s.chaos)
-	s.after(0, s.master)
-	s.after(s.cfg.faultsFor, func() {
+	s.After(50+int64(s.rng.IntN(100)), s.operator)
+	s.After(100+int64(s.rng.IntN(300)), s.chaos)
+	s.After(0, s.master)
+	s.After(s.cfg.faultsFor, func() {
 		s.faults, s.lossy = false, false
 		for _, w := range s.writers {
 			w.cut = false
 		}
 	})
-	for len(s.events) > 0 && len(s.fail) == 0 {
-		e := heap.Pop(&s.events).(*event)
-		if e.at > end {
-			break
-		}
-		s.now = e.at
-		e.fn()
+	for s.Next(end) {
 		s.checkPositions()
 		if !s.faults && s.allCommitted() && len(s.txns) == 0 {
 			break
 		}
 	}
-	if len(s.fail) == 0 {
+	if len(s.Fail) == 0 {
 		for _, id := range slices.Sorted(maps.Keys(s.tasks)) {
 			if t := s.tasks[id]; t.commits != 1 {
-				s.failf("task %d (key %s) committed %d times by the end", id, t.key, t.commits)
+				s.Failf("task %d (key %s) committed %d times by the end", id, t.key, t.commits)
 				break
 			}
 		}
 	}
-	if len(s.fail) == 0 && len(s.txns) > 0 {
-		s.failf("unresolved at the end: %s", s.txns[0])
+	if len(s.Fail) == 0 && len(s.txns) > 0 {
+		s.Failf("unresolved at the end: %s", s.txns[0])
 	}
-	return s.fail
+	return s.Fail
 }
 
 func (s *sim) allCommitted() bool {
@@ -288,7 +250,7 @@ func (s *sim) operator() {
 			s.net(nil, w, func() { s.learn(w, v) })
 		}
 	}
-	s.after(60+int64(s.rng.IntN(250)), s.operator)
+	s.After(60+int64(s.rng.IntN(250)), s.operator)
 }
 
 func (s *sim) chaos() {
@@ -300,26 +262,26 @@ func (s *sim) chaos() {
 	case r < 4 && w.alive:
 		s.crash(w)
 		s.stats.crashes++
-		s.after(20+int64(s.rng.IntN(400)), func() { s.start(w) })
+		s.After(20+int64(s.rng.IntN(400)), func() { s.start(w) })
 	case r < 7 && !w.cut:
 		s.cutOff(w)
 		s.stats.partitions++
-		s.after(50+int64(s.rng.IntN(500)), func() { w.cut = false })
+		s.After(50+int64(s.rng.IntN(500)), func() { w.cut = false })
 	default:
 		s.lossy = !s.lossy
 	}
-	s.after(80+int64(s.rng.IntN(300)), s.chaos)
+	s.After(80+int64(s.rng.IntN(300)), s.chaos)
 }
 
 // master seals every writer whose lease expired, recording the epoch it
 // was sealed at: no holder from before can commit any more.
 func (s *sim) master() {
 	for _, w := range s.writers {
-		if !s.sealed[w.name] && s.lease[w.name] < s.now {
+		if !s.sealed[w.name] && s.lease[w.name] < s.Now {
 			s.seal(w.name)
 		}
 	}
-	s.after(25, s.master)
+	s.After(25, s.master)
 }
 
 // forget ends the admissions a writer holds.
@@ -365,13 +327,13 @@ func (s *sim) start(w *simWriter) {
 	if w.alive {
 		return
 	}
-	if !s.sealed[w.name] && (s.lease[w.name] >= s.now || s.holder[w.name] > 0 && !s.seal(w.name)) {
-		s.after(30, func() { s.start(w) })
+	if !s.sealed[w.name] && (s.lease[w.name] >= s.Now || s.holder[w.name] > 0 && !s.seal(w.name)) {
+		s.After(30, func() { s.start(w) })
 		return
 	}
 	w.inc++
 	w.alive, w.cut = true, false
-	s.holder[w.name], s.sealed[w.name], s.lease[w.name] = w.inc, false, s.now+leaseTTL
+	s.holder[w.name], s.sealed[w.name], s.lease[w.name] = w.inc, false, s.Now+leaseTTL
 	w.node = New(w.name, s.released[w.name], s.owner)
 	w.node.broken = s.cfg.broken
 	w.queue, w.busy, w.releasing, w.pollPending = map[string][]int{}, map[string]bool{}, false, false
@@ -384,9 +346,9 @@ func (s *sim) start(w *simWriter) {
 			return
 		}
 		s.poll(w)
-		s.after(pollEvery+int64(s.rng.IntN(10)), poll)
+		s.After(pollEvery+int64(s.rng.IntN(10)), poll)
 	}
-	s.after(int64(s.rng.IntN(pollEvery)), poll)
+	s.After(int64(s.rng.IntN(pollEvery)), poll)
 }
 
 // snapshot feeds w the database's versions, releases and fences at once.
@@ -416,10 +378,10 @@ func (s *sim) poll(w *simWriter) {
 		if s.holder[w.name] != inc || s.sealed[w.name] {
 			// The name was sealed under it: the process exits; its
 			// supervisor starts it again.
-			s.after(1, func() {
+			s.After(1, func() {
 				if w.alive && w.inc == inc {
 					s.crash(w)
-					s.after(10+int64(s.rng.IntN(100)), func() { s.start(w) })
+					s.After(10+int64(s.rng.IntN(100)), func() { s.start(w) })
 				}
 			})
 			return
@@ -427,7 +389,7 @@ func (s *sim) poll(w *simWriter) {
 		if s.sealing[w.name] {
 			return // the renewal waits behind the seal's lock, and the seal ends the holder
 		}
-		s.lease[w.name] = s.now + leaseTTL
+		s.lease[w.name] = s.Now + leaseTTL
 		s.stored[w.name] = max(s.stored[w.name], pos)
 		vs := slices.Clone(s.versions[max(0, len(s.versions)-KeepVersions):])
 		rel, fen := maps.Clone(s.released), maps.Clone(s.fenced)
@@ -451,7 +413,7 @@ func (s *sim) poll(w *simWriter) {
 		})
 	})
 	// A lost round trip is retried at the next poll.
-	s.after(pollEvery*3, func() {
+	s.After(pollEvery*3, func() {
 		if w.inc == inc {
 			w.pollPending = false
 		}
@@ -501,7 +463,7 @@ func (s *sim) offer(w *simWriter, f *simFwd, attempt int, t *simTask, senderEpoc
 	case Accept:
 		w.queue[t.key] = append(w.queue[t.key], t.id)
 		if !s.sealed[w.name] && s.holder[w.name] == w.inc { // else it can never commit: not a live admission
-			t.admitted[w.name] = admission{epoch: d.Epoch, at: s.now}
+			t.admitted[w.name] = admission{epoch: d.Epoch, at: s.Now}
 		}
 		reply(func() { s.accepted(f, attempt, t) })
 		s.kick(w)
@@ -535,7 +497,7 @@ func (s *sim) kick(w *simWriter) {
 				}
 			})
 		})
-		s.after(pollEvery*3, func() {
+		s.After(pollEvery*3, func() {
 			if w.inc == inc {
 				w.releasing = false
 			}
@@ -576,7 +538,7 @@ func (s *sim) send(f *simFwd) {
 	}
 	f.state = "offered"
 	s.net(nil, w, func() { s.offer(w, f, attempt, t, f.epoch) })
-	s.after(offerTimeout, func() {
+	s.After(offerTimeout, func() {
 		if f.attempt == attempt && f.state == "offered" {
 			s.refresh(f, attempt)
 		}
@@ -586,7 +548,7 @@ func (s *sim) send(f *simFwd) {
 // refresh reads the map from the database, then offers again.
 func (s *sim) refresh(f *simFwd, attempt int) {
 	f.state = "refreshing"
-	s.after(2+int64(s.rng.IntN(6)), func() {
+	s.After(2+int64(s.rng.IntN(6)), func() {
 		if f.attempt != attempt {
 			return
 		}
@@ -611,7 +573,7 @@ func (s *sim) retryLater(f *simFwd, attempt int, d int64) {
 		return
 	}
 	f.state = "waiting"
-	s.after(d, func() {
+	s.After(d, func() {
 		if f.attempt == attempt {
 			s.send(f)
 		}
@@ -623,7 +585,7 @@ func (s *sim) accepted(f *simFwd, attempt int, t *simTask) {
 		return
 	}
 	f.state = "accepted"
-	s.after(doneTimeout, func() {
+	s.After(doneTimeout, func() {
 		if f.attempt == attempt && f.task == t.id {
 			s.send(f) // no answer: offer again (the same task)
 		}
@@ -645,7 +607,7 @@ func (s *sim) done(t *simTask) {
 	}
 	f.attempt++
 	f.task = -1
-	s.after(int64(s.rng.IntN(5)), func() { s.nextTask(f) })
+	s.After(int64(s.rng.IntN(5)), func() { s.nextTask(f) })
 }
 
 func (st simStats) String() string {
@@ -655,9 +617,10 @@ func (st simStats) String() string {
 	return b.String()
 }
 
-// dump describes the state, for a failing seed.
-func (s *sim) dump() string {
+// Dump describes the statistics and the state, for a failing seed.
+func (s *sim) Dump() string {
 	var b strings.Builder
+	fmt.Fprintf(&b, "(%s)\n", s.stats)
 	fmt.Fprintf(&b, "database: epoch %d %v released %v fenced %v sealed %v sealing %v head %d stored %v\n",
 		s.epoch(), s.versions[len(s.versions)-1].Writers, s.released, s.fenced, s.sealed, s.sealing, s.head, s.stored)
 	for _, tx := range s.txns {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package handover
-
-const raceEnabled = false
