@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -345,10 +344,7 @@ func mountOf(s types.ServiceConfig, src string) string {
 // redis-server reads both: `directive value` becomes --directive value.
 func confArgList(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := testenv.ReadFile(t, path)
 	var args []string
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {

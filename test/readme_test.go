@@ -175,10 +175,7 @@ func readmeBlock(t *testing.T, path, heading string) []string {
 // readmeLines is every command line in every ```sh block of path.
 func readmeLines(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := testenv.ReadFile(t, path)
 	var out []string
 	for _, part := range strings.Split(string(data), "```sh\n")[1:] {
 		block, _, _ := strings.Cut(part, "\n```")
