@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -34,7 +35,7 @@ func TestPrometheusScrapesInstance(t *testing.T) {
 	var sent struct {
 		StreamPos int64 `json:"stream_pos"`
 	}
-	if _, err := call(context.Background(), "POST", master.url+"/v1/rooms/scraped/messages",
+	if _, err := roomsapi.Call(context.Background(), "POST", master.url+"/v1/rooms/scraped/messages",
 		map[string]string{"sender": "alice", "body": "hello", "txn_id": "t1"}, &sent); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -248,7 +249,7 @@ func TestBadInputDecisions(t *testing.T) {
 	// Another instance than the one that acknowledged it: a long-poll, which
 	// answers once the row has reached it (timeout_ms=0 raced its arrival).
 	var r syncResp
-	if _, err := call(ctx, "GET", master.url+"/v1/sync?since=m0&timeout_ms=10000&rooms=r", nil, &r); err != nil {
+	if _, err := roomsapi.Call(ctx, "GET", master.url+"/v1/sync?since=m0&timeout_ms=10000&rooms=r", nil, &r); err != nil {
 		t.Fatal(err)
 	}
 	if evs := r.Rooms["r"].Events; len(evs) != 1 || evs[0].EventID != ack["event_id"] || !strings.Contains(string(evs[0].Content), `"body":""`) {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -126,7 +127,7 @@ func TestTxnIdempotency(t *testing.T) {
 		var st struct {
 			State map[string]any `json:"state"`
 		}
-		if _, err := call(context.Background(), "GET", p.url+"/v1/rooms/"+url.PathEscape(roomA)+"/state", nil, &st); err != nil || len(st.State) != 0 {
+		if _, err := roomsapi.Call(context.Background(), "GET", p.url+"/v1/rooms/"+url.PathEscape(roomA)+"/state", nil, &st); err != nil || len(st.State) != 0 {
 			t.Errorf("%s: room A state %v (%v), want none: the refused state write was applied", p.name, st.State, err)
 		}
 	}

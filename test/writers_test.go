@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -46,7 +47,7 @@ func TestReadYourWritesThroughForwarding(t *testing.T) {
 	var before struct {
 		NextBatch string `json:"next_batch"`
 	}
-	if _, err := call(ctx, "GET", sync1.url+"/v1/sync", nil, &before); err != nil {
+	if _, err := roomsapi.Call(ctx, "GET", sync1.url+"/v1/sync", nil, &before); err != nil {
 		t.Fatal(err)
 	}
 	since := before.NextBatch
@@ -54,12 +55,12 @@ func TestReadYourWritesThroughForwarding(t *testing.T) {
 	for i := range 1000 {
 		room := url.PathEscape(fmt.Sprintf("!ryw%d:test", i%37))
 		var ack writeAck
-		if _, err := call(ctx, "POST", sync1.url+"/v1/rooms/"+room+"/messages",
+		if _, err := roomsapi.Call(ctx, "POST", sync1.url+"/v1/rooms/"+room+"/messages",
 			map[string]string{"sender": "@ryw:test", "body": "x", "txn_id": fmt.Sprint(i)}, &ack); err != nil {
 			t.Fatal(err)
 		}
 		var r syncResp
-		if _, err := call(ctx, "GET", sync1.url+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
+		if _, err := roomsapi.Call(ctx, "GET", sync1.url+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
 			t.Fatal(err)
 		}
 		found := false
@@ -96,7 +97,7 @@ func runLoad(ctx context.Context, procs []*proc, workers int) *load {
 				txn := fmt.Sprintf("g%d-%d", g, n.Add(1))
 				room := url.PathEscape(fmt.Sprintf("!load%d:test", i%40))
 				var ack writeAck
-				if _, err := call(ctx, "POST", p.url+"/v1/rooms/"+room+"/messages",
+				if _, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+room+"/messages",
 					map[string]string{"sender": fmt.Sprintf("@g%d:test", g), "body": txn, "txn_id": txn}, &ack); err != nil {
 					l.failed.Add(1)
 					time.Sleep(20 * time.Millisecond) // pacing after a failure, not synchronisation
@@ -174,7 +175,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 		} `json:"writers"`
 	}
 	testenv.Eventually(t, 15*time.Second, func() bool {
-		if _, err := call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
+		if _, err := roomsapi.Call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
 			return false
 		}
 		for _, w := range st.Writers {
@@ -188,12 +189,12 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	var before struct {
 		PersistedUpto int64 `json:"persisted_upto"`
 	}
-	_, _ = call(context.Background(), "GET", sync1.url+"/status", nil, &before)
+	_, _ = roomsapi.Call(context.Background(), "GET", sync1.url+"/status", nil, &before)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var now struct {
 			PersistedUpto int64 `json:"persisted_upto"`
 		}
-		_, err := call(context.Background(), "GET", sync1.url+"/status", nil, &now)
+		_, err := roomsapi.Call(context.Background(), "GET", sync1.url+"/status", nil, &now)
 		return err == nil && now.PersistedUpto > before.PersistedUpto
 	}, "persisted-upto stuck after sealing")
 	t.Logf("sealed %v after the kill; persisted-upto moving again", sealedAfter)
