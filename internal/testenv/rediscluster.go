@@ -262,7 +262,7 @@ func (c *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
 // stopped cluster does nothing.
 func (c *RedisCluster) Stop() {
 	for _, n := range c.nodes {
-		n.srv.stop()
+		n.srv.Stop()
 	}
 }
 

@@ -36,7 +36,7 @@ func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgre
 			"-c", "recovery_min_apply_delay=" + strconv.FormatInt(delay.Milliseconds(), 10) + "ms",
 		},
 	}
-	r.srv = server{name: "postgres replica", log: r.log, stopSig: os.Interrupt, launch: r.launch}
+	r.server = server{name: "postgres replica", log: r.log, stopSig: os.Interrupt, launch: r.launch}
 	t.Cleanup(func() {
 		r.Stop()
 		os.RemoveAll(dir)
@@ -46,7 +46,7 @@ func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgre
 			t.Fatalf("testenv: chown %s for user postgres: %v", dir, err)
 		}
 	}
-	host, port, _ := strings.Cut(primary.srv.addr(), ":")
+	host, port, _ := strings.Cut(primary.addr(), ":")
 	// -c fast: checkpoint at once instead of spreading it; -X stream: the
 	// WAL written meanwhile comes along, so the copy is consistent alone.
 	err = run(dir, r.log, r.as, filepath.Join(r.bin, "pg_basebackup"),
@@ -54,8 +54,8 @@ func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgre
 	if err != nil {
 		t.Fatalf("testenv: %v%s", err, logTail(r.log))
 	}
-	r.srv.start(t)
-	t.Logf("testenv: postgres replica of %s at %s (apply delay %v), log %s", primary.srv.addr(), r.URL("postgres"), delay, r.log)
+	r.start(t)
+	t.Logf("testenv: postgres replica of %s at %s (apply delay %v), log %s", primary.addr(), r.URL("postgres"), delay, r.log)
 	return r
 }
 
