@@ -66,14 +66,8 @@ func (e *syncEnv) syncOnce(t *testing.T, since string, timeoutMs int) ([]int64, 
 	}
 	r := decodeSync(t, w)
 	var got []int64
-	for _, evs := range r.Rooms {
-		for _, raw := range evs.Events {
-			var ev Event
-			if err := json.Unmarshal(raw, &ev); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, ev.StreamPos)
-		}
+	for _, ev := range syncEvents(t, r) {
+		got = append(got, ev.StreamPos)
 	}
 	slices.Sort(got) // rooms come as a map; p1's order is by position
 	return got, r.NextBatch, true

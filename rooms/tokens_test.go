@@ -146,14 +146,8 @@ func syncOn(t *testing.T, svc *Service, query string) ([]ev, string) {
 	}
 	r := decodeSync(t, w)
 	var got []ev
-	for _, evs := range r.Rooms {
-		for _, raw := range evs.Events {
-			var e Event
-			if err := json.Unmarshal(raw, &e); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, ev{e.Writer, e.StreamPos})
-		}
+	for _, e := range syncEvents(t, r) {
+		got = append(got, ev{e.Writer, e.StreamPos})
 	}
 	return got, r.NextBatch
 }

@@ -154,15 +154,25 @@ func checkAll(t *testing.T, l *load, procs ...*proc) {
 	t.Logf("%d writes acknowledged, %d failed during the fault", len(acked), l.failed.Load())
 }
 
+// writerUnderLoad is a small cluster (procs: master, p1, p2, sync1)
+// under a load of four workers through all but p1, the writer to stop,
+// once 200 writes are acknowledged; stop ends the load.
+func writerUnderLoad(t *testing.T) (c *cluster, procs []*proc, l *load, stop context.CancelFunc) {
+	t.Helper()
+	c, master, p1, p2, sync1 := smallCluster(t)
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	l = runLoad(ctx, []*proc{master, p2, sync1}, 4)
+	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	return c, []*proc{master, p1, p2, sync1}, l, stop
+}
+
 // A writer killed with SIGKILL mid-load is sealed by the master once its
 // lease expires; the rows it committed are all visible; it restarts as a
 // new instance and the cluster converges with nothing lost or duplicated.
 func TestWriterKilledMidLoad(t *testing.T) {
-	c, master, p1, p2, sync1 := smallCluster(t)
-	procs := []*proc{master, p1, p2, sync1}
-	ctx, stop := context.WithCancel(context.Background())
-	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	c, procs, l, stop := writerUnderLoad(t)
+	master, p1, sync1 := procs[0], procs[1], procs[3]
 	c.stop(p1, syscall.SIGKILL)
 	killed := time.Now()
 	// The master seals it: persisted-upto on sync1 moves on within the
@@ -211,11 +221,8 @@ func TestWriterKilledMidLoad(t *testing.T) {
 // A rolling restart of a writer (SIGTERM, then a new process of the same
 // name) hands over with no write lost or duplicated.
 func TestWriterRollingRestart(t *testing.T) {
-	c, master, p1, p2, sync1 := smallCluster(t)
-	procs := []*proc{master, p1, p2, sync1}
-	ctx, stop := context.WithCancel(context.Background())
-	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	c, procs, l, stop := writerUnderLoad(t)
+	p1 := procs[1]
 	c.stop(p1, syscall.SIGTERM)
 	c.launch(p1)
 	c.waitReady(p1)
