@@ -53,10 +53,7 @@ func StartPostgres(t testing.TB) *Postgres {
 	if err != nil {
 		unavailable(t, "%v", err)
 	}
-	dir, err := os.MkdirTemp("", "weft-pg-")
-	if err != nil {
-		t.Fatalf("testenv: postgres temp dir: %v", err)
-	}
+	dir := tempDir(t, "weft-pg-")
 	p := &Postgres{
 		bin:  bin,
 		dir:  dir,

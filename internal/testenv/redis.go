@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,14 +40,8 @@ type Redis struct {
 // answers PING. It is stopped and its dir removed when the test ends.
 func StartRedis(t testing.TB, args ...string) *Redis {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		unavailable(t, "redis-server not found: %v", err)
-	}
-	dir, err := os.MkdirTemp("", "weft-redis-")
-	if err != nil {
-		t.Fatalf("testenv: redis temp dir: %v", err)
-	}
+	bin := RequireTool(t, "redis-server", "redis-server")
+	dir := tempDir(t, "weft-redis-")
 	r := &Redis{bin: bin, dir: dir, log: filepath.Join(dir, "redis.log"), args: args}
 	r.server = server{name: "redis-server", log: r.log, stopSig: syscall.SIGTERM, launch: r.launch}
 	t.Cleanup(func() {

@@ -21,10 +21,7 @@ import (
 // test ends, before primary.
 func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgres {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "weft-pg-replica-")
-	if err != nil {
-		t.Fatalf("testenv: replica temp dir: %v", err)
-	}
+	dir := tempDir(t, "weft-pg-replica-")
 	r := &Postgres{
 		bin:  primary.bin,
 		dir:  dir,
@@ -49,7 +46,7 @@ func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgre
 	host, port, _ := strings.Cut(primary.addr(), ":")
 	// -c fast: checkpoint at once instead of spreading it; -X stream: the
 	// WAL written meanwhile comes along, so the copy is consistent alone.
-	err = run(dir, r.log, r.as, filepath.Join(r.bin, "pg_basebackup"),
+	err := run(dir, r.log, r.as, filepath.Join(r.bin, "pg_basebackup"),
 		"-D", r.data, "-h", host, "-p", port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast", "--no-sync")
 	if err != nil {
 		t.Fatalf("testenv: %v%s", err, logTail(r.log))
