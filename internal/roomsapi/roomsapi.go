@@ -58,37 +58,45 @@ func TxnOf(e Event) string {
 // code, 0 when no answer came; any other status is an error with the
 // answer's body.
 func Call(ctx context.Context, method, url string, body, out any) (int, error) {
+	code, _, data, err := Do(ctx, method, url, body)
+	if err != nil {
+		return code, err
+	}
+	if code/100 != 2 {
+		return code, fmt.Errorf("%s %s: %d %s", method, url, code, bytes.TrimSpace(data))
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return code, fmt.Errorf("%s %s: answer %q: %w", method, url, data, err)
+		}
+	}
+	return code, nil
+}
+
+// Do does one request with body (nil for none) encoded as JSON and
+// returns the answer whatever its status: its code (0 when none came),
+// header and body.
+func Do(ctx context.Context, method, url string, body any) (code int, header http.Header, data []byte, err error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return 0, err
+			return 0, nil, nil, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		return 0, err
+		return 0, nil, nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return resp.StatusCode, fmt.Errorf("%s %s: %d %s", method, url, resp.StatusCode, bytes.TrimSpace(data))
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("%s %s: answer %q: %w", method, url, data, err)
-		}
-	}
-	return resp.StatusCode, nil
+	data, err = io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, data, err
 }
