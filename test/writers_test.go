@@ -154,25 +154,35 @@ func checkAll(t *testing.T, l *load, procs ...*proc) {
 	t.Logf("%d writes acknowledged, %d failed during the fault", len(acked), l.failed.Load())
 }
 
-// writerUnderLoad is a small cluster (procs: master, p1, p2, sync1)
-// under a load of four workers through all but p1, the writer to stop,
-// once 200 writes are acknowledged; stop ends the load.
-func writerUnderLoad(t *testing.T) (c *cluster, procs []*proc, l *load, stop context.CancelFunc) {
+// loadedCluster is a small cluster under a load of four workers through
+// all its instances but p1, the writer the tests stop.
+type loadedCluster struct {
+	c                     *cluster
+	master, p1, p2, sync1 *proc
+	l                     *load
+	stop                  context.CancelFunc // ends the load
+}
+
+// writerUnderLoad starts a loadedCluster and returns once 200 writes are
+// acknowledged.
+func writerUnderLoad(t *testing.T) loadedCluster {
 	t.Helper()
 	c, master, p1, p2, sync1 := smallCluster(t)
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	l = runLoad(ctx, []*proc{master, p2, sync1}, 4)
+	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
 	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
-	return c, []*proc{master, p1, p2, sync1}, l, stop
+	return loadedCluster{c: c, master: master, p1: p1, p2: p2, sync1: sync1, l: l, stop: stop}
 }
+
+func (lc loadedCluster) procs() []*proc { return []*proc{lc.master, lc.p1, lc.p2, lc.sync1} }
 
 // A writer killed with SIGKILL mid-load is sealed by the master once its
 // lease expires; the rows it committed are all visible; it restarts as a
 // new instance and the cluster converges with nothing lost or duplicated.
 func TestWriterKilledMidLoad(t *testing.T) {
-	c, procs, l, stop := writerUnderLoad(t)
-	master, p1, sync1 := procs[0], procs[1], procs[3]
+	lc := writerUnderLoad(t)
+	c, master, p1, sync1, l := lc.c, lc.master, lc.p1, lc.sync1, lc.l
 	c.stop(p1, syscall.SIGKILL)
 	killed := time.Now()
 	// The master seals it: persisted-upto on sync1 moves on within the
@@ -214,19 +224,19 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	restarted := l.ackedCount()
 	testenv.Eventually(t, 20*time.Second, func() bool { return l.ackedCount() > restarted+200 },
 		"load stalled after the restart")
-	stop()
-	checkAll(t, l, procs...)
+	lc.stop()
+	checkAll(t, l, lc.procs()...)
 }
 
 // A rolling restart of a writer (SIGTERM, then a new process of the same
 // name) hands over with no write lost or duplicated.
 func TestWriterRollingRestart(t *testing.T) {
-	c, procs, l, stop := writerUnderLoad(t)
-	p1 := procs[1]
+	lc := writerUnderLoad(t)
+	c, p1, l := lc.c, lc.p1, lc.l
 	c.stop(p1, syscall.SIGTERM)
 	c.launch(p1)
 	c.waitReady(p1)
 	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 600 }, "load stalled after the restart")
-	stop()
-	checkAll(t, l, procs...)
+	lc.stop()
+	checkAll(t, l, lc.procs()...)
 }
