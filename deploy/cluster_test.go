@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -311,24 +309,12 @@ func startBinary(t *testing.T, name, bin string, args []string, env map[string]s
 	cmd.Env = append(envList(env), "PATH=/usr/bin:/bin")
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
 		if t.Failed() {
 			t.Logf("%s (%s %q) log:\n%s", name, bin, args, logs.String())
 		}
 	})
+	testenv.StartCommand(t, cmd, 10*time.Second)
 }
 
 // mountOf is where s mounts the local file src, or "".
@@ -345,10 +331,7 @@ func mountOf(s types.ServiceConfig, src string) string {
 // redis-server reads both: `directive value` becomes --directive value.
 func confArgList(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := testenv.ReadFile(t, path)
 	var args []string
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {

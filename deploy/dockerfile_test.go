@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // stage is one FROM section of a Dockerfile, with its instructions joined
@@ -16,10 +18,7 @@ type stage struct {
 
 func parseDockerfile(t *testing.T, path string) []stage {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := testenv.ReadFile(t, path)
 	var stages []stage
 	var cur string
 	// ARGs before the first FROM: the base images, which FROM names as

@@ -243,10 +243,7 @@ func imageUser(t *testing.T, s stage) (int, int) {
 // dockerignore reads the patterns of a .dockerignore file.
 func dockerignore(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := testenv.ReadFile(t, path)
 	var out []string
 	for line := range strings.Lines(string(data)) {
 		line = strings.TrimSpace(line)

@@ -66,14 +66,8 @@ func (e *syncEnv) syncOnce(t *testing.T, since string, timeoutMs int) ([]int64, 
 	}
 	r := decodeSync(t, w)
 	var got []int64
-	for _, evs := range r.Rooms {
-		for _, raw := range evs.Events {
-			var ev Event
-			if err := json.Unmarshal(raw, &ev); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, ev.StreamPos)
-		}
+	for _, ev := range syncEvents(t, r) {
+		got = append(got, ev.StreamPos)
 	}
 	slices.Sort(got) // rooms come as a map; p1's order is by position
 	return got, r.NextBatch, true
@@ -109,15 +103,7 @@ func (e *syncEnv) tokenPos(t *testing.T, tok string) int64 {
 // primaryPositions are p1's event positions in (from, to], on the primary.
 func (e *syncEnv) primaryPositions(t *testing.T, from, to int64) []int64 {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT stream_id FROM events WHERE stream_id > $1 AND stream_id <= $2 ORDER BY stream_id`, from, to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testenv.Column[int64](t, e.pool, `SELECT stream_id FROM events WHERE stream_id > $1 AND stream_id <= $2 ORDER BY stream_id`, from, to)
 }
 
 // sameSeq reports the first difference between what a reader got and the

@@ -139,6 +139,19 @@ func (s *Service) room(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return pathParam(w, r, "room", roomRE, "1-255 of [A-Za-z0-9!:._@#-]")
 }
 
+// roomRequest reads a request to a room's named sub-resource: the room,
+// the path parameter name (matching re, described by want) and the JSON
+// body into req. On a bad one it answers 400 and returns false.
+func (s *Service) roomRequest(w http.ResponseWriter, r *http.Request, name string, re *regexp.Regexp, want string, req any) (room, v string, ok bool) {
+	if room, ok = s.room(w, r); !ok {
+		return "", "", false
+	}
+	if v, ok = pathParam(w, r, name, re, want); !ok {
+		return "", "", false
+	}
+	return room, v, decodeBody(w, r, req)
+}
+
 // decodeBody reads a size-limited JSON object into v, rejecting unknown
 // fields and anything after the object; the error names the field when it
 // can.
@@ -225,16 +238,9 @@ type stateReq struct {
 }
 
 func (s *Service) putState(w http.ResponseWriter, r *http.Request) {
-	room, ok := s.room(w, r)
-	if !ok {
-		return
-	}
-	key, ok := pathParam(w, r, "key", keyRE, "0-255 of [A-Za-z0-9:._-]")
-	if !ok {
-		return
-	}
 	var req stateReq
-	if !decodeBody(w, r, &req) {
+	room, key, ok := s.roomRequest(w, r, "key", keyRE, "0-255 of [A-Za-z0-9:._-]", &req)
+	if !ok {
 		return
 	}
 	if len(req.Value) == 0 {
@@ -428,16 +434,9 @@ type typingBody struct {
 }
 
 func (s *Service) putTyping(w http.ResponseWriter, r *http.Request) {
-	room, ok := s.room(w, r)
-	if !ok {
-		return
-	}
-	user, ok := pathParam(w, r, "user", userRE, "1-255 of [A-Za-z0-9@:._=-]")
-	if !ok {
-		return
-	}
 	var req typingBody
-	if !decodeBody(w, r, &req) {
+	room, user, ok := s.roomRequest(w, r, "user", userRE, "1-255 of [A-Za-z0-9@:._=-]", &req)
+	if !ok {
 		return
 	}
 	if req.Typing == nil {

@@ -178,6 +178,23 @@ func decodeSync(t *testing.T, w *httptest.ResponseRecorder) syncResp {
 	return r
 }
 
+// syncEvents are the events of every room of a sync answer, rooms in no
+// order (they come as a map).
+func syncEvents(t *testing.T, r syncResp) []Event {
+	t.Helper()
+	var out []Event
+	for _, evs := range r.Rooms {
+		for _, raw := range evs.Events {
+			var e Event
+			if err := json.Unmarshal(raw, &e); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // longPolls runs a sync per query until stop, each answer on its channel.
 type longPolls struct {
 	stop context.CancelFunc

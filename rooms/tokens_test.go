@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/streams"
@@ -124,15 +125,7 @@ func (e *lagEnv) writeAs(t *testing.T, g *streams.Generator, room string) int64 
 // rowsOf are writer's event positions above from, in the table.
 func (e *lagEnv) rowsOf(t *testing.T, writer string, from int64) []int64 {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT stream_id FROM events WHERE writer = $1 AND stream_id > $2 ORDER BY stream_id`, writer, from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testenv.Column[int64](t, e.pool, `SELECT stream_id FROM events WHERE writer = $1 AND stream_id > $2 ORDER BY stream_id`, writer, from)
 }
 
 // localOwner runs persists on the owner's executor in this process.
@@ -153,14 +146,8 @@ func syncOn(t *testing.T, svc *Service, query string) ([]ev, string) {
 	}
 	r := decodeSync(t, w)
 	var got []ev
-	for _, evs := range r.Rooms {
-		for _, raw := range evs.Events {
-			var e Event
-			if err := json.Unmarshal(raw, &e); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, ev{e.Writer, e.StreamPos})
-		}
+	for _, e := range syncEvents(t, r) {
+		got = append(got, ev{e.Writer, e.StreamPos})
 	}
 	return got, r.NextBatch
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -67,7 +68,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 	// A token no instance can have handed out (beyond the sequence) is a
 	// 400 naming since, at once, not a long poll that never ends.
 	start := time.Now()
-	code, err := call(context.Background(), "GET", master.url+"/v1/sync?timeout_ms=5000&since=m999999999", nil, nil)
+	code, err := roomsapi.Call(context.Background(), "GET", master.url+"/v1/sync?timeout_ms=5000&since=m999999999", nil, nil)
 	if code != http.StatusBadRequest || err == nil || !strings.Contains(err.Error(), `"since"`) || time.Since(start) > 2*time.Second {
 		t.Fatalf("future token: %d %v after %v, want 400 naming since at once", code, err, time.Since(start))
 	}
@@ -97,7 +98,7 @@ func TestSigtermSealsAndExitsZero(t *testing.T) {
 			Sealed bool   `json:"sealed"`
 		} `json:"writers"`
 	}
-	if _, err := call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
+	if _, err := roomsapi.Call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range st.Writers {

@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -85,7 +85,7 @@ func (w *workload) writeRoom(ctx context.Context, t *testing.T, rng *rand.Rand, 
 		p := procs[rng.IntN(len(procs))]
 		var resp writeAck
 		rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		code, err := call(rctx, method, p.url+path, body, &resp)
+		code, err := roomsapi.Call(rctx, method, p.url+path, body, &resp)
 		cancel()
 		if err == nil {
 			w.mu.Lock()
@@ -160,19 +160,4 @@ func (w *workload) ackedSnapshot() map[string]ack {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return maps.Clone(w.acked)
-}
-
-// txnOf is the transaction ID the workload put in an event's content.
-func txnOf(e event) string {
-	var c struct {
-		Body  string `json:"body"`
-		Value struct {
-			Txn string `json:"txn"`
-		} `json:"value"`
-	}
-	_ = json.Unmarshal(e.Content, &c)
-	if c.Body != "" {
-		return c.Body
-	}
-	return c.Value.Txn
 }

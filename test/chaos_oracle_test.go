@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/streams"
 )
 
 // fuzzSender is the sender of the writes that fuzzed HTTP requests make
@@ -40,18 +40,13 @@ type oracle struct {
 }
 
 type instView struct {
-	seen     map[string]int       // txn -> times seen
+	*roomsapi.View
 	seenAt   map[string]time.Time // txn -> when its sync first returned it
 	order    []event
 	byWriter map[string][]row // writer -> rows in the order returned (by position within a response)
-	maxPos   map[string]int64 // writer -> highest position in earlier responses
 	since    string           // where the next sync goes on from
-	token    streams.Token
 	syncs    int
 	syncErrs int
-
-	dup, reorder, tokenBack int
-	examples                []string
 
 	samples, readySamples, readyBehind int
 	putoBack                           int
@@ -77,7 +72,7 @@ func newOracle(procs []*proc) *oracle {
 
 // newView is the view of a reader that has returned nothing yet.
 func newView() *instView {
-	return &instView{seen: map[string]int{}, seenAt: map[string]time.Time{}, byWriter: map[string][]row{}, maxPos: map[string]int64{}, since: "m0"}
+	return &instView{View: roomsapi.NewView(), seenAt: map[string]time.Time{}, byWriter: map[string][]row{}, since: "m0"}
 }
 
 // join starts following name as a new reader: what its syncs return from
@@ -106,12 +101,6 @@ func (o *oracle) retireLocked(name string) *instView {
 	delete(o.views, name)
 	o.retired = append(o.retired, retiredView{name: fmt.Sprintf("%s#%d", name, len(o.retired)+1), v: v})
 	return v
-}
-
-func (v *instView) violation(format string, args ...any) {
-	if len(v.examples) < 5 {
-		v.examples = append(v.examples, fmt.Sprintf(format, args...))
-	}
 }
 
 func (o *oracle) acked(writer string, pos int64) {
@@ -180,66 +169,24 @@ func (o *oracle) syncLoop(ctx context.Context, name string, next func() *proc) {
 }
 
 // apply checks one sync response against everything seen before on that
-// instance. Within a response events are grouped by room, in stream order
-// per writer; across responses every writer's positions increase.
+// instance (roomsapi.View.Apply), and keeps its workload rows in order.
 func (o *oracle) apply(v *instView, name, since string, r syncResp) {
-	next, err := streams.ParseToken(r.NextBatch)
-	if err != nil {
-		v.tokenBack++
-		v.violation("%s: next_batch %q: %v", name, r.NextBatch, err)
-		return
-	}
-	if !v.token.LessOrEqual(next) {
-		v.tokenBack++
-		v.violation("%s: token went backwards: %s after %s", name, next, v.token)
-	}
-	v.token = streams.Merge(v.token, next)
-	lo, hi := map[string]int64{}, map[string]int64{}
 	got := map[string][]row{}
-	for room, re := range r.Rooms {
-		last := map[string]int64{}
-		for _, e := range re.Events {
-			if e.Room != room {
-				v.violation("%s: event %s of %s listed under %s", name, e.EventID, e.Room, room)
-				v.reorder++
-			}
-			if e.StreamPos <= last[e.Writer] {
-				v.reorder++
-				v.violation("%s: room %s: %s/%d after %d", name, room, e.Writer, e.StreamPos, last[e.Writer])
-			}
-			last[e.Writer] = e.StreamPos
-			if l, ok := lo[e.Writer]; !ok || e.StreamPos < l {
-				lo[e.Writer] = e.StreamPos
-			}
-			hi[e.Writer] = max(hi[e.Writer], e.StreamPos)
-			if e.Sender == fuzzSender {
-				continue // the fuzzed HTTP's writes: valid, and none of the workload's
-			}
-			txn := txnOf(e)
-			v.seen[txn]++
-			if v.seen[txn] == 1 {
-				v.seenAt[txn] = time.Now()
-			}
-			if v.seen[txn] > 1 {
-				v.dup++
-				v.violation("%s: %s (%s/%d) seen %d times (since %s)", name, txn, e.Writer, e.StreamPos, v.seen[txn], since)
-			}
-			v.order = append(v.order, e)
-			got[e.Writer] = append(got[e.Writer], row{e.StreamPos, txn})
-		}
+	fuzzed := func(e event) bool {
+		return e.Sender == fuzzSender // the fuzzed HTTP's writes: valid, and none of the workload's
 	}
+	v.Apply(name, since, r, fuzzed, func(e event, txn string) {
+		if v.Seen[txn] == 1 {
+			v.seenAt[txn] = time.Now()
+		}
+		v.order = append(v.order, e)
+		got[e.Writer] = append(got[e.Writer], row{e.StreamPos, txn})
+	})
 	// Rooms come in no order: a writer's rows of one response are in
 	// stream order once sorted (reorder counts those that were not).
 	for w, rs := range got {
 		slices.SortStableFunc(rs, func(a, b row) int { return cmp.Compare(a.pos, b.pos) })
 		v.byWriter[w] = append(v.byWriter[w], rs...)
-	}
-	for w, l := range lo {
-		if l <= v.maxPos[w] {
-			v.reorder++
-			v.violation("%s: %s/%d returned after %s/%d was (since %s)", name, w, l, w, v.maxPos[w], since)
-		}
-		v.maxPos[w] = max(v.maxPos[w], hi[w])
 	}
 }
 
@@ -290,7 +237,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 		v.samples++
 		if st.PersistedUpto < v.lastPuto {
 			v.putoBack++
-			v.violation("%s: persisted-upto %d after %d", name, st.PersistedUpto, v.lastPuto)
+			v.Violation("%s: persisted-upto %d after %d", name, st.PersistedUpto, v.lastPuto)
 		}
 		v.lastPuto = max(v.lastPuto, st.PersistedUpto)
 		if !st.Ready {
@@ -313,7 +260,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 						listed = " (not listed)"
 					}
 					v.readyBehind++
-					v.violation("%s: ready at %s with %s at %d%s, but %d was acknowledged %v before",
+					v.Violation("%s: ready at %s with %s at %d%s, but %d was acknowledged %v before",
 						name, began.Format("15:04:05.000"), w, pos[w], listed, want, readySlack)
 				}
 			}
@@ -325,7 +272,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 func get(ctx context.Context, timeout time.Duration, u string, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	_, err := call(ctx, "GET", u, nil, out)
+	_, err := roomsapi.Call(ctx, "GET", u, nil, out)
 	return err
 }
 
@@ -347,15 +294,9 @@ func (o *oracle) missing(want map[string]ack, down []string) []string {
 		if slices.Contains(down, name) {
 			continue
 		}
-		n, example := 0, ""
-		for txn, a := range want {
-			if v.seen[txn] == 0 {
-				n++
-				example = fmt.Sprintf("%s (%s/%d)", txn, a.writer, a.pos)
-			}
-		}
-		if n > 0 {
-			out = append(out, fmt.Sprintf("%s lacks %d, e.g. %s", name, n, example))
+		if n, txn := v.Lacks(maps.Keys(want)); n > 0 {
+			a := want[txn]
+			out = append(out, fmt.Sprintf("%s lacks %d, e.g. %s (%s/%d)", name, n, txn, a.writer, a.pos))
 		}
 	}
 	slices.Sort(out)
@@ -453,13 +394,13 @@ func (o *oracle) report(name string, w *workload, acked map[string]ack, tb table
 		d := tb.compare(n, v.byWriter, upto)
 		r.Lost += d.lost
 		r.Phantom += d.phantom
-		r.Reordered += v.reorder + d.misordered
-		r.Duplicated += v.dup
-		r.TokenBack += v.tokenBack
+		r.Reordered += v.Reorder + d.misordered
+		r.Duplicated += v.Dup
+		r.TokenBack += v.TokenBack
 		r.PersistedBack += v.putoBack
 		r.ReadyBehind += v.readyBehind
 		r.Examples = append(r.Examples, d.examples...)
-		r.Examples = append(r.Examples, v.examples...)
+		r.Examples = append(r.Examples, v.Examples...)
 	}
 	for _, n := range slices.Sorted(maps.Keys(o.views)) {
 		add(n, o.views[n], false)

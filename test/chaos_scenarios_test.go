@@ -21,6 +21,7 @@ import (
 	"github.com/weft-dev/weft/fabric"
 
 	"github.com/weft-dev/weft/internal/faultproxy"
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -260,7 +261,7 @@ func TestChaosRollbacksAfterNextval(t *testing.T) {
 		refused := 0
 		for i := range pick(100, 400) {
 			room := fmt.Sprintf("%%21chaos%d:test", i%chaosRooms)
-			code, _ := call(ctx, "POST", ch.procs[i%len(ch.procs)].url+"/v1/rooms/"+room+"/messages",
+			code, _ := roomsapi.Call(ctx, "POST", ch.procs[i%len(ch.procs)].url+"/v1/rooms/"+room+"/messages",
 				map[string]string{"sender": "@poison:test", "body": fmt.Sprintf("poison %d", i), "txn_id": fmt.Sprintf("poison-%d", i)}, nil)
 			if code/100 == 2 {
 				t.Fatalf("a poisoned write was acknowledged")

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -387,7 +388,7 @@ func (ch *chaos) checkRoomState() {
 		}
 		if e.StreamPos > last[e.Room][*e.StateKey] {
 			last[e.Room][*e.StateKey] = e.StreamPos
-			want[e.Room][*e.StateKey] = txnOf(e)
+			want[e.Room][*e.StateKey] = roomsapi.TxnOf(e)
 		}
 	}
 	if len(want) == 0 {
@@ -400,7 +401,7 @@ func (ch *chaos) checkRoomState() {
 				Txn string `json:"txn"`
 			} `json:"state"`
 		}
-		if _, err := call(ctx, "GET", p.url+"/v1/rooms/"+url.PathEscape(room)+"/state", nil, &st); err != nil {
+		if _, err := roomsapi.Call(ctx, "GET", p.url+"/v1/rooms/"+url.PathEscape(room)+"/state", nil, &st); err != nil {
 			t.Fatalf("%s: room state: %v", p.name, err)
 		}
 		out := map[string]string{}
@@ -415,7 +416,7 @@ func (ch *chaos) checkRoomState() {
 				t.Fatalf("%s: room %s state %v, recomputed from its events %v", p.name, room, got, keys)
 			}
 		}
-		if _, err := call(ctx, "POST", ch.procs[0].url+"/v1/rooms/"+url.PathEscape(room)+"/recompute", nil, nil); err != nil {
+		if _, err := roomsapi.Call(ctx, "POST", ch.procs[0].url+"/v1/rooms/"+url.PathEscape(room)+"/recompute", nil, nil); err != nil {
 			t.Fatalf("recompute %s: %v", room, err)
 		}
 		if got := read(ch.procs[0], room); !maps.Equal(got, keys) {

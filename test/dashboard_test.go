@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -41,15 +42,15 @@ func TestDashboardMetricsExist(t *testing.T) {
 	_, master, p1, p2, sync1 := smallClusterOn(t, rds)
 	ctx := context.Background()
 	for i := range 6 {
-		if _, err := call(ctx, "POST", sync1.url+fmt.Sprintf("/v1/rooms/dash%d/messages", i),
+		if _, err := roomsapi.Call(ctx, "POST", sync1.url+fmt.Sprintf("/v1/rooms/dash%d/messages", i),
 			map[string]string{"sender": "@d:x", "body": "b", "txn_id": fmt.Sprint(i)}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := call(ctx, "PUT", sync1.url+"/v1/rooms/dash0/typing/@d:x", map[string]any{"typing": true, "timeout_ms": 1000}, nil); err != nil {
+	if _, err := roomsapi.Call(ctx, "PUT", sync1.url+"/v1/rooms/dash0/typing/@d:x", map[string]any{"typing": true, "timeout_ms": 1000}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := call(ctx, "GET", sync1.url+"/v1/sync?since=m0&timeout_ms=0", nil, nil); err != nil {
+	if _, err := roomsapi.Call(ctx, "GET", sync1.url+"/v1/sync?since=m0&timeout_ms=0", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	// A catch-up request, as another instance would make it.
@@ -76,7 +77,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 		}
 		for range 3 {
 			n++
-			_, _ = call(ctx, "POST", p1.url+fmt.Sprintf("/v1/rooms/gap%d/messages", n),
+			_, _ = roomsapi.Call(ctx, "POST", p1.url+fmt.Sprintf("/v1/rooms/gap%d/messages", n),
 				map[string]string{"sender": "@d:x", "body": "b", "txn_id": fmt.Sprint("gap", n)}, nil)
 		}
 		for _, p := range []*proc{master, p1, p2, sync1} {

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/internal/faultproxy"
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/shard"
 )
@@ -39,7 +40,7 @@ func roomOf(t *testing.T, writer string) string {
 // typingIn is who types in room, as p's sync says.
 func typingIn(p *proc, room string) ([]string, error) {
 	var r syncResp
-	_, err := call(context.Background(), "GET", p.url+"/v1/sync?timeout_ms=0&rooms="+url.QueryEscape(room), nil, &r)
+	_, err := roomsapi.Call(context.Background(), "GET", p.url+"/v1/sync?timeout_ms=0&rooms="+url.QueryEscape(room), nil, &r)
 	return r.Typing[room], err
 }
 
@@ -68,7 +69,7 @@ func TestKilledInstancesAreForgotten(t *testing.T) {
 	c.waitReady(p1, p2, s1, s2)
 	survivors := []*proc{p1, p2, s1}
 	room := "!typing:test"
-	if _, err := call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape(room)+"/typing/@u:test",
+	if _, err := roomsapi.Call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape(room)+"/typing/@u:test",
 		map[string]any{"typing": true, "timeout_ms": 600000}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestHungWriterFallsBackToPostgres(t *testing.T) {
 	for i := range 20 {
 		txn := fmt.Sprintf("hung-%d", i)
 		var ack writeAck
-		if _, err := call(ctx, "POST", p2.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
+		if _, err := roomsapi.Call(ctx, "POST", p2.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
 			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, &ack); err != nil {
 			t.Fatal(err)
 		}
@@ -166,13 +167,13 @@ func TestHungWriterFallsBackToPostgres(t *testing.T) {
 	_ = s1.cmd.Process.Signal(syscall.SIGCONT)
 	const sourceTimeout = 2 * time.Second // catchup.DefaultSourceTimeout
 	ok := testenv.Poll(sourceTimeout+10*time.Second, func() bool {
-		code, _ := call(ctx, "GET", s1.url+"/readyz", nil, nil)
+		code, _ := roomsapi.Call(ctx, "GET", s1.url+"/readyz", nil, nil)
 		if code != 200 {
 			return false
 		}
 		seen := map[string]bool{}
 		for _, e := range history(ctx, t, s1.url)[room] {
-			seen[txnOf(e)] = true
+			seen[roomsapi.TxnOf(e)] = true
 		}
 		for _, txn := range txns {
 			if !seen[txn] {
@@ -244,7 +245,7 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	for i := 0; i < 60 || replays.Load() < 60; i++ {
 		via := []*proc{master, p2, s1}[i%3]
 		txn := fmt.Sprintf("after-restart-%d", i)
-		if _, err := call(context.Background(), "POST", via.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
+		if _, err := roomsapi.Call(context.Background(), "POST", via.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
 			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, nil); err != nil {
 			failed++
 			t.Logf("write through %s: %v", via.name, err)
@@ -284,7 +285,7 @@ func TestTwoMasters(t *testing.T) {
 	p1, p2, s1, s2 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1"), c.start("worker", "sync2")
 	c.waitReady(p1, p2, s1, s2)
 	first := instanceOf(t, m1)
-	if _, err := call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape("!two0:test")+"/typing/@u0:test",
+	if _, err := roomsapi.Call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape("!two0:test")+"/typing/@u0:test",
 		map[string]any{"typing": true, "timeout_ms": 60000}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func TestTwoMasters(t *testing.T) {
 		via := all[i%len(all)]
 		room := fmt.Sprintf("!two%d:test", i%5)
 		puts.Add(1)
-		if _, err := call(context.Background(), "PUT", via.url+"/v1/rooms/"+url.PathEscape(room)+"/typing/@u"+fmt.Sprint(i%3)+":test",
+		if _, err := roomsapi.Call(context.Background(), "PUT", via.url+"/v1/rooms/"+url.PathEscape(room)+"/typing/@u"+fmt.Sprint(i%3)+":test",
 			map[string]any{"typing": i%2 == 0, "timeout_ms": 60000}, nil); err != nil {
 			failed.Add(1)
 			t.Logf("typing through %s: %v", via.name, err)
@@ -362,7 +363,7 @@ func TestTwoMasters(t *testing.T) {
 		}
 	}
 	// What typing a reader shows is the newer master's.
-	if _, err := call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape("!last:test")+"/typing/@z:test",
+	if _, err := roomsapi.Call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape("!last:test")+"/typing/@z:test",
 		map[string]any{"typing": true, "timeout_ms": 60000}, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -16,27 +16,14 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
-type event struct {
-	EventID   string          `json:"event_id"`
-	Room      string          `json:"room"`
-	Sender    string          `json:"sender"`
-	Kind      string          `json:"kind"`
-	StateKey  *string         `json:"state_key"`
-	Content   json.RawMessage `json:"content"`
-	StreamPos int64           `json:"stream_pos"`
-	Writer    string          `json:"writer"`
-}
-
-type syncResp struct {
-	Rooms map[string]struct {
-		Events []event `json:"events"`
-	} `json:"rooms"`
-	Typing    map[string][]string `json:"typing"`
-	NextBatch string              `json:"next_batch"`
-}
+type (
+	event    = roomsapi.Event
+	syncResp = roomsapi.SyncResponse
+)
 
 // history syncs from the beginning until nothing new comes, and returns
 // every room's events in the order the instance returned them.
@@ -46,7 +33,7 @@ func history(ctx context.Context, t *testing.T, base string) map[string][]event 
 	since := "m0"
 	for range 1000 {
 		var r syncResp
-		if _, err := call(ctx, "GET", base+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
+		if _, err := roomsapi.Call(ctx, "GET", base+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
 			t.Fatal(err)
 		}
 		n := 0
@@ -97,7 +84,7 @@ func TestEndToEnd(t *testing.T) {
 					SyncToken string `json:"sync_token"`
 				}
 				body := map[string]string{"sender": fmt.Sprintf("@u%d:test", g), "body": fmt.Sprintf("message %d", i), "txn_id": txn}
-				if _, err := call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &resp); err != nil {
+				if _, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &resp); err != nil {
 					return err
 				}
 				mu.Lock()
@@ -111,7 +98,7 @@ func TestEndToEnd(t *testing.T) {
 	for i := range 10 {
 		room := fmt.Sprintf("!room%d:test", i)
 		p := procs[i%len(procs)]
-		if _, err := call(ctx, "PUT", p.url+"/v1/rooms/"+url.PathEscape(room)+"/state/topic", map[string]any{"value": fmt.Sprintf("topic %d", i)}, nil); err != nil {
+		if _, err := roomsapi.Call(ctx, "PUT", p.url+"/v1/rooms/"+url.PathEscape(room)+"/state/topic", map[string]any{"value": fmt.Sprintf("topic %d", i)}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -167,7 +154,7 @@ func TestEndToEnd(t *testing.T) {
 			var st struct {
 				State map[string]any `json:"state"`
 			}
-			if _, err := call(ctx, "GET", p.url+"/v1/rooms/"+url.PathEscape(room)+"/state", nil, &st); err != nil {
+			if _, err := roomsapi.Call(ctx, "GET", p.url+"/v1/rooms/"+url.PathEscape(room)+"/state", nil, &st); err != nil {
 				t.Fatal(err)
 			}
 			if st.State["topic"] != fmt.Sprintf("topic %d", i) {
@@ -219,7 +206,7 @@ func TestEndToEnd(t *testing.T) {
 					Lag int64 `json:"lag"`
 				} `json:"streams"`
 			}
-			if _, err := call(ctx, "GET", p.url+"/status", nil, &st); err != nil || !st.Ready {
+			if _, err := roomsapi.Call(ctx, "GET", p.url+"/status", nil, &st); err != nil || !st.Ready {
 				return false
 			}
 			for _, s := range st.Streams {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -185,7 +186,7 @@ func TestDotRoomsThroughANonOwner(t *testing.T) {
 				Error     string `json:"error"`
 			}
 			body := map[string]string{"sender": "@a:x", "body": "hi", "txn_id": p.name + room}
-			code, err := call(ctx, "POST", p.url+path, body, &res)
+			code, err := roomsapi.Call(ctx, "POST", p.url+path, body, &res)
 			if err != nil || code != http.StatusOK || res.EventID == "" {
 				t.Fatalf("room %q through %s: %d %+v (%v), want 200", room, p.name, code, res, err)
 			}
@@ -198,7 +199,7 @@ func TestDotRoomsThroughANonOwner(t *testing.T) {
 				} `json:"rooms"`
 			}
 			q := url.Values{"since": {"m0"}, "rooms": {room}, "timeout_ms": {"0"}}
-			if code, err := call(ctx, "GET", master.url+"/v1/sync?"+q.Encode(), nil, &sync); err != nil || code != http.StatusOK ||
+			if code, err := roomsapi.Call(ctx, "GET", master.url+"/v1/sync?"+q.Encode(), nil, &sync); err != nil || code != http.StatusOK ||
 				len(sync.Rooms[room].Events) != 1 {
 				t.Fatalf("sync of room %q on %s: %d %v (%v), want its one event", room, master.name, code, sync.Rooms, err)
 			}

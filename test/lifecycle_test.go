@@ -20,6 +20,7 @@ import (
 
 	"github.com/weft-dev/weft/fabric"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -142,7 +143,7 @@ func holdLongPolls(ctx context.Context, ch *chaos, n int, wg *sync.WaitGroup) *l
 					p := ch.get(name)
 					var r syncResp
 					rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-					code, err := call(rctx, "GET", p.url+"/v1/sync?timeout_ms=30000&rooms=%21idle%3Atest&since="+url.QueryEscape(since), nil, &r)
+					code, err := roomsapi.Call(rctx, "GET", p.url+"/v1/sync?timeout_ms=30000&rooms=%21idle%3Atest&since="+url.QueryEscape(since), nil, &r)
 					cancel()
 					switch {
 					case ctx.Err() != nil:
@@ -194,7 +195,7 @@ func (ch *chaos) surgeRestart(name string) (took time.Duration, exited time.Time
 	ch.c.launch(succ)
 	ch.mu.Unlock()
 	testenv.Eventually(t, 30*time.Second, func() bool {
-		code, _ := call(context.Background(), "GET", succ.url+"/healthz", nil, nil)
+		code, _ := roomsapi.Call(context.Background(), "GET", succ.url+"/healthz", nil, nil)
 		return code == 200
 	}, "%s's successor never answered /healthz", name)
 	ch.mu.Lock() // stop clears old.cmd, which the supervisor reads

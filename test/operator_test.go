@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -116,7 +117,7 @@ func TestOperatorInsecureAndTextLogs(t *testing.T) {
 	// durations are logged too; then stop and read everything.
 	p1 := c.startWith("worker", "persister1", []string{"WEFT_SECRET="}, "--insecure")
 	c.waitReady(p1)
-	if _, err := call(context.Background(), "POST", p1.url+"/v1/rooms/r/messages", map[string]string{"sender": "a", "body": "b", "txn_id": "1"}, nil); err != nil {
+	if _, err := roomsapi.Call(context.Background(), "POST", p1.url+"/v1/rooms/r/messages", map[string]string{"sender": "a", "body": "b", "txn_id": "1"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []*proc{p1, master} {
@@ -347,7 +348,7 @@ func TestVersion(t *testing.T) {
 		Version  string `json:"version"`
 		Revision string `json:"revision"`
 	}
-	if _, err := call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
+	if _, err := roomsapi.Call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Version != version || st.Revision != revision {

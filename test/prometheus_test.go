@@ -11,10 +11,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -34,7 +34,7 @@ func TestPrometheusScrapesInstance(t *testing.T) {
 	var sent struct {
 		StreamPos int64 `json:"stream_pos"`
 	}
-	if _, err := call(context.Background(), "POST", master.url+"/v1/rooms/scraped/messages",
+	if _, err := roomsapi.Call(context.Background(), "POST", master.url+"/v1/rooms/scraped/messages",
 		map[string]string{"sender": "alice", "body": "hello", "txn_id": "t1"}, &sent); err != nil {
 		t.Fatal(err)
 	}
@@ -83,27 +83,14 @@ func startPrometheus(t *testing.T, bin, target string) *promServer {
 	cmd := exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
 		log.Close()
 		if t.Failed() {
 			data, _ := os.ReadFile(logPath)
 			t.Logf("--- prometheus log:\n%s", data)
 		}
 	})
+	testenv.StartCommand(t, cmd, 30*time.Second)
 	return &promServer{url: "http://" + addr}
 }
 

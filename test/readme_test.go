@@ -15,6 +15,7 @@ import (
 	"testing"
 	"unicode"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
@@ -205,10 +206,7 @@ func readmeBlock(t *testing.T, path, heading string) []string {
 // readmeLines is every command line in every ```sh block of path.
 func readmeLines(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := testenv.ReadFile(t, path)
 	var out []string
 	for _, part := range strings.Split(string(data), "```sh\n")[1:] {
 		block, _, _ := strings.Cut(part, "\n```")
@@ -281,7 +279,7 @@ func TestBadInputDecisions(t *testing.T) {
 	// Another instance than the one that acknowledged it: a long-poll, which
 	// answers once the row has reached it (timeout_ms=0 raced its arrival).
 	var r syncResp
-	if _, err := call(ctx, "GET", master.url+"/v1/sync?since=m0&timeout_ms=10000&rooms=r", nil, &r); err != nil {
+	if _, err := roomsapi.Call(ctx, "GET", master.url+"/v1/sync?since=m0&timeout_ms=10000&rooms=r", nil, &r); err != nil {
 		t.Fatal(err)
 	}
 	if evs := r.Rooms["r"].Events; len(evs) != 1 || evs[0].EventID != ack["event_id"] || !strings.Contains(string(evs[0].Content), `"body":""`) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -111,7 +112,7 @@ func startTyping(ctx context.Context, ch *chaos, wg *sync.WaitGroup) *typingLoad
 			ts := ch.targets()
 			p := ts[rng.IntN(len(ts))]
 			room := url.PathEscape(fmt.Sprintf("!chaos%d:test", rng.IntN(chaosRooms)))
-			code, err := call(ctx, "PUT", p.url+"/v1/rooms/"+room+"/typing/@t"+fmt.Sprint(rng.IntN(4))+":test",
+			code, err := roomsapi.Call(ctx, "PUT", p.url+"/v1/rooms/"+room+"/typing/@t"+fmt.Sprint(rng.IntN(4))+":test",
 				map[string]any{"typing": rng.IntN(2) == 0, "timeout_ms": 5000}, nil)
 			switch {
 			case err == nil:

@@ -1,11 +1,9 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -25,26 +24,13 @@ type txnReply struct {
 
 func txnSend(t *testing.T, method, u string, body any) txnReply {
 	t.Helper()
-	data, err := json.Marshal(body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(data))
+	code, header, raw, err := roomsapi.Do(ctx, method, u, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return txnReply{resp.StatusCode, resp.Header, string(raw)}
+	return txnReply{code, header, string(raw)}
 }
 
 type txnWrite struct {
@@ -126,7 +112,7 @@ func TestTxnIdempotency(t *testing.T) {
 		var st struct {
 			State map[string]any `json:"state"`
 		}
-		if _, err := call(context.Background(), "GET", p.url+"/v1/rooms/"+url.PathEscape(roomA)+"/state", nil, &st); err != nil || len(st.State) != 0 {
+		if _, err := roomsapi.Call(context.Background(), "GET", p.url+"/v1/rooms/"+url.PathEscape(roomA)+"/state", nil, &st); err != nil || len(st.State) != 0 {
 			t.Errorf("%s: room A state %v (%v), want none: the refused state write was applied", p.name, st.State, err)
 		}
 	}

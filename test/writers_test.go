@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -46,7 +47,7 @@ func TestReadYourWritesThroughForwarding(t *testing.T) {
 	var before struct {
 		NextBatch string `json:"next_batch"`
 	}
-	if _, err := call(ctx, "GET", sync1.url+"/v1/sync", nil, &before); err != nil {
+	if _, err := roomsapi.Call(ctx, "GET", sync1.url+"/v1/sync", nil, &before); err != nil {
 		t.Fatal(err)
 	}
 	since := before.NextBatch
@@ -54,12 +55,12 @@ func TestReadYourWritesThroughForwarding(t *testing.T) {
 	for i := range 1000 {
 		room := url.PathEscape(fmt.Sprintf("!ryw%d:test", i%37))
 		var ack writeAck
-		if _, err := call(ctx, "POST", sync1.url+"/v1/rooms/"+room+"/messages",
+		if _, err := roomsapi.Call(ctx, "POST", sync1.url+"/v1/rooms/"+room+"/messages",
 			map[string]string{"sender": "@ryw:test", "body": "x", "txn_id": fmt.Sprint(i)}, &ack); err != nil {
 			t.Fatal(err)
 		}
 		var r syncResp
-		if _, err := call(ctx, "GET", sync1.url+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
+		if _, err := roomsapi.Call(ctx, "GET", sync1.url+"/v1/sync?timeout_ms=0&since="+url.QueryEscape(since), nil, &r); err != nil {
 			t.Fatal(err)
 		}
 		found := false
@@ -96,7 +97,7 @@ func runLoad(ctx context.Context, procs []*proc, workers int) *load {
 				txn := fmt.Sprintf("g%d-%d", g, n.Add(1))
 				room := url.PathEscape(fmt.Sprintf("!load%d:test", i%40))
 				var ack writeAck
-				if _, err := call(ctx, "POST", p.url+"/v1/rooms/"+room+"/messages",
+				if _, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+room+"/messages",
 					map[string]string{"sender": fmt.Sprintf("@g%d:test", g), "body": txn, "txn_id": txn}, &ack); err != nil {
 					l.failed.Add(1)
 					time.Sleep(20 * time.Millisecond) // pacing after a failure, not synchronisation
@@ -153,15 +154,35 @@ func checkAll(t *testing.T, l *load, procs ...*proc) {
 	t.Logf("%d writes acknowledged, %d failed during the fault", len(acked), l.failed.Load())
 }
 
+// loadedCluster is a small cluster under a load of four workers through
+// all its instances but p1, the writer the tests stop.
+type loadedCluster struct {
+	c                     *cluster
+	master, p1, p2, sync1 *proc
+	l                     *load
+	stop                  context.CancelFunc // ends the load
+}
+
+// writerUnderLoad starts a loadedCluster and returns once 200 writes are
+// acknowledged.
+func writerUnderLoad(t *testing.T) loadedCluster {
+	t.Helper()
+	c, master, p1, p2, sync1 := smallCluster(t)
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
+	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	return loadedCluster{c: c, master: master, p1: p1, p2: p2, sync1: sync1, l: l, stop: stop}
+}
+
+func (lc loadedCluster) procs() []*proc { return []*proc{lc.master, lc.p1, lc.p2, lc.sync1} }
+
 // A writer killed with SIGKILL mid-load is sealed by the master once its
 // lease expires; the rows it committed are all visible; it restarts as a
 // new instance and the cluster converges with nothing lost or duplicated.
 func TestWriterKilledMidLoad(t *testing.T) {
-	c, master, p1, p2, sync1 := smallCluster(t)
-	procs := []*proc{master, p1, p2, sync1}
-	ctx, stop := context.WithCancel(context.Background())
-	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	lc := writerUnderLoad(t)
+	c, master, p1, sync1, l := lc.c, lc.master, lc.p1, lc.sync1, lc.l
 	c.stop(p1, syscall.SIGKILL)
 	killed := time.Now()
 	// The master seals it: persisted-upto on sync1 moves on within the
@@ -174,7 +195,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 		} `json:"writers"`
 	}
 	testenv.Eventually(t, 15*time.Second, func() bool {
-		if _, err := call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
+		if _, err := roomsapi.Call(context.Background(), "GET", master.url+"/status", nil, &st); err != nil {
 			return false
 		}
 		for _, w := range st.Writers {
@@ -188,12 +209,12 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	var before struct {
 		PersistedUpto int64 `json:"persisted_upto"`
 	}
-	_, _ = call(context.Background(), "GET", sync1.url+"/status", nil, &before)
+	_, _ = roomsapi.Call(context.Background(), "GET", sync1.url+"/status", nil, &before)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		var now struct {
 			PersistedUpto int64 `json:"persisted_upto"`
 		}
-		_, err := call(context.Background(), "GET", sync1.url+"/status", nil, &now)
+		_, err := roomsapi.Call(context.Background(), "GET", sync1.url+"/status", nil, &now)
 		return err == nil && now.PersistedUpto > before.PersistedUpto
 	}, "persisted-upto stuck after sealing")
 	t.Logf("sealed %v after the kill; persisted-upto moving again", sealedAfter)
@@ -203,22 +224,19 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	restarted := l.ackedCount()
 	testenv.Eventually(t, 20*time.Second, func() bool { return l.ackedCount() > restarted+200 },
 		"load stalled after the restart")
-	stop()
-	checkAll(t, l, procs...)
+	lc.stop()
+	checkAll(t, l, lc.procs()...)
 }
 
 // A rolling restart of a writer (SIGTERM, then a new process of the same
 // name) hands over with no write lost or duplicated.
 func TestWriterRollingRestart(t *testing.T) {
-	c, master, p1, p2, sync1 := smallCluster(t)
-	procs := []*proc{master, p1, p2, sync1}
-	ctx, stop := context.WithCancel(context.Background())
-	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	lc := writerUnderLoad(t)
+	c, p1, l := lc.c, lc.p1, lc.l
 	c.stop(p1, syscall.SIGTERM)
 	c.launch(p1)
 	c.waitReady(p1)
 	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 600 }, "load stalled after the restart")
-	stop()
-	checkAll(t, l, procs...)
+	lc.stop()
+	checkAll(t, l, lc.procs()...)
 }

@@ -29,24 +29,15 @@ import (
 	"github.com/weft-dev/weft/rooms/server"
 )
 
-// flags are the configuration flags; a defined type, so kong parses them
-// without calling Config.Validate before we choose to.
-type flags server.Config
-
 type cli struct {
 	Version kong.VersionFlag `help:"Print the version and exit."`
 
-	Run     runCmd     `cmd:"" default:"withargs" help:"Run the master (the default): migrate, seal writers whose lease expired, write typing, serve clients."`
-	Migrate migrateCmd `cmd:"" help:"Apply schema migrations and exit."`
-	Check   checkCmd   `cmd:"" help:"Run the startup consistency checks of every stream."`
-	Status  statusCmd  `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
-	Writers writersCmd `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
-	Groups  groupsCmd  `cmd:"" help:"Show the consumer groups: their members, the partitions each owns and its lag (from the database)."`
-}
-
-type runCmd struct {
-	Config      flags `embed:""`
-	CheckConfig bool  `name:"check-config" help:"Validate the configuration and exit."`
+	Run     server.ServeFlags `cmd:"" default:"withargs" help:"Run the master (the default): migrate, seal writers whose lease expired, write typing, serve clients."`
+	Migrate migrateCmd        `cmd:"" help:"Apply schema migrations and exit."`
+	Check   checkCmd          `cmd:"" help:"Run the startup consistency checks of every stream."`
+	Status  statusCmd         `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
+	Writers writersCmd        `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
+	Groups  groupsCmd         `cmd:"" help:"Show the consumer groups: their members, the partitions each owns and its lag (from the database)."`
 }
 
 // out is where the commands write.
@@ -97,23 +88,11 @@ func run(args []string, o out) int {
 		}
 		err = c.Writers.Remove.remove(ctx, o)
 	default:
-		return c.Run.run(ctx, o)
+		return c.Run.Serve(ctx, o.stdout, o.stderr, "master", server.RoleMaster)
 	}
 	if err != nil {
 		fmt.Fprintln(o.stderr, "master:", err)
 		return server.ExitFailure
 	}
 	return server.ExitOK
-}
-
-func (r runCmd) run(ctx context.Context, o out) int {
-	cfg := server.Config(r.Config)
-	if err := cfg.Validate(); err != nil {
-		return server.UsageError(o.stderr, "master", err)
-	}
-	if r.CheckConfig {
-		fmt.Fprintln(o.stdout, "configuration ok")
-		return server.ExitOK
-	}
-	return server.Main(ctx, cfg, server.RoleMaster)
 }

@@ -153,17 +153,11 @@ func (c writersAddCmd) add(ctx context.Context, o out) error {
 		}
 	}
 	v, err := store.Add(ctx, c.Map, c.Name)
-	switch {
-	case errors.Is(err, membership.ErrUnchanged):
+	if errors.Is(err, membership.ErrUnchanged) {
 		fmt.Fprintf(o.stdout, "%s: %s is already a writer (epoch %d)\n", c.Map, c.Name, v.Epoch)
 		return nil
-	case errors.Is(err, membership.ErrNoMap):
-		return noMap(c.Map)
-	case err != nil:
-		return explainWritersError(pool, err)
 	}
-	fmt.Fprintf(o.stdout, "%s: epoch %d: added %s (writers: %s)\n", c.Map, v.Epoch, c.Name, strings.Join(v.Writers, ", "))
-	return nil
+	return c.changed(o, pool, "added", v, err)
 }
 
 func (c writersChangeCmd) remove(ctx context.Context, o out) error {
@@ -179,11 +173,19 @@ func (c writersChangeCmd) remove(ctx context.Context, o out) error {
 		return nil
 	case errors.Is(err, membership.ErrLastWriter):
 		return fmt.Errorf("%s: cannot remove %s: it is the only writer (epoch %d), and its keys would have no owner; add another writer first", c.Map, c.Name, v.Epoch)
+	}
+	return c.changed(o, pool, "removed", v, err)
+}
+
+// changed reports a change of c's map, done (verb: "added", "removed") at
+// version v, or the error that prevented it.
+func (c writersChangeCmd) changed(o out, pool *pgxpool.Pool, verb string, v membership.Version, err error) error {
+	switch {
 	case errors.Is(err, membership.ErrNoMap):
 		return noMap(c.Map)
 	case err != nil:
 		return explainWritersError(pool, err)
 	}
-	fmt.Fprintf(o.stdout, "%s: epoch %d: removed %s (writers: %s)\n", c.Map, v.Epoch, c.Name, strings.Join(v.Writers, ", "))
+	fmt.Fprintf(o.stdout, "%s: epoch %d: %s %s (writers: %s)\n", c.Map, v.Epoch, verb, c.Name, strings.Join(v.Writers, ", "))
 	return nil
 }

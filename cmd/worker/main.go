@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -19,14 +18,9 @@ import (
 	"github.com/weft-dev/weft/rooms/server"
 )
 
-// flags are the configuration flags; a defined type, so kong parses them
-// without calling Config.Validate before we choose to.
-type flags server.Config
-
 type cli struct {
-	Config      flags            `embed:""`
-	CheckConfig bool             `name:"check-config" help:"Validate the configuration and exit."`
-	Version     kong.VersionFlag `help:"Print the version and exit."`
+	Instance server.ServeFlags `embed:""`
+	Version  kong.VersionFlag  `help:"Print the version and exit."`
 }
 
 func main() {
@@ -43,15 +37,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if _, err := parser.Parse(args); err != nil {
 		return server.UsageError(stderr, "worker", err)
 	}
-	cfg := server.Config(c.Config)
-	if err := cfg.Validate(); err != nil {
-		return server.UsageError(stderr, "worker", err)
-	}
-	if c.CheckConfig {
-		fmt.Fprintln(stdout, "configuration ok")
-		return server.ExitOK
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return server.Main(ctx, cfg, server.RoleWorker)
+	return c.Instance.Serve(ctx, stdout, stderr, "worker", server.RoleWorker)
 }

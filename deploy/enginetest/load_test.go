@@ -1,11 +1,8 @@
 package enginetest
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -13,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weft-dev/weft/internal/roomsapi"
 )
 
 // workload writes messages and state events, as test/chaos_load_test.go's
@@ -109,33 +108,14 @@ func (w *workload) write(ctx context.Context, rng *rand.Rand, sender, txn string
 	}
 }
 
+// send writes body and checks that the answer acknowledges it.
 func send(ctx context.Context, method, u string, body any) (int, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return 0, err
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(b))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return resp.StatusCode, fmt.Errorf("%s", bytes.TrimSpace(data))
-	}
 	var a writeAck
-	if err := json.Unmarshal(data, &a); err != nil || a.EventID == "" {
-		return resp.StatusCode, fmt.Errorf("acknowledgement %q: %v", data, err)
+	code, err := roomsapi.Call(ctx, method, u, body, &a)
+	if err == nil && a.EventID == "" {
+		err = fmt.Errorf("%s %s: acknowledgement without an event ID", method, u)
 	}
-	return resp.StatusCode, nil
+	return code, err
 }
 
 // outcome is the acknowledged transactions and those whose reply never

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/roomsapi"
 )
 
 // The chaos oracle of test/chaos_oracle_test.go, reduced to what a client
@@ -22,54 +22,17 @@ import (
 // PostgreSQL committed. A write whose reply was lost may be committed:
 // then every instance must return it; if it is not, none may.
 
-type event struct {
-	EventID   string          `json:"event_id"`
-	Room      string          `json:"room"`
-	Sender    string          `json:"sender"`
-	Content   json.RawMessage `json:"content"`
-	StreamPos int64           `json:"stream_pos"`
-	Writer    string          `json:"writer"`
-}
-
-type syncResp struct {
-	Rooms map[string]struct {
-		Events []event `json:"events"`
-	} `json:"rooms"`
-	NextBatch string `json:"next_batch"`
-}
-
-// txnOf is the transaction ID the workload put in an event's content.
-func txnOf(e event) string {
-	var c struct {
-		Body  string `json:"body"`
-		Value struct {
-			Txn string `json:"txn"`
-		} `json:"value"`
-	}
-	_ = json.Unmarshal(e.Content, &c)
-	if c.Body != "" {
-		return c.Body
-	}
-	return c.Value.Txn
-}
+type (
+	event    = roomsapi.Event
+	syncResp = roomsapi.SyncResponse
+)
 
 // view is what one client following one instance has seen.
 type view struct {
-	seen     map[string]int   // txn -> times returned
-	maxPos   map[string]int64 // writer -> highest position returned
-	token    streams.Token
+	*roomsapi.View
 	rows     int
 	syncs    int
 	syncErrs int
-
-	dup, reorder, tokenBack int
-	examples                []string
-}
-
-func (v *view) violation(format string, args ...any) {
-	if len(v.examples) < 5 {
-		v.examples = append(v.examples, fmt.Sprintf(format, args...))
-	}
 }
 
 type oracle struct {
@@ -82,64 +45,20 @@ func newOracle() *oracle { return &oracle{views: map[string]*view{}} }
 func (o *oracle) view(name string) *view {
 	v, ok := o.views[name]
 	if !ok {
-		v = &view{seen: map[string]int{}, maxPos: map[string]int64{}}
+		v = &view{View: roomsapi.NewView()}
 		o.views[name] = v
 	}
 	return v
 }
 
 // apply checks one sync response of view name against everything it saw
-// before. Within a response events are grouped by room, in stream order
-// per writer; across responses every writer's positions increase.
+// before (roomsapi.View.Apply).
 func (o *oracle) apply(name, since string, r syncResp) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	v := o.view(name)
 	v.syncs++
-	next, err := streams.ParseToken(r.NextBatch)
-	if err != nil {
-		v.tokenBack++
-		v.violation("%s: next_batch %q: %v", name, r.NextBatch, err)
-		return
-	}
-	if !v.token.LessOrEqual(next) {
-		v.tokenBack++
-		v.violation("%s: token went backwards: %s after %s", name, next, v.token)
-	}
-	v.token = streams.Merge(v.token, next)
-	lo, hi := map[string]int64{}, map[string]int64{}
-	for room, re := range r.Rooms {
-		last := map[string]int64{}
-		for _, e := range re.Events {
-			if e.Room != room {
-				v.reorder++
-				v.violation("%s: event %s of %s listed under %s", name, e.EventID, e.Room, room)
-			}
-			if e.StreamPos <= last[e.Writer] {
-				v.reorder++
-				v.violation("%s: room %s: %s/%d after %d", name, room, e.Writer, e.StreamPos, last[e.Writer])
-			}
-			last[e.Writer] = e.StreamPos
-			if l, ok := lo[e.Writer]; !ok || e.StreamPos < l {
-				lo[e.Writer] = e.StreamPos
-			}
-			hi[e.Writer] = max(hi[e.Writer], e.StreamPos)
-			txn := txnOf(e)
-			v.seen[txn]++
-			v.rows++
-			if v.seen[txn] > 1 {
-				v.dup++
-				v.violation("%s: %s (%s/%d) returned %d times (since %s)", name, txn, e.Writer, e.StreamPos, v.seen[txn], since)
-			}
-		}
-	}
-	for w, l := range lo {
-		if l <= v.maxPos[w] {
-			v.reorder++
-			v.violation("%s: %s/%d returned after %s/%d was (since %s)", name, w, l, w, v.maxPos[w], since)
-		}
-		v.maxPos[w] = max(v.maxPos[w], hi[w])
-	}
+	v.Apply(name, since, r, nil, func(event, string) { v.rows++ })
 }
 
 func (o *oracle) syncFailed(name string) {
@@ -214,13 +133,7 @@ func (o *oracle) missing(committed map[string]bool) []string {
 	defer o.mu.Unlock()
 	var out []string
 	for name, v := range o.views {
-		n, example := 0, ""
-		for txn := range committed {
-			if v.seen[txn] == 0 {
-				n++
-				example = txn
-			}
-		}
+		n, example := v.Lacks(maps.Keys(committed))
 		if n > 0 {
 			out = append(out, fmt.Sprintf("%s lacks %d, e.g. %s", name, n, example))
 		}
@@ -253,23 +166,23 @@ func (o *oracle) verdict(acked, unknown []string, committed map[string]bool) ver
 		v := o.views[name]
 		r.Views = append(r.Views, fmt.Sprintf("%-32s %6d rows in %5d syncs (%d failed)", name, v.rows, v.syncs, v.syncErrs))
 		for txn := range committed {
-			if v.seen[txn] == 0 {
+			if v.Seen[txn] == 0 {
 				r.Lost++
 				if r.Lost <= 3 {
 					r.Examples = append(r.Examples, fmt.Sprintf("%s: never returned %s, committed", name, txn))
 				}
 			}
 		}
-		for txn := range v.seen {
+		for txn := range v.Seen {
 			if !committed[txn] {
 				r.Phantom++
 				r.Examples = append(r.Examples, fmt.Sprintf("%s: returned %s, which is not in the events table", name, txn))
 			}
 		}
-		r.Duplicated += v.dup
-		r.Reordered += v.reorder
-		r.TokenBack += v.tokenBack
-		r.Examples = append(r.Examples, v.examples...)
+		r.Duplicated += v.Dup
+		r.Reordered += v.Reorder
+		r.TokenBack += v.TokenBack
+		r.Examples = append(r.Examples, v.Examples...)
 	}
 	return r
 }

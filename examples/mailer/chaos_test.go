@@ -36,7 +36,7 @@ func TestMailerChaos(t *testing.T) {
 	add := func() string {
 		next++
 		name := fmt.Sprintf("m%d", next)
-		running[name] = r.start("-name", name, "-lease", lease.String())
+		running[name] = r.Start("-name", name, "-lease", lease.String())
 		return name
 	}
 	names := func() []string { return slices.Sorted(maps.Keys(running)) }
@@ -57,8 +57,8 @@ func TestMailerChaos(t *testing.T) {
 		wefttest.Eventually(t, 30*time.Second, func() bool { return r.balanced(names()...) }, "not balanced: %v", r.owners())
 		if round == 0 {
 			writers = []*exec.Cmd{
-				r.start("-write", perWriter, "-rate", "150", "-name", "w1", "-users", "200"),
-				r.start("-write", perWriter, "-rate", "150", "-name", "w2", "-users", "200"),
+				r.Start("-write", perWriter, "-rate", "150", "-name", "w1", "-users", "200"),
+				r.Start("-write", perWriter, "-rate", "150", "-name", "w2", "-users", "200"),
 			}
 		}
 		wefttest.Eventually(t, 30*time.Second, func() bool { return r.count() > 300*(round+1) }, "only %d sent", r.count())

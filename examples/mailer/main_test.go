@@ -2,79 +2,33 @@ package main_test
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/internal/exampletest"
 	"github.com/weft-dev/weft/wefttest"
 )
 
 // The example run as its users run it: the binary, real processes,
 // signals.
 
-type rig struct {
-	t    *testing.T
-	bin  string
-	env  []string
-	pool *pgxpool.Pool
-}
+type rig struct{ *exampletest.Rig }
 
 func newRig(t *testing.T, perNotice time.Duration) *rig {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "mailer")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool, err := pgxpool.New(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	// The example's own table, made before it starts: without a primary
-	// key, so a notice sent twice shows, and slow, so that members are
+	// The example's own table: a notice sent twice shows, members are
 	// I/O-bound and signals land inside batches.
-	if _, err := pool.Exec(context.Background(), fmt.Sprintf(`
-		CREATE TABLE outbox (pos bigint, usr text, body text, sent_by text, at bigserial);
-		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(%f); RETURN NEW; END $$;
-		CREATE TRIGGER slow BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION slow();`, perNotice.Seconds())); err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(), "DATABASE_URL="+db, "REDIS_URL="+rds, "WEFT_SECRET=mailer-example-secret")
-	return &rig{t: t, bin: bin, env: env, pool: pool}
-}
-
-func (r *rig) start(args ...string) *exec.Cmd {
-	r.t.Helper()
-	cmd := exec.Command(r.bin, args...)
-	cmd.Env = r.env
-	if testing.Verbose() {
-		cmd.Stderr = os.Stderr
-	}
-	if err := cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	return cmd
+	return &rig{exampletest.New(t, "mailer", "outbox", "pos bigint, usr text, body text, sent_by text, at bigserial", perNotice)}
 }
 
 // owners is each partition's owner, by process name ("" for none); nil
 // before the first mailer made the group.
 func (r *rig) owners() []string {
-	rows, err := r.pool.Query(context.Background(), `SELECT coalesce(owner, '') FROM weft_group_partitions WHERE name = 'mailer' ORDER BY partition`)
+	rows, err := r.Pool.Query(context.Background(), `SELECT coalesce(owner, '') FROM weft_group_partitions WHERE name = 'mailer' ORDER BY partition`)
 	if err != nil {
 		return nil
 	}
@@ -123,9 +77,9 @@ func (r *rig) balanced(names ...string) bool {
 // than from, and fails unless that happened within bound of since; it
 // returns how long it took.
 func (r *rig) moved(parts []int, from string, since time.Time, bound time.Duration) time.Duration {
-	r.t.Helper()
+	r.T.Helper()
 	if len(parts) == 0 {
-		r.t.Fatalf("%s owned no partition", from)
+		r.T.Fatalf("%s owned no partition", from)
 	}
 	done := func() bool {
 		owners := r.owners()
@@ -136,17 +90,17 @@ func (r *rig) moved(parts []int, from string, since time.Time, bound time.Durati
 		}
 		return true
 	}
-	wefttest.Eventually(r.t, bound+10*time.Second, done, "%s's partitions %v never moved: %v", from, parts, r.owners())
+	wefttest.Eventually(r.T, bound+10*time.Second, done, "%s's partitions %v never moved: %v", from, parts, r.owners())
 	took := time.Since(since)
 	if took > bound {
-		r.t.Fatalf("%s's partitions took %v to move; want within %v", from, took, bound)
+		r.T.Fatalf("%s's partitions took %v to move; want within %v", from, took, bound)
 	}
 	return took
 }
 
 func (r *rig) count() int {
 	var n int
-	_ = r.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n)
+	_ = r.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n)
 	return n
 }
 
@@ -154,25 +108,25 @@ func (r *rig) count() int {
 // each has one, each user's applied in the order of their positions. It
 // returns the effects by sender.
 func (r *rig) check() map[string]int {
-	r.t.Helper()
+	r.T.Helper()
 	ctx := context.Background()
 	var want int
-	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM notices`).Scan(&want); err != nil {
-		r.t.Fatal(err)
+	if err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM notices`).Scan(&want); err != nil {
+		r.T.Fatal(err)
 	}
-	wefttest.Eventually(r.t, 2*time.Minute, func() bool { return r.count() >= want }, "%d of %d notices sent", r.count(), want)
+	wefttest.Eventually(r.T, 2*time.Minute, func() bool { return r.count() >= want }, "%d of %d notices sent", r.count(), want)
 	var missing, twice int
-	if err := r.pool.QueryRow(ctx, `SELECT
+	if err := r.Pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM notices n WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.pos = n.id)),
 		(SELECT count(*) FROM (SELECT pos FROM outbox GROUP BY pos HAVING count(*) > 1) AS d)`).Scan(&missing, &twice); err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	if missing > 0 || twice > 0 || r.count() != want {
-		r.t.Fatalf("%d notices, %d effects: %d never sent, %d sent more than once", want, r.count(), missing, twice)
+		r.T.Fatalf("%d notices, %d effects: %d never sent, %d sent more than once", want, r.count(), missing, twice)
 	}
-	rows, err := r.pool.Query(ctx, `SELECT o.pos, o.usr, n.data->>'user', o.sent_by FROM outbox o JOIN notices n ON n.id = o.pos ORDER BY o.at`)
+	rows, err := r.Pool.Query(ctx, `SELECT o.pos, o.usr, n.data->>'user', o.sent_by FROM outbox o JOIN notices n ON n.id = o.pos ORDER BY o.at`)
 	if err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	type effect struct {
 		Pos          int64
@@ -180,16 +134,16 @@ func (r *rig) check() map[string]int {
 	}
 	effects, err := pgx.CollectRows(rows, pgx.RowToStructByPos[effect])
 	if err != nil {
-		r.t.Fatal(err)
+		r.T.Fatal(err)
 	}
 	last := map[string]int64{}
 	by := map[string]int{}
 	for _, e := range effects {
 		if e.User != e.Of {
-			r.t.Fatalf("notice %d of %s sent to %s", e.Pos, e.Of, e.User)
+			r.T.Fatalf("notice %d of %s sent to %s", e.Pos, e.Of, e.User)
 		}
 		if e.Pos <= last[e.User] {
-			r.t.Fatalf("%s: notice %d sent after notice %d: out of order", e.User, e.Pos, last[e.User])
+			r.T.Fatalf("%s: notice %d sent after notice %d: out of order", e.User, e.Pos, last[e.User])
 		}
 		last[e.User] = e.Pos
 		by[e.By]++
@@ -202,10 +156,10 @@ func (r *rig) check() map[string]int {
 func TestMailer(t *testing.T) {
 	r := newRig(t, time.Millisecond)
 	for _, n := range []string{"m1", "m2", "m3"} {
-		r.start("-name", n, "-lease", "2s")
+		r.Start("-name", n, "-lease", "2s")
 	}
 	wefttest.Eventually(t, 30*time.Second, func() bool { return r.balanced("m1", "m2", "m3") }, "not balanced: %v", r.owners())
-	if err := r.start("-write", "600", "-rate", "1000", "-name", "w1").Wait(); err != nil {
+	if err := r.Start("-write", "600", "-rate", "1000", "-name", "w1").Wait(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
 	if by := r.check(); len(by) != 3 {

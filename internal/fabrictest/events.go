@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/internal/testenv"
@@ -50,13 +49,5 @@ func EventsDBURL(t testing.TB) (*pgxpool.Pool, string) {
 // in order.
 func Committed(t testing.TB, pool *pgxpool.Pool, writer string) []int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT stream_id FROM events WHERE writer = $1 ORDER BY stream_id`, writer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ids
+	return testenv.Column[int64](t, pool, `SELECT stream_id FROM events WHERE writer = $1 ORDER BY stream_id`, writer)
 }

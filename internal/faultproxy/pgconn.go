@@ -80,13 +80,10 @@ func (c *pgConn) fromClient(up net.Conn) {
 
 	out := &sender{w: up}
 	for {
-		typ, msg, err := rd.next()
-		if err != nil {
-			out.flush()
-			c.readError(err)
+		typ, msg, ok := c.next(rd, out, &c.p.stats.client)
+		if !ok {
 			return
 		}
-		c.p.stats.client[typ].Add(1)
 		st, pl := c.s.client(typ, msg[5:])
 		if pl != nil {
 			c.plan.Store(pl)
@@ -112,6 +109,20 @@ func (c *pgConn) fromClient(up net.Conn) {
 	}
 }
 
+// next reads the next message of one direction and counts it by type.
+// When the stream fails it flushes what out holds, handles the error
+// (readError) and returns false.
+func (c *pgConn) next(rd *pgReader, out *sender, counts *[256]atomic.Int64) (typ byte, msg []byte, ok bool) {
+	typ, msg, err := rd.next()
+	if err != nil {
+		out.flush()
+		c.readError(err)
+		return 0, nil, false
+	}
+	counts[typ].Add(1)
+	return typ, msg, true
+}
+
 // fromServer sends the server's messages on to the client, batched as
 // they arrived, until a plan says to cut.
 func (c *pgConn) fromServer(up net.Conn) {
@@ -120,13 +131,10 @@ func (c *pgConn) fromServer(up net.Conn) {
 	var unit uint64 // ReadyForQuery messages read
 	completions := 0
 	for {
-		typ, msg, err := rd.next()
-		if err != nil {
-			out.flush()
-			c.readError(err)
+		typ, msg, ok := c.next(rd, out, &c.p.stats.server)
+		if !ok {
 			return
 		}
-		c.p.stats.server[typ].Add(1)
 		completion := typ == 'C' || typ == 'I' || typ == 's' || typ == 'E'
 		drop, cut := false, false
 		pl := c.plan.Load()

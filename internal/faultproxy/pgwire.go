@@ -117,24 +117,20 @@ func cstring(b []byte) (s string, rest []byte, ok bool) {
 }
 
 // parseMsg decodes a Parse message's body: the statement's name and SQL.
-func parseMsg(body []byte) (name, sql string, ok bool) {
-	name, rest, ok := cstring(body)
-	if !ok {
-		return "", "", false
-	}
-	sql, _, ok = cstring(rest)
-	return name, sql, ok
-}
+func parseMsg(body []byte) (name, sql string, ok bool) { return twoCStrings(body) }
 
 // bindMsg decodes the front of a Bind message's body: the portal's name
 // and the statement's.
-func bindMsg(body []byte) (portal, stmt string, ok bool) {
-	portal, rest, ok := cstring(body)
+func bindMsg(body []byte) (portal, stmt string, ok bool) { return twoCStrings(body) }
+
+// twoCStrings splits the two NUL-terminated strings off the front of b.
+func twoCStrings(b []byte) (first, second string, ok bool) {
+	first, rest, ok := cstring(b)
 	if !ok {
 		return "", "", false
 	}
-	stmt, _, ok = cstring(rest)
-	return portal, stmt, ok
+	second, _, ok = cstring(rest)
+	return first, second, ok
 }
 
 // closeMsg decodes a Close message's body: 'S' or 'P', and the name of the

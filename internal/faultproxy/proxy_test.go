@@ -17,10 +17,31 @@ import (
 // waitTimeout bounds every wait of these tests; the machine may be busy.
 const waitTimeout = 20 * time.Second
 
-// protocols runs f once per RESP version go-redis speaks.
-func protocols(t *testing.T, f func(t *testing.T, proto int)) {
+// proxied is one run of a proxy test: a private redis-server, a proxy in
+// front of it, and the RESP version the clients speak.
+type proxied struct {
+	r     *testenv.Redis
+	p     *Proxy
+	proto int
+}
+
+// client is a client through the proxy.
+func (x proxied) client(t *testing.T) *redis.Client { return newClient(t, x.p.Addr(), x.proto) }
+
+// direct is a client of the server itself, past the proxy.
+func (x proxied) direct(t *testing.T) *redis.Client { return newClient(t, x.r.Addr(), x.proto) }
+
+// protocols runs f once per RESP version go-redis speaks, each run with a
+// server and proxy of its own (setup) and a context bounded by
+// waitTimeout.
+func protocols(t *testing.T, f func(t *testing.T, ctx context.Context, x proxied)) {
 	for _, proto := range []int{2, 3} {
-		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) { f(t, proto) })
+		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancel()
+			r, p := setup(t)
+			f(t, ctx, proxied{r: r, p: p, proto: proto})
+		})
 	}
 }
 
@@ -110,10 +131,8 @@ func checkPipelined(t *testing.T, ctx context.Context, c *redis.Client, n int) {
 }
 
 func TestPassThrough(t *testing.T) {
-	protocols(t, func(t *testing.T, proto int) {
-		ctx := context.Background()
-		_, p := setup(t)
-		c := newClient(t, p.Addr(), proto)
+	protocols(t, func(t *testing.T, ctx context.Context, x proxied) {
+		c := x.client(t)
 		checkHealthy(t, ctx, c, "k")
 
 		// A list whose first element is "message" is a reply, not a delivery.
@@ -137,7 +156,7 @@ func TestPassThrough(t *testing.T) {
 		if err := c.Do(ctx, "NOSUCHCOMMAND").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
 			t.Fatalf("unknown command: %v", err)
 		}
-		st := p.Stats()
+		st := x.p.Stats()
 		if st.Conns == 0 || st.Frames < 200 || st.Deliveries != 0 || st.Dropped != 0 || st.ProtoErrors != 0 {
 			t.Fatalf("stats %+v", st)
 		}
@@ -145,13 +164,10 @@ func TestPassThrough(t *testing.T) {
 }
 
 func TestDropAll(t *testing.T) {
-	protocols(t, func(t *testing.T, proto int) {
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		defer cancel()
-		r, p := setup(t)
-		p.SetDropRate(1)
-		c := newClient(t, p.Addr(), proto)
-		direct := newClient(t, r.Addr(), proto)
+	protocols(t, func(t *testing.T, ctx context.Context, x proxied) {
+		x.p.SetDropRate(1)
+		c := x.client(t)
+		direct := x.direct(t)
 		sub := subscribe(t, ctx, c, "ch")
 
 		const n = 50
@@ -160,9 +176,9 @@ func TestDropAll(t *testing.T) {
 				t.Fatalf("PUBLISH %d: %d receivers, %v", i, got, err)
 			}
 		}
-		testenv.Eventually(t, waitTimeout, func() bool { return p.Stats().Deliveries == n },
-			"the proxy saw %d deliveries; stats %+v", n, p.Stats())
-		if st := p.Stats(); st.Dropped != n {
+		testenv.Eventually(t, waitTimeout, func() bool { return x.p.Stats().Deliveries == n },
+			"the proxy saw %d deliveries; stats %+v", n, x.p.Stats())
+		if st := x.p.Stats(); st.Dropped != n {
 			t.Fatalf("dropped %d of %d: %+v", st.Dropped, n, st)
 		}
 		expectPong(t, ctx, sub)
@@ -171,12 +187,9 @@ func TestDropAll(t *testing.T) {
 }
 
 func TestDropHalf(t *testing.T) {
-	protocols(t, func(t *testing.T, proto int) {
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		defer cancel()
-		_, p := setup(t)
-		p.SetDropRate(0.5)
-		c := newClient(t, p.Addr(), proto)
+	protocols(t, func(t *testing.T, ctx context.Context, x proxied) {
+		x.p.SetDropRate(0.5)
+		c := x.client(t)
 		sub := subscribe(t, ctx, c, "ch")
 
 		// Publish through the proxy too: PUBLISH replies must never drop.
@@ -197,9 +210,9 @@ func TestDropHalf(t *testing.T) {
 				}
 			}
 		}
-		testenv.Eventually(t, waitTimeout, func() bool { return p.Stats().Deliveries == n },
-			"the proxy saw %d deliveries; stats %+v", n, p.Stats())
-		dropped := p.Stats().Dropped
+		testenv.Eventually(t, waitTimeout, func() bool { return x.p.Stats().Deliveries == n },
+			"the proxy saw %d deliveries; stats %+v", n, x.p.Stats())
+		dropped := x.p.Stats().Dropped
 		// Binomial(2000, 0.5): mean 1000, sd 22.4; +-150 is over 6 sd.
 		if dropped < 850 || dropped > 1150 {
 			t.Fatalf("dropped %d of %d at rate 0.5", dropped, n)
@@ -222,15 +235,12 @@ func TestDropHalf(t *testing.T) {
 }
 
 func TestDelay(t *testing.T) {
-	protocols(t, func(t *testing.T, proto int) {
+	protocols(t, func(t *testing.T, ctx context.Context, x proxied) {
 		const d = 200 * time.Millisecond
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		defer cancel()
-		r, p := setup(t)
-		c := newClient(t, p.Addr(), proto)
-		direct := newClient(t, r.Addr(), proto)
+		c := x.client(t)
+		direct := x.direct(t)
 		sub := subscribe(t, ctx, c, "ch")
-		p.SetDelay(d)
+		x.p.SetDelay(d)
 
 		start := time.Now()
 		if err := c.Ping(ctx).Err(); err != nil {
@@ -263,21 +273,18 @@ func TestDelay(t *testing.T) {
 				t.Fatalf("message %d arrived %v after PUBLISH, delay %v", i, lag, d)
 			}
 		}
-		p.SetDelay(0)
+		x.p.SetDelay(0)
 		checkHealthy(t, ctx, c, "after")
 	})
 }
 
 func TestCut(t *testing.T) {
-	protocols(t, func(t *testing.T, proto int) {
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		defer cancel()
-		r, p := setup(t)
-		c := newClient(t, p.Addr(), proto)
-		direct := newClient(t, r.Addr(), proto)
+	protocols(t, func(t *testing.T, ctx context.Context, x proxied) {
+		c := x.client(t)
+		direct := x.direct(t)
 		sub := subscribe(t, ctx, c, "ch")
 		checkHealthy(t, ctx, c, "before")
-		if st := p.Stats(); st.Active != 2 {
+		if st := x.p.Stats(); st.Active != 2 {
 			t.Fatalf("active %d, want 2 (subscriber, pool): %+v", st.Active, st)
 		}
 
@@ -286,11 +293,11 @@ func TestCut(t *testing.T) {
 			_, err := sub.ReceiveMessage(ctx)
 			errc <- err
 		}()
-		p.Cut()
+		x.p.Cut()
 		if err := <-errc; err == nil {
 			t.Fatal("the subscriber received a message after Cut, want an error")
 		}
-		if st := p.Stats(); st.Cut != 2 {
+		if st := x.p.Stats(); st.Cut != 2 {
 			t.Fatalf("cut %d, want 2: %+v", st.Cut, st)
 		}
 
@@ -316,33 +323,30 @@ func TestCut(t *testing.T) {
 			t.Fatalf("after reconnect: %v", err)
 		}
 		checkHealthy(t, ctx, c, "after")
-		if st := p.Stats(); st.Conns < 4 {
+		if st := x.p.Stats(); st.Conns < 4 {
 			t.Fatalf("conns %d, want the two reconnections: %+v", st.Conns, st)
 		}
 	})
 }
 
 func TestRefuse(t *testing.T) {
-	protocols(t, func(t *testing.T, proto int) {
-		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-		defer cancel()
-		_, p := setup(t)
-		open := newClient(t, p.Addr(), proto)
+	protocols(t, func(t *testing.T, ctx context.Context, x proxied) {
+		open := x.client(t)
 		checkHealthy(t, ctx, open, "open")
 
-		p.SetRefuse(true)
-		fresh := newClient(t, p.Addr(), proto)
+		x.p.SetRefuse(true)
+		fresh := x.client(t)
 		if err := fresh.Ping(ctx).Err(); err == nil {
 			t.Fatal("PING on a new connection succeeded while refusing")
 		}
-		if st := p.Stats(); st.Refused == 0 {
+		if st := x.p.Stats(); st.Refused == 0 {
 			t.Fatalf("nothing refused: %+v", st)
 		}
 		if err := open.Ping(ctx).Err(); err != nil {
 			t.Fatalf("a connection opened before refusing: %v", err)
 		}
 
-		p.SetRefuse(false)
+		x.p.SetRefuse(false)
 		if err := fresh.Ping(ctx).Err(); err != nil {
 			t.Fatalf("PING after refusing ends: %v", err)
 		}

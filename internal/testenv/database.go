@@ -168,3 +168,18 @@ func withDatabase(base, name string) (string, error) {
 	u.RawPath = ""
 	return u.String(), nil
 }
+
+// Column is the single column of the rows query returns, in order, read
+// as T; it fails t on any error.
+func Column[T any](t testing.TB, pool *pgxpool.Pool, query string, args ...any) []T {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -24,14 +24,16 @@ const (
 // Postgres is a private PostgreSQL cluster in a temp dir, for tests that kill
 // and restart the database. It listens on 127.0.0.1 only, with trust auth
 // for user postgres, and fsync off: it survives a process crash, not a
-// machine crash.
+// machine crash. Kill leaves the data dir, so Start recovers it and waits
+// until crash recovery has finished; Stop is a fast shutdown (SIGINT:
+// disconnect clients, checkpoint).
 type Postgres struct {
-	bin  string // directory holding initdb and postgres
-	dir  string // temp dir: socket dir, log and data dir parent
-	data string
-	log  string
-	as   *runAs // nil unless the tests run as root
-	srv  server // the postmaster
+	server        // the postmaster
+	bin    string // directory holding initdb and postgres
+	dir    string // temp dir: socket dir, log and data dir parent
+	data   string
+	log    string
+	as     *runAs // nil unless the tests run as root
 	// extra are more postgres arguments (a replica's recovery settings).
 	extra []string
 }
@@ -51,10 +53,7 @@ func StartPostgres(t testing.TB) *Postgres {
 	if err != nil {
 		unavailable(t, "%v", err)
 	}
-	dir, err := os.MkdirTemp("", "weft-pg-")
-	if err != nil {
-		t.Fatalf("testenv: postgres temp dir: %v", err)
-	}
+	dir := tempDir(t, "weft-pg-")
 	p := &Postgres{
 		bin:  bin,
 		dir:  dir,
@@ -62,7 +61,7 @@ func StartPostgres(t testing.TB) *Postgres {
 		log:  filepath.Join(dir, "postgres.log"),
 		as:   as,
 	}
-	p.srv = server{name: "postgres", log: p.log, stopSig: os.Interrupt, launch: p.launch}
+	p.server = server{name: "postgres", log: p.log, stopSig: os.Interrupt, launch: p.launch}
 	t.Cleanup(func() {
 		p.Stop()
 		os.RemoveAll(dir)
@@ -79,7 +78,7 @@ func StartPostgres(t testing.TB) *Postgres {
 	if err != nil {
 		t.Fatalf("testenv: %v%s", err, logTail(p.log))
 	}
-	p.srv.start(t)
+	p.start(t)
 	t.Logf("testenv: postgres at %s, log %s", p.URL("postgres"), p.log)
 	return p
 }
@@ -110,7 +109,7 @@ func postgresBin() (string, error) {
 // URL is postgres://postgres@127.0.0.1:port/db?sslmode=disable; the port
 // stays the same across restarts.
 func (p *Postgres) URL(db string) string {
-	return postgresURL(p.srv.addr(), db)
+	return postgresURL(p.addr(), db)
 }
 
 func postgresURL(host, db string) string {
@@ -137,30 +136,8 @@ func (p *Postgres) NewDatabase(t testing.TB) string {
 	return p.URL(name)
 }
 
-// Kill SIGKILLs the postmaster, as in a crash, and waits for it to exit.
-// The data dir stays, so Start recovers it.
-func (p *Postgres) Kill(t testing.TB) {
-	t.Helper()
-	p.srv.kill(t)
-}
-
-// Start starts the cluster again on the same port and data dir after Kill
-// or Stop, and waits until it accepts connections, which after Kill means
-// until crash recovery has finished.
-func (p *Postgres) Start(t testing.TB) {
-	t.Helper()
-	p.srv.restart(t)
-}
-
-// Stop shuts the cluster down with a fast shutdown (SIGINT: disconnect
-// clients, checkpoint), or SIGKILL if that hangs, and waits for it. Stopping
-// a cluster that is not running does nothing.
-func (p *Postgres) Stop() {
-	p.srv.stop()
-}
-
 // launch starts the postmaster on port and waits until it accepts
-// connections; it is p.srv's launch.
+// connections; it is p.server's launch.
 func (p *Postgres) launch(port int) (*process, error) {
 	args := []string{
 		"-D", p.data,

@@ -9,6 +9,8 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"syscall"
+	"testing"
 	"time"
 )
 
@@ -171,4 +173,27 @@ func logTail(path string) string {
 		}
 	}
 	return fmt.Sprintf("\n--- tail of %s ---\n%s--- end of log ---", path, text)
+}
+
+// StartCommand starts cmd as a child that dies with the test binary (on
+// Linux) and stops it when the test ends: SIGTERM, then SIGKILL if it has
+// not exited within grace. Cleanups registered before the call run after
+// the child has exited, so they may read its complete output.
+func StartCommand(t testing.TB, cmd *exec.Cmd, grace time.Duration) {
+	t.Helper()
+	cmd.SysProcAttr = sysProcAttr(nil)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start %s: %v", cmd.Path, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(grace):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
 }

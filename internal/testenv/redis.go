@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,13 +23,15 @@ const (
 )
 
 // Redis is a private redis-server on 127.0.0.1, for tests that kill and
-// restart Redis. It keeps nothing across restarts: persistence is off.
+// restart Redis. It keeps nothing across restarts: persistence is off, so
+// Start starts it empty and waits until it answers PING; Stop sends
+// SIGTERM.
 type Redis struct {
+	server
 	bin  string
 	dir  string
 	log  string
 	args []string
-	srv  server
 }
 
 // StartRedis starts redis-server from PATH on a free port in its own temp
@@ -39,28 +40,22 @@ type Redis struct {
 // answers PING. It is stopped and its dir removed when the test ends.
 func StartRedis(t testing.TB, args ...string) *Redis {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		unavailable(t, "redis-server not found: %v", err)
-	}
-	dir, err := os.MkdirTemp("", "weft-redis-")
-	if err != nil {
-		t.Fatalf("testenv: redis temp dir: %v", err)
-	}
+	bin := RequireTool(t, "redis-server", "redis-server")
+	dir := tempDir(t, "weft-redis-")
 	r := &Redis{bin: bin, dir: dir, log: filepath.Join(dir, "redis.log"), args: args}
-	r.srv = server{name: "redis-server", log: r.log, stopSig: syscall.SIGTERM, launch: r.launch}
+	r.server = server{name: "redis-server", log: r.log, stopSig: syscall.SIGTERM, launch: r.launch}
 	t.Cleanup(func() {
 		r.Stop()
 		os.RemoveAll(dir)
 	})
-	r.srv.start(t)
+	r.start(t)
 	t.Logf("testenv: redis-server at %s, log %s", r.Addr(), r.log)
 	return r
 }
 
 // Addr is "127.0.0.1:port"; it stays the same across restarts.
 func (r *Redis) Addr() string {
-	return r.srv.addr()
+	return r.addr()
 }
 
 // URL is "redis://127.0.0.1:port/0".
@@ -68,27 +63,8 @@ func (r *Redis) URL() string {
 	return "redis://" + r.Addr() + "/0"
 }
 
-// Kill SIGKILLs the server, as in a crash, and waits for it to exit.
-func (r *Redis) Kill(t testing.TB) {
-	t.Helper()
-	r.srv.kill(t)
-}
-
-// Start starts the server again on the same port after Kill or Stop, empty,
-// and waits until it answers PING.
-func (r *Redis) Start(t testing.TB) {
-	t.Helper()
-	r.srv.restart(t)
-}
-
-// Stop shuts the server down (SIGTERM, SIGKILL if it hangs) and waits for it.
-// Stopping a server that is not running does nothing.
-func (r *Redis) Stop() {
-	r.srv.stop()
-}
-
 // launch starts redis-server on port and waits until it answers PING; it is
-// r.srv's launch.
+// r.server's launch.
 func (r *Redis) launch(port int) (*process, error) {
 	args := append(redisArgs(port, r.dir), r.args...)
 	return launchRedis(r.bin, r.dir, r.log, port, args)

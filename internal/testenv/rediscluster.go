@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -93,18 +92,9 @@ func StartRedisCluster(t testing.TB, opts ...ClusterOption) *RedisCluster {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		unavailable(t, "redis-server not found: %v", err)
-	}
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		unavailable(t, "redis-cli not found (it comes with redis-server): %v", err)
-	}
-	dir, err := os.MkdirTemp("", "weft-rcluster-")
-	if err != nil {
-		t.Fatalf("testenv: redis cluster temp dir: %v", err)
-	}
+	bin := RequireTool(t, "redis-server", "redis-server")
+	cli := RequireTool(t, "redis-cli", "redis-tools")
+	dir := tempDir(t, "weft-rcluster-")
 	c := &RedisCluster{dir: dir}
 	t.Cleanup(func() {
 		c.Stop()
@@ -262,7 +252,7 @@ func (c *RedisCluster) Client(t testing.TB) *redis.ClusterClient {
 // stopped cluster does nothing.
 func (c *RedisCluster) Stop() {
 	for _, n := range c.nodes {
-		n.srv.stop()
+		n.srv.Stop()
 	}
 }
 

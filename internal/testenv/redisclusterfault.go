@@ -20,7 +20,7 @@ func (c *RedisCluster) Kill(t testing.TB, node *ClusterNode) {
 	node.mu.Lock()
 	node.slots = slots
 	node.mu.Unlock()
-	node.srv.kill(t)
+	node.srv.Kill(t)
 }
 
 // WaitFailover waits until a replica of old, killed while it was a master,
@@ -52,7 +52,7 @@ func (c *RedisCluster) WaitFailover(t testing.TB, old *ClusterNode) *ClusterNode
 // with it. A master that was failed over comes back as a replica.
 func (c *RedisCluster) Restart(t testing.TB, node *ClusterNode) {
 	t.Helper()
-	node.srv.restart(t)
+	node.srv.Start(t)
 	c.WaitSettled(t)
 }
 

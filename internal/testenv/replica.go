@@ -21,10 +21,7 @@ import (
 // test ends, before primary.
 func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgres {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "weft-pg-replica-")
-	if err != nil {
-		t.Fatalf("testenv: replica temp dir: %v", err)
-	}
+	dir := tempDir(t, "weft-pg-replica-")
 	r := &Postgres{
 		bin:  primary.bin,
 		dir:  dir,
@@ -36,7 +33,7 @@ func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgre
 			"-c", "recovery_min_apply_delay=" + strconv.FormatInt(delay.Milliseconds(), 10) + "ms",
 		},
 	}
-	r.srv = server{name: "postgres replica", log: r.log, stopSig: os.Interrupt, launch: r.launch}
+	r.server = server{name: "postgres replica", log: r.log, stopSig: os.Interrupt, launch: r.launch}
 	t.Cleanup(func() {
 		r.Stop()
 		os.RemoveAll(dir)
@@ -46,16 +43,16 @@ func StartReplica(t testing.TB, primary *Postgres, delay time.Duration) *Postgre
 			t.Fatalf("testenv: chown %s for user postgres: %v", dir, err)
 		}
 	}
-	host, port, _ := strings.Cut(primary.srv.addr(), ":")
+	host, port, _ := strings.Cut(primary.addr(), ":")
 	// -c fast: checkpoint at once instead of spreading it; -X stream: the
 	// WAL written meanwhile comes along, so the copy is consistent alone.
-	err = run(dir, r.log, r.as, filepath.Join(r.bin, "pg_basebackup"),
+	err := run(dir, r.log, r.as, filepath.Join(r.bin, "pg_basebackup"),
 		"-D", r.data, "-h", host, "-p", port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast", "--no-sync")
 	if err != nil {
 		t.Fatalf("testenv: %v%s", err, logTail(r.log))
 	}
-	r.srv.start(t)
-	t.Logf("testenv: postgres replica of %s at %s (apply delay %v), log %s", primary.srv.addr(), r.URL("postgres"), delay, r.log)
+	r.start(t)
+	t.Logf("testenv: postgres replica of %s at %s (apply delay %v), log %s", primary.addr(), r.URL("postgres"), delay, r.log)
 	return r
 }
 

@@ -35,3 +35,15 @@ func RequireTool(t testing.TB, name, pkg string) string {
 	}
 	return path
 }
+
+// tempDir makes a directory for a private server's files, named pattern
+// and a random suffix (os.MkdirTemp). The server's cleanup removes it, once
+// the server has stopped.
+func tempDir(t testing.TB, pattern string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatalf("testenv: temp dir %s: %v", pattern, err)
+	}
+	return dir
+}

@@ -17,6 +17,7 @@ var errPortInUse = errors.New("port already in use")
 
 // server is what the private servers (Postgres, Redis) share: one child
 // process on 127.0.0.1 that a test kills and starts again on the same port.
+// They embed it for its Kill, Start and Stop.
 type server struct {
 	name    string    // the binary, for messages
 	log     string    // the child's output, appended across restarts
@@ -55,8 +56,8 @@ func (s *server) addr() string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 }
 
-// kill SIGKILLs the child and waits for it to exit.
-func (s *server) kill(t testing.TB) {
+// Kill SIGKILLs the server, as in a crash, and waits for it to exit.
+func (s *server) Kill(t testing.TB) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -68,8 +69,9 @@ func (s *server) kill(t testing.TB) {
 	}
 }
 
-// restart launches the child again on the same port after kill or stop.
-func (s *server) restart(t testing.TB) {
+// Start starts the server again on the same port after Kill or Stop, and
+// waits until it is ready.
+func (s *server) Start(t testing.TB) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -83,9 +85,9 @@ func (s *server) restart(t testing.TB) {
 	s.proc = proc
 }
 
-// stop sends stopSig, and SIGKILL if that hangs, and waits for the exit.
-// Stopping a server that is not running does nothing.
-func (s *server) stop() {
+// Stop shuts the server down, and SIGKILLs it if that hangs, and waits for
+// it to exit. Stopping a server that is not running does nothing.
+func (s *server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc != nil {

@@ -57,3 +57,30 @@ func Main(ctx context.Context, cfg Config, role string) int {
 	cfg.Logger().Error("exiting on error", "role", role, "name", cfg.Name, "err", err)
 	return ExitFailure
 }
+
+// Flags are Config as command-line flags: a defined type, so kong parses
+// them without calling Config.Validate before the command chooses to.
+type Flags Config
+
+// ServeFlags are the flags of a command that runs an instance: its
+// configuration and --check-config.
+type ServeFlags struct {
+	Config      Flags `embed:""`
+	CheckConfig bool  `name:"check-config" help:"Validate the configuration and exit."`
+}
+
+// Serve validates the configuration, a bad setting being a usage error of
+// command name; with --check-config it prints "configuration ok" to
+// stdout, otherwise it runs the instance in role with Main. It returns the
+// exit status.
+func (f ServeFlags) Serve(ctx context.Context, stdout, stderr io.Writer, name, role string) int {
+	cfg := Config(f.Config)
+	if err := cfg.Validate(); err != nil {
+		return UsageError(stderr, name, err)
+	}
+	if f.CheckConfig {
+		fmt.Fprintln(stdout, "configuration ok")
+		return ExitOK
+	}
+	return Main(ctx, cfg, role)
+}

@@ -1,0 +1,76 @@
+// Package exampletest runs an example under examples/ as its users run
+// it, for the example's own tests: its binary, built from the package
+// directory, started as real processes against the test's own database
+// and Redis, with the example's effects in a table the test reads.
+package exampletest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/weft-dev/weft/wefttest"
+)
+
+// Rig is one built example and the servers its processes share.
+type Rig struct {
+	T    *testing.T
+	Bin  string
+	Env  []string // the processes' environment
+	Pool *pgxpool.Pool
+}
+
+// New builds the example in the current directory as the binary name,
+// gives it a database and a Redis of its own (DATABASE_URL, REDIS_URL,
+// and WEFT_SECRET in Env) and creates its effects table with columns,
+// before any process starts: with no primary key, so an effect made twice
+// shows, and with every insert slowed by perRow, so that kills and
+// signals land inside batches.
+func New(t *testing.T, name, table, columns string, perRow time.Duration) *Rig {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), fmt.Sprintf(`
+		CREATE TABLE %[1]s (%[2]s);
+		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(%[3]f); RETURN NEW; END $$;
+		CREATE TRIGGER slow BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION slow();`, table, columns, perRow.Seconds())); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "DATABASE_URL="+db, "REDIS_URL="+rds, "WEFT_SECRET="+name+"-example-secret")
+	return &Rig{T: t, Bin: bin, Env: env, Pool: pool}
+}
+
+// Start starts the example with args; it is killed when the test ends
+// unless it has been waited for. Its stderr is shown under go test -v.
+func (r *Rig) Start(args ...string) *exec.Cmd {
+	r.T.Helper()
+	cmd := exec.Command(r.Bin, args...)
+	cmd.Env = r.Env
+	if testing.Verbose() {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		r.T.Fatal(err)
+	}
+	r.T.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
