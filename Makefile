@@ -45,7 +45,7 @@ compose-test:
 # GOFLAGS has -buildvcs=false (the go command then stamps none).
 REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
 build:
-	$(GO) build -ldflags "-X github.com/weft-dev/weft/rooms/server.linkRevision=$(REVISION)" -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
+	$(GO) build -ldflags "-X github.com/weft-dev/weft/cmd/internal/server.linkRevision=$(REVISION)" -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
 
 # A local cluster (master, 2 event writers, 2 workers) under a mixed load
 # for 20 s, then a consistency check. Needs Redis and PostgreSQL running:

@@ -6,7 +6,7 @@ import (
 
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/rooms"
-	"github.com/weft-dev/weft/rooms/server"
+	"github.com/weft-dev/weft/cmd/internal/server"
 )
 
 // master groups prints each group from the tables: members live or not,

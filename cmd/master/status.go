@@ -21,7 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/weft-dev/weft/internal/redact"
-	"github.com/weft-dev/weft/rooms/server"
+	"github.com/weft-dev/weft/cmd/internal/server"
 )
 
 // statusCmd prints what a running instance's /status says, and what every

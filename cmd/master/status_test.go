@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/rooms/server"
+	"github.com/weft-dev/weft/cmd/internal/server"
 )
 
 func TestDefaultStatusURL(t *testing.T) {

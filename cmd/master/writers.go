@@ -15,7 +15,7 @@ import (
 
 	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/membership"
-	"github.com/weft-dev/weft/rooms/server"
+	"github.com/weft-dev/weft/cmd/internal/server"
 )
 
 // writersCmd shows and changes the writer set of a shard map, stored in
