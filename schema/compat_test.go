@@ -3,6 +3,7 @@ package schema_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 
@@ -53,13 +54,21 @@ func TestMigrateFSAfterGoose(t *testing.T) {
 			if n, err := schema.PendingFS(ctx, pool, appFiles, "app_version"); err != nil || n != 1 {
 				t.Fatalf("PendingFS = %d, %v; want 1", n, err)
 			}
-			v, err := schema.MigrateFS(ctx, pool, appFiles, "app_version", nil)
-			if err != nil || v != 3 {
-				t.Fatalf("MigrateFS = %d, %v; want 3", v, err)
+			// Three instances start at once: version 3 runs once.
+			var wg sync.WaitGroup
+			versions, errs := make([]int64, 3), make([]error, 3)
+			for i := range versions {
+				wg.Go(func() { versions[i], errs[i] = schema.MigrateFS(ctx, pool, appFiles, "app_version", nil) })
 			}
-			var got int
-			if err := pool.QueryRow(ctx, `SELECT id FROM c`).Scan(&got); err != nil || got != 3 {
-				t.Fatalf("table c: %d, %v", got, err)
+			wg.Wait()
+			for i := range versions {
+				if errs[i] != nil || versions[i] != 3 {
+					t.Fatalf("MigrateFS %d = %d, %v; want 3", i, versions[i], errs[i])
+				}
+			}
+			var rows string
+			if err := pool.QueryRow(ctx, `SELECT string_agg(id::text, ',') FROM c`).Scan(&rows); err != nil || rows != "3" {
+				t.Fatalf("table c holds %q (%v); want the one row of one run", rows, err)
 			}
 			// goose's own reading: the latest row per version, and max(version_id).
 			var latest int64
