@@ -1,12 +1,19 @@
 # weft: the targets CI and people use. `make test` is the README's test
 # command and what .ci/run runs.
+#
+# The repository is four modules tied by go.work: the library at the root
+# (what a user's go.mod requires), and cmd (the binaries, the benchmark
+# harness and the tools), test (the suite that runs the binaries) and
+# deploy (the deploy files' tests) beside it. Every target runs in the
+# workspace, over the packages of all four.
 GO        ?= go
-PKGS      ?= ./...
+MODULES   := . cmd test deploy
+PKGS      ?= ./... ./cmd/... ./test/... ./deploy/...
 TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint bench bench-quick bench-doc peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
+.PHONY: test lint deps bench bench-quick bench-doc peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # The chaos suite's short scenarios run in here; the binary-running tests
 # need more than go test's default 10 minutes per package on 2 cores.
@@ -45,7 +52,7 @@ compose-test:
 # GOFLAGS has -buildvcs=false (the go command then stamps none).
 REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
 build:
-	$(GO) build -ldflags "-X github.com/weft-dev/weft/rooms/server.linkRevision=$(REVISION)" -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
+	$(GO) build -ldflags "-X github.com/weft-dev/weft/cmd/internal/server.linkRevision=$(REVISION)" -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
 
 # A local cluster (master, 2 event writers, 2 workers) under a mixed load
 # for 20 s, then a consistency check. Needs Redis and PostgreSQL running:
@@ -53,13 +60,29 @@ build:
 demo: build
 	./bin/weft-demo -bin bin
 
-# staticcheck is pinned in go.mod (the tool directive): no network beyond
-# the module proxy, the same version everywhere.
-lint:
+# staticcheck is pinned in cmd/go.mod (the tool directive; the workspace
+# makes it runnable from here): no network beyond the module proxy, the
+# same version everywhere.
+lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
+
+# The library module stays lean: what a user's build downloads is the
+# root module's graph, so it holds pgx, go-redis, backoff, client_golang
+# and what they need, plus test-only modules; the binaries' and tools'
+# requirements (kong, progressbar, gonum, compose-go, staticcheck) live
+# in the nested modules. Read without the workspace, as a user's build
+# reads it.
+DEPS_MAX  := 60
+DEPS_DENY := alecthomas/kong|schollz/progressbar|gonum.org|compose-spec|honnef.co|pressly/goose
+deps:
+	@n=$$(GOWORK=off $(GO) list -m all | wc -l); \
+	if [ "$$n" -gt $(DEPS_MAX) ]; then echo "deps: the root module lists $$n modules (go list -m all), over $(DEPS_MAX)"; exit 1; fi; \
+	bad=$$(GOWORK=off $(GO) mod graph | grep -E '$(DEPS_DENY)'); \
+	if [ -n "$$bad" ]; then echo "deps: the root module's graph reaches what belongs in a nested module:"; echo "$$bad"; exit 1; fi; \
+	echo "deps: the root module lists $$n modules"
 
 # The benchmark harness: weft against raw Redis/PostgreSQL in one run,
 # median of 3; writes bench/results.json and regenerates docs/BENCHMARKS.md.
@@ -114,5 +137,6 @@ fuzz-ci:
 	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzPGMessages$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
 
+# Each module tidied on its own (GOWORK=off), as its users' builds read it.
 tidy:
-	$(GO) mod tidy
+	for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy) || exit 1; done

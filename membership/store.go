@@ -26,7 +26,7 @@ func NewStore(pool *pgxpool.Pool) *Store {
 }
 
 // lockPrefix separates the advisory lock keys of maps from other users
-// of PostgreSQL's advisory locks (goose's migration lock, say).
+// of PostgreSQL's advisory locks (schema's migration lock, say).
 const lockPrefix = "weft.membership.map:"
 
 // Init makes sure mapName has a version and returns its current one. When

@@ -1,13 +1,19 @@
 // Package schema owns weft's PostgreSQL schema: the embedded migrations and
-// the one call that applies them.
+// the one call that applies them, and the same runner for an
+// application's own migrations.
 //
-// Migrations run through pressly/goose under a PostgreSQL session advisory
-// lock, so any number of instances may call Migrate at once on start.
+// Migrations are SQL files in goose's format (-- +goose Up, Down,
+// StatementBegin/End, NO TRANSACTION), recorded in goose's version-table
+// layout, and applied under a PostgreSQL session advisory lock, so any
+// number of instances may call Migrate at once on start, and a database
+// goose migrated carries on here (and the other way). The runner is
+// weft's own rather than goose because goose pulls some 70 modules
+// (drivers for a dozen databases) into every program that imports weft;
+// applying SQL files in order under a lock needs a few hundred lines.
 package schema
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -15,9 +21,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/weft-dev/weft/internal/sqlident"
 )
@@ -25,7 +28,8 @@ import (
 //go:embed migrations/*.sql
 var embedded embed.FS
 
-// versionTable is goose's bookkeeping table, named so it is clearly weft's.
+// versionTable records weft's applied migrations (in goose's layout),
+// named so it is clearly weft's.
 const versionTable = "weft_schema_version"
 
 // Migrate applies every pending migration and returns the schema version.
@@ -37,8 +41,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int64, 
 	return MigrateFS(ctx, pool, fsys, versionTable, log)
 }
 
-// MigrateFS applies an application's own migrations (goose SQL files in
-// fsys), tracked in their own version table, under the same lock. table
+// MigrateFS applies an application's own migrations (SQL files in goose's
+// format at the top of fsys, named <version>_<name>.sql), tracked in their own version table, under the same lock. table
 // is a name PostgreSQL would read unquoted: a table or schema.table, each
 // a plain SQL identifier once its ASCII letters are folded to lower case
 // (as PostgreSQL folds them: "MyApp_Version" is myapp_version); any other
@@ -48,26 +52,11 @@ func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string
 	if err != nil {
 		return 0, err
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := provider(db, fsys, table, log)
+	migs, err := collect(fsys)
 	if err != nil {
 		return 0, err
 	}
-	results, err := p.Up(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("schema: migrate: %w", err)
-	}
-	for _, r := range results {
-		if log != nil {
-			log.Info("schema migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
-		}
-	}
-	v, err := p.GetDBVersion(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("schema: read version: %w", err)
-	}
-	return v, nil
+	return migrate(ctx, pool, migs, table, log)
 }
 
 // Pending reports how many of weft's migrations have not been applied.
@@ -86,32 +75,33 @@ func PendingFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string
 	if err != nil {
 		return 0, err
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := provider(db, fsys, table, nil)
+	migs, err := collect(fsys)
 	if err != nil {
 		return 0, err
 	}
-	st, err := p.Status(ctx)
+	ok, err := tableExists(ctx, pool, table)
+	if err != nil || !ok {
+		return len(migs), err
+	}
+	applied, _, err := readApplied(ctx, pool, table)
 	if err != nil {
-		return 0, fmt.Errorf("schema: status: %w", err)
+		return 0, err
 	}
 	n := 0
-	for _, s := range st {
-		if s.State == goose.StatePending {
+	for _, m := range migs {
+		if !applied[m.version] {
 			n++
 		}
 	}
 	return n, nil
 }
 
-// versionTableName is table as goose must be given it. goose writes the
-// name into its statements unquoted (CREATE TABLE %s), where PostgreSQL
-// folds it to lower case, and as a string literal where it looks for the
-// table, where nothing folds it: a mixed-case name was created once and
-// then never found ("relation already exists" on the next start), and a
-// quote in it broke out of the literal. Folded and held to sqlident's
-// rule, it reads the same in both places.
+// versionTableName is table as the runner uses it. The name is written
+// into statements unquoted (CREATE TABLE %s), where PostgreSQL folds it to
+// lower case, and compared with pg_tables' names, where nothing folds it:
+// folded and held to sqlident's rule, it reads the same in both places
+// and cannot break out of a statement (goose, which wrote it the same
+// way, created a mixed-case table once and never found it again).
 func versionTableName(table string) (string, error) {
 	folded := strings.Map(func(r rune) rune {
 		if r >= 'A' && r <= 'Z' {
@@ -125,26 +115,4 @@ func versionTableName(table string) (string, error) {
 			table, sqlident.Rule)
 	}
 	return folded, nil
-}
-
-func provider(db *sql.DB, fsys fs.FS, table string, log *slog.Logger) (*goose.Provider, error) {
-	// Probe the lock every second (goose's default is 5 s) for up to 5 minutes:
-	// instances starting together should not wait long on each other.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
-	if err != nil {
-		return nil, fmt.Errorf("schema: locker: %w", err)
-	}
-	opts := []goose.ProviderOption{
-		goose.WithSessionLocker(locker),
-		goose.WithTableName(table),
-		goose.WithDisableGlobalRegistry(true),
-	}
-	if log != nil {
-		opts = append(opts, goose.WithSlog(log))
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("schema: %w", err)
-	}
-	return p, nil
 }

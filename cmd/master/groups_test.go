@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/rooms"
-	"github.com/weft-dev/weft/rooms/server"
 )
 
 // master groups prints each group from the tables: members live or not,

@@ -26,7 +26,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
-	"github.com/weft-dev/weft/rooms/server"
+	"github.com/weft-dev/weft/cmd/internal/server"
 )
 
 type cli struct {

@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/rooms"
-	"github.com/weft-dev/weft/rooms/server"
 	"github.com/weft-dev/weft/streams"
 )
 

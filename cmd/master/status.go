@@ -20,8 +20,8 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/internal/redact"
-	"github.com/weft-dev/weft/rooms/server"
 )
 
 // statusCmd prints what a running instance's /status says, and what every

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/rooms/server"
 )
 
 func TestDefaultStatusURL(t *testing.T) {

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/membership"
 	"github.com/weft-dev/weft/rooms"
-	"github.com/weft-dev/weft/rooms/server"
 )
 
 // master runs the command line args against the database at url and

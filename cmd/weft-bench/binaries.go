@@ -89,14 +89,15 @@ func buildBinaries(ctx context.Context, dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, "worker")); err == nil {
 		return nil
 	}
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	// The binaries' module (cmd/go.mod) sits beside the root module.
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/weft-dev/weft").Output()
 	if err != nil {
-		return fmt.Errorf("go env GOMOD: %w", err)
+		return fmt.Errorf("find the root module: %w", err)
 	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
+	cmdDir := filepath.Join(strings.TrimSpace(string(out)), "cmd")
 	for _, name := range []string{"master", "worker"} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		cmd.Dir = root
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, name), "./"+name)
+		cmd.Dir = cmdDir
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build cmd/%s: %w: %s", name, err, b)
 		}

@@ -8,18 +8,20 @@ import (
 	"strings"
 )
 
-// BuildCommands builds the module's cmd/<name> binaries into dir, for
-// tests that run the real processes. It is meant for TestMain, so it
-// returns an error instead of failing a test.
+// BuildCommands builds the repository's cmd/<name> binaries into dir,
+// for tests that run the real processes. It is meant for TestMain, so it
+// returns an error instead of failing a test. The binaries are a module
+// of their own (cmd/go.mod), so they are built from its directory, found
+// beside the root module whichever module's tests call this.
 func BuildCommands(dir string, names ...string) error {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/weft-dev/weft").Output()
 	if err != nil {
-		return fmt.Errorf("testenv: go env GOMOD: %w", err)
+		return fmt.Errorf("testenv: find the root module: %w", err)
 	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
+	cmdDir := filepath.Join(strings.TrimSpace(string(out)), "cmd")
 	for _, name := range names {
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		build.Dir = root
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./"+name)
+		build.Dir = cmdDir
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("testenv: build cmd/%s: %w", name, err)

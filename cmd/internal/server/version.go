@@ -10,7 +10,7 @@ import (
 // Docker build context has no .git, nor has a git worktree for the go
 // command):
 //
-//	go build -ldflags "-X github.com/weft-dev/weft/rooms/server.linkVersion=v1.2.0 -X github.com/weft-dev/weft/rooms/server.linkRevision=$(git rev-parse HEAD)"
+//	go build -ldflags "-X github.com/weft-dev/weft/cmd/internal/server.linkVersion=v1.2.0 -X github.com/weft-dev/weft/cmd/internal/server.linkRevision=$(git rev-parse HEAD)"
 //
 // Empty values fall back to the build info.
 var linkVersion, linkRevision string
