@@ -196,21 +196,23 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 	}
 
 	// Consistency: every instance returns the same history, room by room.
-	histories := make([]map[string][]string, len(procs))
-	for i, p := range procs {
-		var h map[string][]string
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			h, err = history(ctx, p.URL)
-			if err != nil {
+	// The load has stopped, but any instance (master included) may still
+	// be catching up: read them all again until they agree or time is up.
+	var histories []map[string][]string
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		histories = make([]map[string][]string, len(procs))
+		agree := true
+		for i, p := range procs {
+			if histories[i], err = history(ctx, p.URL); err != nil {
 				return err
 			}
-			if i == 0 || sameHistory(histories[0], h) || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(200 * time.Millisecond) // converging: poll again
+			agree = agree && sameHistory(histories[0], histories[i])
 		}
-		histories[i] = h
+		if agree || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // converging: poll again
 	}
 	consistent := true
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
