@@ -31,6 +31,43 @@ type scaleModel struct {
 	goal func(c Curve) (bool, string)
 	// analysis is the hand-written cause and fix or ceiling (scale_notes.go).
 	analysis string
+	// derived are metrics computed from the measured ones at each point
+	// (ratios against raw), added before the doc is written.
+	derived map[string]func(m map[string]float64) float64
+}
+
+// derive adds the model's derived metrics to every point of c.
+func (m scaleModel) derive(c Curve) Curve {
+	if len(m.derived) == 0 {
+		return c
+	}
+	out := c
+	out.Points = nil
+	for _, p := range c.Points {
+		q := Point{X: p.X, Metrics: map[string]float64{}}
+		for k, v := range p.Metrics {
+			q.Metrics[k] = v
+		}
+		for k, f := range m.derived {
+			if v := f(p.Metrics); !math.IsNaN(v) && !math.IsInf(v, 0) {
+				q.Metrics[k] = v
+			}
+		}
+		out.Points = append(out.Points, q)
+	}
+	return out
+}
+
+// ratioOf is a derived metric: a over b.
+func ratioOf(a, b string) func(m map[string]float64) float64 {
+	return func(m map[string]float64) float64 {
+		x, ok1 := m[a]
+		y, ok2 := m[b]
+		if !ok1 || !ok2 || y == 0 {
+			return math.NaN()
+		}
+		return x / y
+	}
 }
 
 // metricAt is a curve's metric at each point (NaN where absent).
@@ -105,6 +142,9 @@ func writeScaleDoc(res ScaleResults, docPath, chartDir string) error {
 	}
 	b.WriteString("\n## Summary\n\n| curve | goal | verdict |\n| --- | --- | --- |\n")
 	models := scaleModels()
+	for i, c := range res.Curves {
+		res.Curves[i] = models[c.ID].derive(c)
+	}
 	for _, c := range res.Curves {
 		m := models[c.ID]
 		verdict := "not measured"

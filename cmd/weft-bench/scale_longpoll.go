@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +54,10 @@ func scaleLongPolls(ctx context.Context, s *scaleEnv, x float64) (map[string]flo
 	if err != nil {
 		return nil, err
 	}
+	heap0, err := goMemory(ctx, hc, owner.URL)
+	if err != nil {
+		return nil, err
+	}
 	polls, err := manyLongPolls(ctx, owner.URL, n)
 	if err != nil {
 		return nil, err
@@ -64,6 +70,10 @@ func scaleLongPolls(ctx context.Context, s *scaleEnv, x float64) (map[string]flo
 	if err != nil {
 		return nil, err
 	}
+	heap1, err := goMemory(ctx, hc, owner.URL)
+	if err != nil {
+		return nil, err
+	}
 	with, err := writeToAnswer(ctx, owner.URL, room, writes, s.run, "with")
 	if err != nil {
 		return nil, fmt.Errorf("write-to-answer, %d idle long-polls: %w", n, err)
@@ -71,14 +81,16 @@ func scaleLongPolls(ctx context.Context, s *scaleEnv, x float64) (map[string]flo
 	failed := polls.stop()
 	hwm, _ := procMemKB(pid, "VmHWM")
 	return map[string]float64{
-		"weft.kib_per_poll":      (rss1 - rss0) / float64(n),
-		"weft.rss_mib":           rss1 / 1024,
-		"weft.hwm_mib":           hwm / 1024,
-		"weft.answer_p99_ms":     quantile(with, 0.99),
-		"weft.answer_p50_ms":     quantile(with, 0.5),
-		"raw.answer_p99_ms":      quantile(none, 0.99),
-		"raw.answer_p50_ms":      quantile(none, 0.5),
-		"failed_polls":           float64(failed),
+		"weft.kib_per_poll":       (rss1 - rss0) / float64(n),
+		"weft.rss_mib":            rss1 / 1024,
+		"weft.heap_kib_per_poll":  (heap1.heap - heap0.heap) / 1024 / float64(n),
+		"weft.stack_kib_per_poll": (heap1.stack - heap0.stack) / 1024 / float64(n),
+		"weft.hwm_mib":            hwm / 1024,
+		"weft.answer_p99_ms":      quantile(with, 0.99),
+		"weft.answer_p50_ms":      quantile(with, 0.5),
+		"raw.answer_p99_ms":       quantile(none, 0.99),
+		"raw.answer_p50_ms":       quantile(none, 0.5),
+		"failed_polls":            float64(failed),
 	}, nil
 }
 
@@ -289,4 +301,32 @@ func awaitGoroutinesFor(ctx context.Context, hc *http.Client, base string, d tim
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// goMem is what an instance's Go runtime holds in use, from /metrics:
+// the live heap's spans and the goroutine stacks (RSS also counts the
+// garbage GOGC lets accumulate).
+type goMem struct{ heap, stack float64 }
+
+func goMemory(ctx context.Context, hc *http.Client, base string) (goMem, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return goMem{}, err
+	}
+	defer resp.Body.Close()
+	var m goMem
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+			m.heap, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_stack_inuse_bytes "); ok {
+			m.stack, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if m.heap == 0 {
+		return m, fmt.Errorf("%s/metrics: no go_memstats_heap_inuse_bytes", base)
+	}
+	return m, nil
 }

@@ -76,6 +76,7 @@ func scaleModels() map[string]scaleModel {
 			metrics: []scaleMetric{
 				{"weft.cpu_us_per_row", "weft reader CPU per row (us)", 0, "O(1)", "each reader decodes and verifies each line once; readers share nothing", true},
 				{"raw.cpu_us_per_row", "raw reader CPU per row (us)", 0, "O(1)", "one RESP message per row per subscriber", true},
+				{"cpu_ratio", "weft / raw reader CPU per row, same run", 0, "O(1)", "weft's own cost per row does not depend on the other readers", true},
 				{"weft.redis_us_per_row", "Redis CPU per row published, weft (us)", 1, "O(n)", "Redis writes each PUBLISH to every subscriber", true},
 				{"raw.redis_us_per_row", "Redis CPU per row published, raw (us)", 1, "O(n)", "the same fan-out", false},
 				{"weft.p99_ms", "weft delivery p99 (ms)", 0, "O(1) until the cores saturate", "one publish reaches all; on 2 cores n readers queue for CPU", true},
@@ -89,14 +90,17 @@ func scaleModels() map[string]scaleModel {
 				return flat && under, why + fmt.Sprintf("; worst %s us against centrifuge's %.1f us (the issue's figure, not re-run here)", num(worst), centrifugeCPU)
 			},
 			analysis: readersAnalysis,
+			derived:  map[string]func(map[string]float64) float64{"cpu_ratio": ratioOf("weft.cpu_us_per_row", "raw.cpu_us_per_row")},
 		},
 		"streams": {
 			metrics: []scaleMetric{
 				{"weft.reader_cpu_ms_per_s", "weft reader CPU (ms/s)", 0, "O(1)", "a stream has its own channel: a reader subscribes to its streams' only; the other streams' heartbeat POSITIONs on the control channel are the O(n) residue, 1 line per stream per 5 s", true},
 				{"raw.reader_cpu_ms_per_s", "raw reader CPU (ms/s)", 0, "O(1)", "one channel subscribed", true},
+				{"cpu_ratio", "weft / raw reader CPU, same run", 0, "O(1)", "", false},
 			},
-			goal: func(c Curve) (bool, string) { return within(c, "weft.reader_cpu_ms_per_s", 1.1) },
+			goal:     func(c Curve) (bool, string) { return within(c, "weft.reader_cpu_ms_per_s", 1.1) },
 			analysis: streamsAnalysis,
+			derived:  map[string]func(map[string]float64) float64{"cpu_ratio": ratioOf("weft.reader_cpu_ms_per_s", "raw.reader_cpu_ms_per_s")},
 		},
 		"instances": {
 			metrics: []scaleMetric{
@@ -120,6 +124,8 @@ func scaleModels() map[string]scaleModel {
 				{"weft.kib_per_poll", "memory per idle long-poll (KiB)", 0, "O(1)", "a goroutine, a connection's buffers and a waiter entry each", true},
 				{"weft.answer_p99_ms", "write-to-answer p99 (ms)", 0, "O(1)", "a write wakes only its room's waiters (per-room wait lists)", true},
 				{"raw.answer_p99_ms", "write-to-answer p99 without idle polls (ms)", 0, "O(1)", "baseline", false},
+				{"weft.heap_kib_per_poll", "Go heap in use per idle long-poll (KiB)", 0, "O(1)", "request, connection buffers, waiter", true},
+				{"weft.stack_kib_per_poll", "goroutine stacks per idle long-poll (KiB)", 0, "O(1)", "the connection's goroutine and its background reader", true},
 			},
 			goal: func(c Curve) (bool, string) {
 				_, ys := metricAt(c, "weft.kib_per_poll")
