@@ -22,7 +22,9 @@ const longPollsNote = "The real binaries (a master, persister1 the only event wr
 	"persister1's VmRSS once they are parked (its go_goroutines grew by n) minus before, over n. " +
 	"Write-to-answer: one more client long-polls the active room in a loop while messages are POSTed to " +
 	"it every 25 ms; the time from a POST's start to the long-poll answer that carries it. Raw: the same " +
-	"write-to-answer with no idle long-poll, in the same run."
+	"write-to-answer with no idle long-poll, in the same run. Where the hard open-file limit is below " +
+	"52,000 (the benchmark host: 20,000, in a container without CAP_SYS_RESOURCE) the last point is " +
+	"lowered to the limit minus 2,000: both ends need a descriptor per connection."
 
 // scaleLongPolls is the long-poll curve at n idle long-polls.
 func scaleLongPolls(ctx context.Context, s *scaleEnv, x float64) (map[string]float64, error) {
