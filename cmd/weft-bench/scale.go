@@ -94,7 +94,7 @@ func scaleCurves() []scaleCurve {
 		{id: "longpolls", title: "Idle long-polls on one instance", xLabel: "idle long-polls",
 			points: longPollPoints(), timeout: 6 * time.Minute, run: scaleLongPolls, note: longPollsNote},
 		{id: "backlog", title: "Backlog: catch-up of n rows of one writer", xLabel: "rows",
-			points: []float64{1e4, 1e5, 1e6, 1e7}, timeout: 12 * time.Minute, run: scaleBacklog, note: backlogNote},
+			points: []float64{1e4, 1e5, 1e6, 1e7}, timeout: 20 * time.Minute, run: scaleBacklog, note: backlogNote},
 		{id: "writers", title: "Writers: n writer names on one stream", xLabel: "writer names",
 			points: []float64{1, 8, 32}, timeout: 4 * time.Minute, run: scaleWriters, note: writersNote},
 	}

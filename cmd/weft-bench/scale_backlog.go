@@ -138,6 +138,7 @@ func catchupChild(ctx context.Context, args []string) error {
 	mode := fs.String("mode", "pg", "pg, peer or bare")
 	peer := fs.String("peer", "", "the peer's catch-up URL")
 	n := fs.Int64("rows", 0, "rows to catch up")
+	limit := fs.Int("limit", 0, "the client's page size (0: its default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -180,7 +181,7 @@ func catchupChild(ctx context.Context, args []string) error {
 		if *mode == "peer" {
 			url = *peer
 		}
-		c, err := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
+		c, err := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret, Limit: *limit,
 			Fallback: map[string]catchup.Source{"events": sqlSource(pool)}})
 		if err != nil {
 			return err
