@@ -26,6 +26,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -106,6 +107,7 @@ type scaleOptions struct {
 	only, render          string
 	redisURL, databaseURL string
 	verbose               bool
+	cpuProfile            string
 }
 
 // scaleMain is `weft-bench scale [flags]`, and its hidden child modes.
@@ -123,6 +125,7 @@ func scaleMain(ctx context.Context, args []string) error {
 	fs.StringVar(&o.render, "render", "", "measure nothing: regenerate the doc and charts from this results file")
 	fs.StringVar(&o.databaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "a database to create each curve's databases from")
 	fs.BoolVar(&o.verbose, "v", false, "log progress")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write this process's CPU profile here (the in-process curves: writers)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -147,6 +150,17 @@ func runScale(ctx context.Context, o scaleOptions) error {
 		return err
 	}
 	raiseFileLimit()
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))

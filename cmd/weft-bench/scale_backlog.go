@@ -78,26 +78,27 @@ func scaleBacklog(ctx context.Context, s *scaleEnv, x float64) (map[string]float
 		<-served
 	}()
 	out := map[string]float64{}
-	// Bare first (it warms the cache for the others), then each side.
-	for _, mode := range []string{"bare", "pg", "peer", "bare"} {
-		r, err := runCatchupChild(ctx, db.URL, mode, "http://"+l.Addr().String(), n)
+	// Bare first (it warms the cache for the others), then each side;
+	// pg10k is pg with pages of 10,000 (the server's cap) instead of the
+	// client's default 1,000, to weigh the per-page round trip.
+	for _, run := range []struct {
+		side, mode string
+		limit      int
+	}{{"raw", "bare", 0}, {"pg", "pg", 0}, {"pg10k", "pg", 10000}, {"peer", "peer", 0}, {"raw", "bare", 0}} {
+		r, err := runCatchupChild(ctx, db.URL, run.mode, "http://"+l.Addr().String(), n, run.limit)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", mode, err)
+			return nil, fmt.Errorf("%s: %w", run.side, err)
 		}
 		if r.Rows != n {
-			return nil, fmt.Errorf("%s: read %d of %d rows", mode, r.Rows, n)
-		}
-		side := mode
-		if mode == "bare" {
-			side = "raw"
+			return nil, fmt.Errorf("%s: read %d of %d rows", run.side, r.Rows, n)
 		}
 		// The second bare pass replaces the first (warm, like the others).
-		out[side+".s"] = r.Seconds
-		out[side+".cpu_s"] = r.CPU
-		out[side+".hwm_mib"] = r.HWMKB / 1024
-		out[side+".us_per_row"] = r.Seconds / float64(n) * 1e6
+		out[run.side+".s"] = r.Seconds
+		out[run.side+".cpu_s"] = r.CPU
+		out[run.side+".hwm_mib"] = r.HWMKB / 1024
+		out[run.side+".us_per_row"] = r.Seconds / float64(n) * 1e6
 	}
-	for _, side := range []string{"pg", "peer"} {
+	for _, side := range []string{"pg", "pg10k", "peer"} {
 		out[side+".ratio"] = out[side+".s"] / out["raw.s"]
 	}
 	return out, nil
@@ -111,12 +112,12 @@ type catchupResult struct {
 	HWMKB   float64 `json:"hwm_kb"`
 }
 
-func runCatchupChild(ctx context.Context, dbURL, mode, peer string, n int64) (catchupResult, error) {
+func runCatchupChild(ctx context.Context, dbURL, mode, peer string, n int64, limit int) (catchupResult, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return catchupResult{}, err
 	}
-	cmd := exec.CommandContext(ctx, self, "scale", "catchup-child", "-db", dbURL, "-mode", mode, "-peer", peer, "-rows", strconv.FormatInt(n, 10))
+	cmd := exec.CommandContext(ctx, self, "scale", "catchup-child", "-db", dbURL, "-mode", mode, "-peer", peer, "-rows", strconv.FormatInt(n, 10), "-limit", strconv.Itoa(limit))
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	b, err := cmd.Output()

@@ -142,6 +142,7 @@ func scaleModels() map[string]scaleModel {
 				{"pg.hwm_mib", "peak RSS, from PostgreSQL (MiB)", 0, "O(1)", "one page in memory at a time", false},
 				{"peer.hwm_mib", "peak RSS, from a peer (MiB)", 0, "O(1)", "one page in memory at a time", true},
 				{"pg.ratio", "PostgreSQL catch-up / bare SELECT", 0, "O(1)", "", false},
+				{"pg10k.ratio", "PostgreSQL catch-up, pages of 10,000 / bare SELECT", 0, "O(1)", "", false},
 				{"peer.ratio", "peer catch-up / bare SELECT", 0, "O(1)", "", false},
 			},
 			goal: func(c Curve) (bool, string) {
