@@ -10,10 +10,9 @@ stays between about 0.8x and 1.35x with no trend, so what grows is not weft's pe
 row costs a process on 2 cores shared by 64 readers, Redis, the writer and the other jobs of the host
 (load average above 20 during the run). With 64 readers each reader is woken more often for fewer rows
 (Redis writes to 64 sockets in turn, so each read returns a shorter batch): the per-row share of a
-wake-up (epoll, read, scheduler, the runtime's netpoller) grows, for raw and weft alike. The CPU
-profiles of the reader processes (` + "`WEFT_BENCH_READER_PROFILE=DIR`" + `) put the difference in
-runtime.findRunnable, futex and the read syscalls, not in fabric code. A reader's per-row cost is
-therefore O(1) in weft; the 1.3x goal is not met as an absolute figure on this host and cannot be
+wake-up (epoll, read, scheduler, the runtime's netpoller) grows, for raw and weft alike. (Reader
+profiles at 1 and 64 readers, ` + "`WEFT_BENCH_READER_PROFILE=DIR`" + `, were not taken in this session:
+the evidence is raw's equal growth in the same run.) A reader's per-row cost is therefore O(1) in weft; the 1.3x goal is not met as an absolute figure on this host and cannot be
 while raw misses it by as much: the ceiling is the host's cores, not the design. Against centrifuge:
 the worst point (64 readers) is below the issue's 12.7-12.8 us for centrifuge (not re-run here, so
 the comparison crosses runs and hosts). Redis's CPU per published row grows with the readers, as
@@ -43,22 +42,31 @@ instances and 1,000 instances would cost about 8% each - still O(n) per instance
 the place to cut if clusters grow that large (a longer heartbeat, or membership through a Redis key
 with a TTL instead of broadcast HELLOs).`
 
-const longPollsAnalysis = `**Analysis.** Memory per idle long-poll is O(1), as modelled, but above the 8 KiB goal: about
-12-15 KiB of RSS each (the figure falls with n as the fixed costs spread). The Go runtime's own
-accounting (heap in use and goroutine stacks, from /metrics) splits it: each waiting sync holds
-net/http's per-connection state - a goroutine for the connection (which runs the handler, and whose
-stack the handler's frames grow past the 8 KiB start), the background-read goroutine net/http starts
-to notice a client that leaves, a 4 KiB bufio.Reader and a 4 KiB bufio.Writer, the parsed request and
-its context - and the sync's own waiter (a channel and a map entry per room), a few hundred bytes. The
-waiter is not where the memory is: net/http's goroutine-per-connection model is, and its floor is
-above 8 KiB. Reaching 8 KiB needs a long-poll that gives its connection's goroutines back while it
-waits: hijack the connection after parsing, park it (fd, deadline, waiter) in the room's wait list,
-and write the answer from a shared goroutine - at the price of HTTP/1.1 keep-alive (the connection
-cannot be handed back to net/http) and of noticing a client that left only at answer time. That is a
-change of the sync protocol's transport, not a small fix; the ceiling stands at about 12 KiB, which is
-about 600 MiB for 50,000 waiting clients. Write-to-answer p50 is unchanged by the idle polls (a
-write wakes only its room's waiters); its p99 at 10,000 idle polls is a few slow answers out of 200,
-which on this host coincide with garbage collections of the grown heap.`
+const longPollsAnalysis = `**Analysis.** Memory per idle long-poll is O(1), as modelled (about 11 KiB of RSS at every point),
+but above the 8 KiB goal. The Go runtime's own accounting (from /metrics) splits it: about 8.6-10 KiB
+of heap in use and 5.5-7 KiB of goroutine stacks per waiting sync (RSS is lower than their sum because
+heap in use counts whole spans). That is net/http's per-connection floor, not the sync's: net/http
+allocates a 4 KiB bufio.Reader and a 4 KiB bufio.Writer per connection (8 KiB of heap), runs a
+goroutine per connection (which runs the handler) and, once a request has no body left, a second one
+reading in the background to notice a client that leaves (the stacks); the parsed request, its
+context and the sync's waiter (a channel and a map entry per room) are the few hundred bytes left.
+Nothing in weft's waiter can bring this under 8 KiB. Reaching it needs a long-poll that gives its
+connection's goroutines and buffers back while it waits: hijack the connection after parsing, park
+(fd, deadline, waiter) in the room's wait list and answer from a shared goroutine - at the price of
+HTTP/1.1 keep-alive (a hijacked connection cannot be handed back to net/http) and of noticing a
+client that left only when answering. That changes the sync transport, not a small fix: the ceiling
+stands at about 11 KiB, about 550 MiB for 50,000 waiting clients. 50,000 could not be measured here:
+the container's hard open-file limit is 20,000 (no CAP_SYS_RESOURCE to raise it), and the instance
+needs a descriptor per connection; the last point is 18,000.
+
+Write-to-answer p50 is unchanged by the idle polls (a write wakes only its room's waiters: per-room
+wait lists, O(1) per write). Its p99 is not: about 25 ms at 1,000 idle polls, 0.76-0.83 s at 10,000
+and 18,000, against about 20 ms with none in the same run - a few answers of 200 take most of a
+second. The cause was not profiled in this session; the likely one is the instance's garbage
+collector marking 10,000-18,000 goroutine stacks and a heap grown to 250-450 MiB on 2 cores shared
+with the 10,000-18,000 client connections of this process and the host's other jobs. To confirm:
+GODEBUG=gctrace=1 on the instance and an execution trace over a slow answer.
+`
 
 const backlogAnalysis = `**Analysis.** Pending the full run.`
 
