@@ -200,7 +200,7 @@ func runScale(ctx context.Context, o scaleOptions) error {
 		cur := Curve{ID: c.id, Title: c.title, XLabel: c.xLabel, Note: c.note}
 		cctx, cancel := context.WithTimeout(ctx, c.timeout)
 		for _, x := range points {
-			fmt.Printf("scale: %s at %s ...\n", c.id, num(x))
+			fmt.Printf("scale: %s at %s ...\n", c.id, fmtX(x))
 			pbegan := time.Now()
 			m, err := c.run(cctx, env, x)
 			if ctx.Err() != nil {
@@ -208,12 +208,12 @@ func runScale(ctx context.Context, o scaleOptions) error {
 				return ctx.Err()
 			}
 			if err != nil {
-				cur.Error = fmt.Sprintf("at %s: %v", num(x), err)
+				cur.Error = fmt.Sprintf("at %s: %v", fmtX(x), err)
 				failures = append(failures, c.id+": "+cur.Error)
 				log.Error("scale point failed", "curve", c.id, "x", x, "err", err)
 				break
 			}
-			fmt.Printf("scale: %s at %s done in %.1fs: %s\n", c.id, num(x), time.Since(pbegan).Seconds(), brieflyMetrics(m))
+			fmt.Printf("scale: %s at %s done in %.1fs: %s\n", c.id, fmtX(x), time.Since(pbegan).Seconds(), brieflyMetrics(m))
 			cur.Points = append(cur.Points, Point{X: x, Metrics: m})
 		}
 		cancel()

@@ -222,7 +222,7 @@ func curveTable(c Curve) string {
 	}
 	b.WriteString("\n| ---: |" + strings.Repeat(" ---: |", len(names)) + "\n")
 	for _, p := range c.Points {
-		b.WriteString("| " + num(p.X) + " |")
+		b.WriteString("| " + fmtX(p.X) + " |")
 		for _, k := range names {
 			v, ok := p.Metrics[k]
 			if !ok {
@@ -283,4 +283,12 @@ func writeCurveChart(c Curve, m scaleModel, path string) error {
 		i++
 	}
 	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+}
+
+// fmtX formats a curve's x: a count, thousands grouped.
+func fmtX(x float64) string {
+	if x == math.Trunc(x) {
+		return group(fmt.Sprintf("%.0f", x))
+	}
+	return num(x)
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"image/color"
 	"math"
+	"os"
 	"strings"
 
 	"gonum.org/v1/plot/plotutil"
@@ -43,7 +45,7 @@ func within(c Curve, key string, r float64) (bool, string) {
 	if len(c.Points) < 2 {
 		return true, fmt.Sprintf("%s = %s at the one point measured (smoke: no range)", key, num(ys[0]))
 	}
-	return s <= r, fmt.Sprintf("%s ranges %.2fx (%s to %s) over %s-%s", key, s, num(minOf(ys)), num(maxOf(ys)), num(c.Points[0].X), num(c.Points[len(c.Points)-1].X))
+	return s <= r, fmt.Sprintf("%s ranges %.2fx (%s to %s) over %s-%s", key, s, num(minOf(ys)), num(maxOf(ys)), fmtX(c.Points[0].X), fmtX(c.Points[len(c.Points)-1].X))
 }
 
 func minOf(ys []float64) float64 {
@@ -115,7 +117,7 @@ func scaleModels() map[string]scaleModel {
 				xs, _ := metricAt(c, "lines_per_s")
 				k := slope(xs, ls)
 				ok := last(ys) < 2 && (math.IsNaN(k) || k < 1.35)
-				return ok, fmt.Sprintf("%s%% of a core per instance at %s instances; control lines/s grow as x^%s", num(last(ys)), num(last(xs)), fmtSlope(k))
+				return ok, fmt.Sprintf("%s%% of a core per instance at %s instances; control lines/s grow as x^%s", num(last(ys)), fmtX(last(xs)), fmtSlope(k))
 			},
 			analysis: instancesAnalysis,
 		},
@@ -157,7 +159,7 @@ func scaleModels() map[string]scaleModel {
 				flatMem := len(c.Points) < 2 || (spread(hwm) < 1.5 && spread(hwmPG) < 1.5)
 				ratio := math.Max(last(rp), last(rr))
 				return linear && flatMem && ratio <= 1.3, fmt.Sprintf("time grows as x^%s (PostgreSQL) and x^%s (peer); peak RSS %s-%s MiB; at %s rows %.2fx (PostgreSQL) and %.2fx (peer) a bare SELECT",
-					fmtSlope(kp), fmtSlope(kr), num(minOf(append(hwm, hwmPG...))), num(maxOf(append(hwm, hwmPG...))), num(last(xs)), last(rp), last(rr))
+					fmtSlope(kp), fmtSlope(kr), num(minOf(append(hwm, hwmPG...))), num(maxOf(append(hwm, hwmPG...))), fmtX(last(xs)), last(rp), last(rr))
 			},
 			analysis: backlogAnalysis,
 		},
@@ -187,7 +189,7 @@ func scaleModels() map[string]scaleModel {
 func paperModel(res ScaleResults) string {
 	var b strings.Builder
 	b.WriteString("## Past one machine: a paper model\n\n")
-	b.WriteString(paperIntro)
+	b.WriteString(paperIntro + "\n")
 	get := func(curve, key string, at int) float64 {
 		for _, c := range res.Curves {
 			if c.ID == curve && len(c.Points) > 0 {
@@ -228,15 +230,18 @@ func paperModel(res ScaleResults) string {
 	fmt.Fprintf(&b, "| quantity | per unit (measured) | at 1,000 instances, 100 writers, 1M rows/s | consequence |\n| --- | --- | --- | --- |\n")
 	deliveries := rate * instances
 	fmt.Fprintf(&b, "| Redis CPU per delivery (one row to one subscriber) | %s us (%s us per row at %s readers) | %s deliveries/s: %s cores of Redis | Redis pub/sub saturates first: one Redis core moves ~%s deliveries/s, so every instance following every row needs ~%s single-threaded shards (Redis Cluster, sharded pub/sub, streams spread over shards) - or fewer followers per stream |\n",
-		fmtF(perDelivery), fmtF(redisUS), num(redisN), num(deliveries), num(deliveries*perDelivery/1e6), num(1e6/math.Max(perDelivery, 1e-9)), num(math.Ceil(deliveries*perDelivery/1e6/0.7)))
+		fmtF(perDelivery), fmtF(redisUS), fmtX(redisN), num(deliveries), num(deliveries*perDelivery/1e6), num(1e6/math.Max(perDelivery, 1e-9)), num(math.Ceil(deliveries*perDelivery/1e6/0.7)))
 	fmt.Fprintf(&b, "| reader CPU per delivered row | %s us | 1M rows/s per instance: %s cores per instance | an instance cannot follow 1M rows/s on one core: streams must be partitioned so that each instance follows a share |\n",
 		fmtF(readerUS), num(rate*readerUS/1e6))
-	fmt.Fprintf(&b, "| network per instance | ~%d bytes per row (line framing, signature) | 1M rows/s: %s MB/s inbound per instance following all | ~%s Gbit/s: a 10 Gbit NIC holds it; partitioned streams divide it |\n",
+	fmt.Fprintf(&b, "| network per instance | ~%d bytes per row (an estimate, not measured here: a 200-byte row, its line's framing and signature) | 1M rows/s: %s MB/s inbound per instance following all | ~%s Gbit/s: a 10 Gbit NIC holds it; partitioned streams divide it |\n",
 		int(rowBytes), num(rate*rowBytes/1e6), fmtF(rate*rowBytes*8/1e9))
 	idleLines := instances / 5
-	fmt.Fprintf(&b, "| control traffic (HELLO every 5 s) | %s%% of a core per idle instance at %s | %s lines/s, each heard by all %s: %s deliveries/s | O(n^2) in all; at 1,000 instances still small next to the data (about %s%% of a core per instance, extrapolated linearly) |\n",
-		fmtF(instPct), num(instN), num(idleLines), num(instances), num(idleLines*instances), fmtF(instPct*instances/math.Max(instN, 1)))
-	fmt.Fprintf(&b, "| PostgreSQL write rate | 100 writers | 1M rows/s = 10,000 rows/s per writer | batched INSERTs (group commit, fabric.PerRow) are needed; one PostgreSQL primary sustains roughly 100-300k small rows/s batched on good hardware: 1M rows/s needs the streams' tables split over 4-10 primaries (one stream's writers share a sequence, so a stream stays on one) |\n")
+	a, k := linearFit(res, "instances", "cpu_pct_per_instance")
+	fmt.Fprintf(&b, "| control traffic (HELLO every 5 s) | %s%% of a core per idle instance at %s; fit: %s%% + %s%% per instance | %s lines/s, each heard by all %s: %s deliveries/s | O(n) per instance, O(n^2) in all: about %s%% of a core per idle instance at 1,000 (the fit, extrapolated) |\n",
+		fmtF(instPct), fmtX(instN), fmtF(a), fmtF(k), num(idleLines), fmtX(instances), num(idleLines*instances), fmtF(a+k*instances))
+	batched := resultFigure("bench/results.json", "e2e.batched")
+	fmt.Fprintf(&b, "| PostgreSQL write rate | %s rows/s batched, weft end to end on this 2-core host (bench/results.json, e2e.batched, make bench) | 1M rows/s, 10,000 rows/s per writer | about %s times what one such host sustains: batched INSERTs (group commit, fabric.PerRow) and the streams' tables spread over several primaries (a stream's writers share its sequence, so a stream stays on one) |\n",
+		fmtF(batched), fmtF(math.Ceil(rate/batched)))
 	b.WriteString("\n" + paperAnalysis)
 	return b.String()
 }
@@ -246,4 +251,54 @@ func fmtF(x float64) string {
 		return "n/a"
 	}
 	return num(x)
+}
+
+// linearFit is a least-squares a + k*x of a curve's metric.
+func linearFit(res ScaleResults, curve, key string) (a, k float64) {
+	for _, c := range res.Curves {
+		if c.ID != curve {
+			continue
+		}
+		xs, ys := metricAt(c, key)
+		var mx, my float64
+		n := 0.0
+		for i := range xs {
+			if !math.IsNaN(ys[i]) {
+				mx, my, n = mx+xs[i], my+ys[i], n+1
+			}
+		}
+		if n < 2 {
+			return math.NaN(), math.NaN()
+		}
+		mx, my = mx/n, my/n
+		var num, den float64
+		for i := range xs {
+			if !math.IsNaN(ys[i]) {
+				num += (xs[i] - mx) * (ys[i] - my)
+				den += (xs[i] - mx) * (xs[i] - mx)
+			}
+		}
+		k = num / den
+		return my - k*mx, k
+	}
+	return math.NaN(), math.NaN()
+}
+
+// resultFigure is a figure's weft median in make bench's results file,
+// NaN when absent.
+func resultFigure(path, id string) float64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return math.NaN()
+	}
+	var res Results
+	if json.Unmarshal(b, &res) != nil {
+		return math.NaN()
+	}
+	for _, f := range res.Figures {
+		if f.ID == id {
+			return f.Weft.Median
+		}
+	}
+	return math.NaN()
 }
