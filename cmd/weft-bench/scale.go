@@ -102,12 +102,12 @@ func scaleCurves() []scaleCurve {
 }
 
 type scaleOptions struct {
-	smoke                 bool
-	json, doc, charts     string
-	only, render          string
-	redisURL, databaseURL string
-	verbose               bool
-	cpuProfile            string
+	smoke             bool
+	json, doc, charts string
+	only, render      string
+	databaseURL       string
+	verbose           bool
+	cpuProfile        string
 }
 
 // scaleMain is `weft-bench scale [flags]`, and its hidden child modes.

@@ -182,10 +182,13 @@ func writeScaleDoc(res ScaleResults, docPath, chartDir string) error {
 		}
 		if len(c.Points) > 1 {
 			png := filepath.Join(chartDir, c.ID+".png")
-			if err := writeCurveChart(c, m, png); err != nil {
+			drawn, err := writeCurveChart(c, m, png)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(&b, "\n![%s](%s)\n", c.Title, filepath.ToSlash(filepath.Join(rel, c.ID+".png")))
+			if drawn {
+				fmt.Fprintf(&b, "\n![%s](%s)\n", c.Title, filepath.ToSlash(filepath.Join(rel, c.ID+".png")))
+			}
 		}
 	}
 	b.WriteString("\n" + paperModel(res))
@@ -245,8 +248,10 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// writeCurveChart draws the curve's charted metrics against x, log-log.
-func writeCurveChart(c Curve, m scaleModel, path string) error {
+// writeCurveChart draws the curve's charted metrics against x, log-log;
+// it draws nothing, and reports false, when none has a positive figure
+// (a log axis has no room for the others).
+func writeCurveChart(c Curve, m scaleModel, path string) (bool, error) {
 	p := plot.New()
 	p.Title.Text = c.Title
 	p.X.Label.Text = c.XLabel + " (log)"
@@ -272,7 +277,7 @@ func writeCurveChart(c Curve, m scaleModel, path string) error {
 		}
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
-			return fmt.Errorf("chart %s: %w", c.ID, err)
+			return false, fmt.Errorf("chart %s: %w", c.ID, err)
 		}
 		col := plotutilColor(i)
 		line.Color, points.Color = col, col
@@ -282,7 +287,10 @@ func writeCurveChart(c Curve, m scaleModel, path string) error {
 		p.Legend.Add(mt.label, line, points)
 		i++
 	}
-	return p.Save(8*vg.Inch, 5*vg.Inch, path)
+	if i == 0 {
+		return false, nil
+	}
+	return true, p.Save(8*vg.Inch, 5*vg.Inch, path)
 }
 
 // fmtX formats a curve's x: a count, thousands grouped.
