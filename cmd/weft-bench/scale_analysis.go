@@ -10,9 +10,15 @@ stays between about 0.8x and 1.35x with no trend, so what grows is not weft's pe
 row costs a process on 2 cores shared by 64 readers, Redis, the writer and the other jobs of the host
 (load average above 20 during the run). With 64 readers each reader is woken more often for fewer rows
 (Redis writes to 64 sockets in turn, so each read returns a shorter batch): the per-row share of a
-wake-up (epoll, read, scheduler, the runtime's netpoller) grows, for raw and weft alike. (Reader
-profiles at 1 and 64 readers, ` + "`WEFT_BENCH_READER_PROFILE=DIR`" + `, were not taken in this session:
-the evidence is raw's equal growth in the same run.) A reader's per-row cost is therefore O(1) in weft; the 1.3x goal is not met as an absolute figure on this host and cannot be
+wake-up (epoll, read, scheduler, the runtime's netpoller) grows, for raw and weft alike. A re-run of
+this curve alone at a lower load, with every reader process profiled
+(` + "`WEFT_BENCH_READER_PROFILE=DIR weft-bench scale -only readers`" + `), measured weft 4.6, 6.7, 6.2 and
+7.4 us per row at 1, 4, 16 and 64 readers (1.6x) against raw 5.0, 6.1, 7.2 and 6.2 (weft/raw 0.86-1.20).
+Its profiles, over each reader's whole life, give about the same samples per row at 1 and at 64
+readers (weft 9.2 and 9.7 us per row with the profiler's overhead, raw 7.0 and 6.9), and the same share
+in fabric's node loop (33% and 31%) and in read/write syscalls (29% both); what grows at 64 is the Go
+scheduler (findRunnable/schedule, 17.5% to 22.5%) and the background GC (2% to 7%) of 64 runtimes on
+2 cores. A reader's per-row cost is therefore O(1) in weft; the 1.3x goal is not met as an absolute figure on this host and cannot be
 while raw misses it by as much: the ceiling is the host's cores, not the design. Against centrifuge:
 the worst point (64 readers) is below the issue's 12.7-12.8 us for centrifuge (not re-run here, so
 the comparison crosses runs and hosts). Redis's CPU per published row grows with the readers, as
