@@ -13,7 +13,7 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test lint deps bench bench-quick bench-doc peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
+.PHONY: test lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # The chaos suite's short scenarios run in here; the binary-running tests
 # need more than go test's default 10 minutes per package on 2 cores.
@@ -99,6 +99,16 @@ bench-quick:
 # the peers' pass, measuring nothing.
 bench-doc:
 	$(GO) run ./cmd/weft-bench -render bench/results.json
+
+# The scale curves (readers, streams, instances, long-polls, backlog,
+# writers), each in one run, on a private redis-server: writes
+# bench/scale.json and regenerates docs/SCALING.md and docs/scaling/*.png.
+# About 25 minutes on 2 cores; -smoke runs each curve's smallest point
+# (under 2 minutes, writes only to a temp dir; CI runs it).
+bench-scale:
+	$(GO) run ./cmd/weft-bench scale
+bench-scale-smoke:
+	$(GO) run ./cmd/weft-bench scale -smoke
 
 # weft beside raw INSERT+PUBLISH, centrifuge and watermill
 # (../shared/peerbench, on private servers; needs root for initdb):

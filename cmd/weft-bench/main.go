@@ -57,6 +57,14 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "scale" { // the scale curves (scale.go)
+		redis.SetLogger(quietRedis{})
+		if err := scaleMain(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weft-bench scale:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	flag.BoolVar(&o.Quick, "quick", false, "one short run that writes nothing but a temp copy of the reports (make bench-quick)")
 	flag.IntVar(&o.Runs, "runs", 0, "runs to take the median of [3; 1 with -quick]")
