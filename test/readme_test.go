@@ -339,7 +339,7 @@ func TestReadmeSize(t *testing.T) {
 }
 
 // Every relative link of the README and docs/ reaches a file, and its
-// #anchor a heading there; the README links every page of docs/, so each
+// #anchor a heading (or an <a id> anchor) there; the README links every page of docs/, so each
 // is one link from it.
 func TestReadmeLinks(t *testing.T) {
 	pages, err := filepath.Glob("../docs/*.md")
@@ -423,6 +423,8 @@ func mdLinks(text string) []string {
 // mdAnchors is the anchor GitHub gives each heading of markdown text:
 // lower case, punctuation dropped, spaces as hyphens, "-1", "-2" after
 // repeats.
+var htmlAnchor = regexp.MustCompile(`<a id="([^"]+)">`)
+
 func mdAnchors(text string) []string {
 	var out []string
 	seen := map[string]int{}
@@ -431,7 +433,14 @@ func mdAnchors(text string) []string {
 		if strings.HasPrefix(strings.TrimSpace(line), "```") {
 			fenced = !fenced
 		}
-		if fenced || !strings.HasPrefix(line, "#") {
+		if fenced {
+			continue
+		}
+		// An explicit anchor, as generated docs place before a heading.
+		for _, m := range htmlAnchor.FindAllStringSubmatch(line, -1) {
+			out = append(out, m[1])
+		}
+		if !strings.HasPrefix(line, "#") {
 			continue
 		}
 		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
