@@ -42,8 +42,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (int64, 
 }
 
 // MigrateFS applies an application's own migrations (SQL files in goose's
-// format at the top of fsys, named <version>_<name>.sql), tracked in their own version table, under the same lock. table
-// is a name PostgreSQL would read unquoted: a table or schema.table, each
+// format at the top of fsys, named <version>_<name>.sql), tracked in their
+// own version table, under the same lock. table is a name PostgreSQL would read unquoted: a table or schema.table, each
 // a plain SQL identifier once its ASCII letters are folded to lower case
 // (as PostgreSQL folds them: "MyApp_Version" is myapp_version); any other
 // name is refused before the database is touched.
