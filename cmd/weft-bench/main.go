@@ -29,6 +29,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -250,22 +251,23 @@ func measurementNames() []string {
 }
 
 func selected(only string) ([]measurement, error) {
-	all := measurements()
+	return pick(measurements(), only, "measurement", func(m measurement) string { return m.name })
+}
+
+// pick is the items of all named in only (comma-separated), in only's
+// order; all of them when only is empty.
+func pick[T any](all []T, only, kind string, name func(T) string) ([]T, error) {
 	if only == "" {
 		return all, nil
 	}
-	var out []measurement
-	for _, name := range strings.Split(only, ",") {
-		found := false
-		for _, m := range all {
-			if m.name == strings.TrimSpace(name) {
-				out = append(out, m)
-				found = true
-			}
+	var out []T
+	for _, want := range strings.Split(only, ",") {
+		want = strings.TrimSpace(want)
+		i := slices.IndexFunc(all, func(x T) bool { return name(x) == want })
+		if i < 0 {
+			return nil, errors.New("unknown " + kind + " " + want)
 		}
-		if !found {
-			return nil, errors.New("unknown measurement " + name)
-		}
+		out = append(out, all[i])
 	}
 	return out, nil
 }

@@ -19,7 +19,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -286,24 +285,7 @@ func mergeScale(path string, res ScaleResults) ScaleResults {
 }
 
 func selectCurves(only string) ([]scaleCurve, error) {
-	all := scaleCurves()
-	if only == "" {
-		return all, nil
-	}
-	var out []scaleCurve
-	for _, name := range strings.Split(only, ",") {
-		found := false
-		for _, c := range all {
-			if c.id == strings.TrimSpace(name) {
-				out = append(out, c)
-				found = true
-			}
-		}
-		if !found {
-			return nil, errors.New("unknown curve " + name)
-		}
-	}
-	return out, nil
+	return pick(scaleCurves(), only, "curve", func(c scaleCurve) string { return c.id })
 }
 
 func scaleCommand(o scaleOptions) string {
