@@ -1,0 +1,89 @@
+package weft_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/weft-dev/weft"
+	"github.com/weft-dev/weft/wefttest"
+)
+
+// holding is a writer name's row in weft_writers, as a test reads it.
+type holding struct {
+	instance  string
+	epoch     int64
+	sealed    bool
+	expired   bool // lease_until has passed (database clock)
+	heartbeat time.Time
+}
+
+func readHolding(t *testing.T, pool *pgxpool.Pool, name string) holding {
+	t.Helper()
+	var h holding
+	var inst *string
+	err := pool.QueryRow(context.Background(), `
+		SELECT instance, epoch, sealed, COALESCE(lease_until < now(), true), heartbeat_at
+		FROM weft_writers WHERE name = $1`, name).Scan(&inst, &h.epoch, &h.sealed, &h.expired, &h.heartbeat)
+	if err != nil {
+		t.Fatalf("read the holding of %s: %v", name, err)
+	}
+	if inst != nil {
+		h.instance = *inst
+	}
+	return h
+}
+
+// notFailed fails t if the node has failed (Wait returns at once with
+// its cause).
+func notFailed(t *testing.T, n *weft.Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := n.Wait(ctx); err != nil {
+		t.Fatalf("the node failed: %v", err)
+	}
+}
+
+// A process that writes two durable streams holds its name once: one
+// claim, one heartbeat, both streams' appends fenced by it; it stays
+// healthy for several leases.
+func TestTwoDurableStreamsOneLease(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	cfg := wefttest.Config("writer", db, rds)
+	cfg.Streams = []weft.Stream{{Name: "a"}, {Name: "b"}}
+	cfg.Writes = []string{"a", "b"}
+	cfg.LeaseTTL = time.Second
+	w := wefttest.Open(t, cfg)
+	pool := effectsPool(t, db, `SELECT 1`)
+
+	appendBoth := func(round int) {
+		t.Helper()
+		for _, s := range []string{"a", "b"} {
+			if _, err := w.Append(context.Background(), s, job{N: round}); err != nil {
+				t.Fatalf("round %d: Append to %s: %v", round, s, err)
+			}
+		}
+	}
+	appendBoth(0)
+	first := readHolding(t, pool, "writer")
+	if first.epoch != 1 || first.sealed || first.instance != w.Instance() {
+		t.Fatalf("holding after Open: %+v, want epoch 1, not sealed, held by %s: one claim", first, w.Instance())
+	}
+	// Heartbeats for more than two leases.
+	wefttest.Eventually(t, 30*time.Second, func() bool {
+		return readHolding(t, pool, "writer").heartbeat.Sub(first.heartbeat) > 2*cfg.LeaseTTL
+	}, "no heartbeat renewed the lease for 2*LeaseTTL: %+v", readHolding(t, pool, "writer"))
+	notFailed(t, w)
+	appendBoth(1)
+	if h := readHolding(t, pool, "writer"); h.epoch != 1 || h.sealed || h.expired {
+		t.Fatalf("holding after %v: %+v, want the first one, live", 2*cfg.LeaseTTL, h)
+	}
+	for _, s := range []weft.Stream{{Name: "a"}, {Name: "b"}} {
+		if rows := wefttest.Rows(t, db, s); len(rows) != 2 {
+			t.Fatalf("stream %s holds %d rows, want 2", s.Name, len(rows))
+		}
+	}
+}
