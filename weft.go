@@ -239,8 +239,9 @@ func (n *Node) listen() error {
 	return nil
 }
 
-// openStreams claims the name for the streams written and opens a
-// generator for the durable streams followed.
+// openStreams claims the name once for the durable streams written (one
+// lease fences them all) and opens a generator for the durable streams
+// followed.
 func (n *Node) openStreams(ctx context.Context) error {
 	var since, logged time.Time
 	onWait := func(holder string, epoch int64, until time.Time) {
@@ -256,22 +257,37 @@ func (n *Node) openStreams(ctx context.Context) error {
 			n.cfg.OnWait(holder, epoch, until)
 		}
 	}
-	durable := false
+	var durable []streams.Config
 	for _, name := range n.cfg.Writes {
 		st := n.streams[name]
 		if st.Ephemeral {
 			st.eph = fabric.NewEphemeral(name)
 			continue
 		}
-		durable = true
-		w, err := fabric.OpenWriter(ctx, n.pool, fabric.WriterConfig{Instance: n.inst, Name: n.cfg.Name, Stream: st.config(),
-			LeaseTTL: n.cfg.LeaseTTL, Wait: true, URL: n.cfg.Advertise, OnWait: onWait})
-		if err != nil {
-			return err
-		}
-		st.w, st.gen, n.epoch = w, w.Generator(), w.Lease().Epoch()
+		durable = append(durable, st.config())
 	}
-	if !durable && len(n.cfg.Writes) > 0 {
+	if len(durable) > 0 {
+		// One holding of the name for every durable stream written: a
+		// second claim by this instance would seal the first.
+		l, err := streams.Claim(ctx, n.pool, n.cfg.Name, n.inst, streams.LeaseConfig{TTL: n.cfg.LeaseTTL, Wait: true,
+			Poll: 100 * time.Millisecond, Streams: durable, URL: n.cfg.Advertise, OnWait: onWait})
+		if err != nil {
+			return fmt.Errorf("weft: claim writer name %s: %w", n.cfg.Name, err)
+		}
+		n.epoch = l.Epoch()
+		for _, name := range n.cfg.Writes {
+			st := n.streams[name]
+			if st.Ephemeral {
+				continue
+			}
+			w, err := fabric.OpenWriter(ctx, n.pool, fabric.WriterConfig{Instance: n.inst, Name: n.cfg.Name, Stream: st.config(), Lease: l})
+			if err != nil {
+				return err
+			}
+			st.w, st.gen = w, w.Generator()
+		}
+	}
+	if len(durable) == 0 && len(n.cfg.Writes) > 0 {
 		// Only ephemeral streams: no lease fences them; the newest holder
 		// of the name wins, and readers follow its epoch.
 		epoch, err := streams.ClaimName(ctx, n.pool, n.cfg.Name, n.inst, n.cfg.Advertise)

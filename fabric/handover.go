@@ -18,19 +18,29 @@ import (
 // sealWriters seals every Writer's holding, each within SealTimeout, and
 // queues the announcements for the loop (still running).
 func (n *Node) sealWriters() {
+	// A lease several writers share is sealed once, with all their
+	// streams' final positions.
+	var leases []*streams.Lease
+	written := map[*streams.Lease][]streams.Config{}
 	for _, w := range n.writers {
 		if w.lease == nil {
 			continue
 		}
+		if _, ok := written[w.lease]; !ok {
+			leases = append(leases, w.lease)
+		}
+		written[w.lease] = append(written[w.lease], w.gen.Stream())
+	}
+	for _, l := range leases {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.SealTimeout)
-		err := w.lease.Release(ctx, []streams.Config{w.gen.Stream()})
+		err := l.Release(ctx, written[l])
 		cancel()
 		if err != nil {
-			n.log.Warn("fabric: sealing own writer failed; its successor waits for the lease to expire", "writer", w.name, "err", err)
+			n.log.Warn("fabric: sealing own writer failed; its successor waits for the lease to expire", "writer", l.Name(), "err", err)
 			continue
 		}
-		s := w.lease.Released()
-		n.log.Info("fabric: sealed own writer", "writer", w.name, "final", s.Final)
+		s := l.Released()
+		n.log.Info("fabric: sealed own writer", "writer", l.Name(), "final", s.Final)
 		n.announce(context.Background(), s)
 	}
 }

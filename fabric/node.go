@@ -357,11 +357,13 @@ func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	linkErr := make(chan error, 1)
 	wg.Go(func() { linkErr <- n.link.run(linkCtx, nodeEvents{n, runCtx}) })
+	renewed := map[*streams.Lease]bool{} // a lease several writers share runs once
 	for _, w := range n.writers {
 		wg.Go(func() { n.forwardPositions(runCtx, w.gen) })
-		if w.lease == nil {
+		if w.lease == nil || renewed[w.lease] {
 			continue
 		}
+		renewed[w.lease] = true
 		wg.Go(func() {
 			if err := w.lease.Run(runCtx, 0); errors.Is(err, streams.ErrSealed) {
 				endRun(fmt.Errorf("fabric: writer %s lost its lease: %w", w.name, err))

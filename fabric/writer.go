@@ -61,6 +61,14 @@ type WriterConfig struct {
 	// writing as the same name. Only for a name that can never have two
 	// holders (a benchmark, a single-process tool).
 	NoLease bool
+	// Lease is a holding of Name this instance already has (streams.Claim,
+	// with every stream the name writes in its LeaseConfig.Streams): the
+	// writer is fenced by it and claims nothing. A process holds one
+	// lease per name, whatever it writes: a second claim by the same
+	// instance would seal the first holding. The Node renews a lease
+	// shared by several Writers once, and seals it once. Nil: OpenWriter
+	// claims Name for this one stream.
+	Lease *streams.Lease
 }
 
 // ErrUnbound: the Writer (or Ephemeral) was not given to a Node.
@@ -83,7 +91,13 @@ func OpenWriter(ctx context.Context, db streams.DB, cfg WriterConfig) (*Writer, 
 		return nil, fmt.Errorf("%w: fabric: writer config: LeaseTTL %v: want 0 (the default) or at least 1ms", streams.ErrBadConfig, cfg.LeaseTTL)
 	}
 	w := &Writer{db: db, name: cfg.Name, group: committer{proven: make(map[string]struct{})}}
-	if !cfg.NoLease {
+	switch {
+	case cfg.Lease != nil:
+		if cfg.Lease.Name() != cfg.Name || cfg.Lease.Instance() != cfg.Instance {
+			return nil, fmt.Errorf("fabric: writer config: Lease holds %s for %s, not %s for %s", cfg.Lease.Name(), cfg.Lease.Instance(), cfg.Name, cfg.Instance)
+		}
+		w.lease = cfg.Lease
+	case !cfg.NoLease:
 		l, err := streams.Claim(ctx, db, cfg.Name, cfg.Instance, streams.LeaseConfig{TTL: cfg.LeaseTTL, Wait: cfg.Wait,
 			Poll: 100 * time.Millisecond, URL: cfg.URL, OnWait: cfg.OnWait, Streams: []streams.Config{cfg.Stream}})
 		if err != nil {
