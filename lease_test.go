@@ -2,9 +2,12 @@ package weft_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft"
@@ -86,4 +89,53 @@ func TestTwoDurableStreamsOneLease(t *testing.T) {
 			t.Fatalf("stream %s holds %d rows, want 2", s.Name, len(rows))
 		}
 	}
+}
+
+// Consumers whose handlers hold every connection of the pool longer than
+// the lease do not starve the writer's heartbeat: it renews the lease on
+// a connection of its own, and the node is not sealed.
+func TestSlowConsumersDoNotStarveTheLease(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	pool := effectsPool(t, db, `SELECT 1`)
+	release := make(chan struct{})
+	var inside atomic.Int32
+	slow := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
+		inside.Add(1)
+		for { // busy on the server (not idle in transaction) until released
+			select {
+			case <-release:
+				return nil
+			default:
+			}
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
+				return err
+			}
+		}
+	}
+	cfg := writerConfig(db+"?pool_max_conns=2", rds, jobs)
+	cfg.LeaseTTL = time.Second
+	cfg.Consumers = []weft.Consumer{{Stream: "jobs", Name: "slow-1", Apply: slow}, {Stream: "jobs", Name: "slow-2", Apply: slow}}
+	w := wefttest.Open(t, cfg)
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let) // before the node closes: its batches end
+	if got := w.DB().Config().MaxConns; got != 2 {
+		t.Fatalf("pool of %d connections, want the 2 the URL asks for", got)
+	}
+	appendJobs(t, w, 0, 1, 1)
+	wefttest.Eventually(t, 10*time.Second, func() bool { return inside.Load() == 2 }, "%d of 2 handlers running", inside.Load())
+	if s := w.DB().Stat(); s.AcquiredConns() != s.MaxConns() {
+		t.Fatalf("the handlers hold %d of the pool's %d connections, want all", s.AcquiredConns(), s.MaxConns())
+	}
+	start := readHolding(t, pool, "writer")
+	wefttest.Eventually(t, 15*time.Second, func() bool {
+		h := readHolding(t, pool, "writer")
+		if h.expired || h.sealed {
+			t.Fatalf("the lease ran out while the handlers held the pool: %+v", h)
+		}
+		return h.heartbeat.Sub(start.heartbeat) > 3*cfg.LeaseTTL
+	}, "the heartbeat did not renew the lease for 3*LeaseTTL while the handlers held the pool: %+v", readHolding(t, pool, "writer"))
+	notFailed(t, w)
+	let()
+	appendJobs(t, w, 1, 5, 1)
+	notFailed(t, w)
 }
