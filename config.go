@@ -25,6 +25,16 @@ type Config struct {
 	DatabaseURL string
 	// Database is a pool to use instead of DatabaseURL; Close leaves it
 	// open.
+	//
+	// Pool sizing: a consumer's batch holds one connection of the pool
+	// for as long as its handler runs (up to 30 s), a group's batch and
+	// its membership one each; writes and catch-up reads need theirs. The
+	// pool Open makes from DatabaseURL has pgxpool's default, max(4,
+	// NumCPU), plus one connection per consumer and two per group, unless
+	// the URL sets pool_max_conns; size a pool of your own the same way.
+	// The writer name's lease heartbeat never uses the pool: it runs on
+	// one connection of its own, so handlers that hold every connection
+	// delay writes, never the lease.
 	Database *pgxpool.Pool
 	// DatabaseReadURL is a streaming replica of the database: range reads
 	// of the streams' tables (catch-up, Node.Reads) go to it as far as it

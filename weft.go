@@ -43,6 +43,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,13 @@ import (
 // ErrOutcomeUnknown: a write may have committed and the table could not
 // tell (see Node.Append). Any row it committed reaches every reader.
 var ErrOutcomeUnknown = fabric.ErrOutcomeUnknown
+
+// ErrLeaseExpired: the process's lease on its writer name ran out (no
+// heartbeat renewed it within Config.LeaseTTL: the process was stopped,
+// or cut off from PostgreSQL) and the name was sealed; the node failed
+// with it and writes nothing more. A holding sealed or taken over for
+// another reason fails the node with an error wrapping streams.ErrSealed.
+var ErrLeaseExpired = streams.ErrLeaseExpired
 
 // Node is one process's end of weft.
 type Node struct {
@@ -199,6 +207,17 @@ func (n *Node) openPool(ctx context.Context) error {
 	pc, err := pgxpool.ParseConfig(n.cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("weft: Config.DatabaseURL: %w", err)
+	}
+	if !strings.Contains(n.cfg.DatabaseURL, "pool_max_conns") {
+		// Each consumer's batch may hold a connection for as long as its
+		// handler runs; a group, its batch and its membership: on top of
+		// the default, so that they never take what writes need.
+		pc.MaxConns += int32(len(n.cfg.Consumers))
+		for _, c := range n.cfg.Consumers {
+			if c.Key != "" {
+				pc.MaxConns++
+			}
+		}
 	}
 	if len(n.cfg.Writes) > 0 || len(n.cfg.Consumers) > 0 {
 		// A writer paused inside a transaction (SIGSTOP, a VM freeze)

@@ -30,6 +30,10 @@ var (
 	// write again (a zombie's write, heartbeat or release), or there is
 	// nothing left to seal.
 	ErrSealed = errors.New("streams: writer sealed")
+	// ErrLeaseExpired: a holder's lease ran out (no heartbeat renewed it
+	// within its TTL) and the holding was sealed: it may never write
+	// again. Errors that wrap it wrap ErrSealed too.
+	ErrLeaseExpired = errors.New("streams: lease expired")
 	// ErrNameHeld: a writer name is held by another live instance (or, for
 	// Seal without force, its lease has not expired).
 	ErrNameHeld = errors.New("streams: writer name held")

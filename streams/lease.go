@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/internal/loop"
 )
@@ -90,6 +91,7 @@ type Lease struct {
 
 	mu       sync.Mutex
 	until    time.Time
+	renewed  time.Time // when the last successful claim or heartbeat was sent (local clock)
 	released *Sealed
 }
 
@@ -194,7 +196,7 @@ func takeOver(ctx context.Context, db DB, id WriterID, name, instance, url strin
 			h.mustSeal = !live || *holder == instance
 			return nil
 		}
-		l = &Lease{db: db, id: id, name: name, instance: instance, ttl: ttl}
+		l = &Lease{db: db, id: id, name: name, instance: instance, ttl: ttl, renewed: time.Now()}
 		return tx.QueryRow(ctx, `
 			UPDATE weft_writers SET instance = $2, sealed = false, epoch = epoch + 1,
 				lease_until = now() + $3 * interval '1 microsecond', heartbeat_at = now(), url = NULLIF($4, '')
@@ -241,8 +243,13 @@ func (l *Lease) Released() *Sealed {
 // name is still held by this holding and not sealed; otherwise it returns
 // an error wrapping ErrSealed.
 func (l *Lease) Heartbeat(ctx context.Context) error {
+	return l.heartbeatOn(ctx, l.db)
+}
+
+func (l *Lease) heartbeatOn(ctx context.Context, db DB) error {
 	var until time.Time
-	err := l.db.QueryRow(ctx, `
+	sent := time.Now()
+	err := db.QueryRow(ctx, `
 		UPDATE weft_writers SET lease_until = now() + $4 * interval '1 microsecond', heartbeat_at = now()
 		WHERE id = $1 AND instance = $2 AND epoch = $3 AND NOT sealed
 		RETURNING lease_until`, l.id, l.instance, l.epoch, l.ttl.Microseconds()).Scan(&until)
@@ -253,29 +260,95 @@ func (l *Lease) Heartbeat(ctx context.Context) error {
 		return fmt.Errorf("streams: heartbeat writer %s instance %s: %w", l.name, l.instance, err)
 	}
 	l.mu.Lock()
-	l.until = until
+	l.until, l.renewed = until, sent
 	l.mu.Unlock()
 	return nil
 }
 
 // Run heartbeats every interval (zero means TTL/3) until ctx is done or the
-// lease is found sealed, and returns why it stopped. A failed heartbeat for
-// any other reason (the database unreachable) is retried at the next tick:
-// the lease lapses only if none succeeds within TTL.
+// lease is found sealed, and returns why it stopped: an error wrapping
+// ErrSealed, and ErrLeaseExpired too when no heartbeat had renewed the
+// lease for TTL (it ran out, and a survivor sealed it). A failed heartbeat
+// for any other reason (the database unreachable) is retried at the next
+// tick: the lease lapses only if none succeeds within TTL.
+//
+// When the lease's database is a *pgxpool.Pool, Run heartbeats on a
+// connection of its own, opened with the pool's connection config (and
+// opened again after a failure), never on one of the pool's: application
+// work that holds every connection of the pool (a consumer's long batch)
+// cannot starve the lease. A process with a lease uses one more
+// connection than its pool's.
 func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = l.ttl / 3
 	}
+	hb := newBeater(l.db)
+	defer hb.close()
 	return loop.Every(ctx, interval, func(ctx context.Context) error {
 		hctx, cancel := context.WithTimeout(ctx, l.ttl)
-		err := l.Heartbeat(hctx)
-		cancel()
-		if errors.Is(err, ErrSealed) {
+		defer cancel()
+		db, err := hb.conn(hctx)
+		if err == nil {
+			err = l.heartbeatOn(hctx, db)
+		}
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, ErrSealed):
+			l.mu.Lock()
+			since := time.Since(l.renewed)
+			l.mu.Unlock()
+			if since >= l.ttl {
+				return fmt.Errorf("%w: writer %s: no heartbeat renewed it for %v: %w", ErrLeaseExpired, l.name, since.Round(time.Millisecond), err)
+			}
 			return err
 		}
+		hb.reset() // a connection that failed is opened again at the next tick
 		return nil // retried at the next tick
 	})
 }
+
+// beater is the heartbeat's connection: its own when the lease's database
+// is a pool, else the database itself.
+type beater struct {
+	db  DB
+	cfg *pgx.ConnConfig // nil: not a pool; heartbeat on db
+	c   *pgx.Conn
+}
+
+func newBeater(db DB) *beater {
+	b := &beater{db: db}
+	if p, ok := db.(*pgxpool.Pool); ok {
+		b.cfg = p.Config().ConnConfig
+	}
+	return b
+}
+
+func (b *beater) conn(ctx context.Context) (DB, error) {
+	if b.cfg == nil {
+		return b.db, nil
+	}
+	if b.c == nil || b.c.IsClosed() {
+		c, err := pgx.ConnectConfig(ctx, b.cfg)
+		if err != nil {
+			return nil, fmt.Errorf("streams: heartbeat: connect: %w", err)
+		}
+		b.c = c
+	}
+	return b.c, nil
+}
+
+// reset closes the connection, if any, to open a new one next time.
+func (b *beater) reset() {
+	if b.c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = b.c.Close(ctx)
+		cancel()
+		b.c = nil
+	}
+}
+
+func (b *beater) close() { b.reset() }
 
 // Fence share-locks this holding's writer row inside tx, and fails with an
 // error wrapping ErrSealed if the name was sealed or taken over. Call it
