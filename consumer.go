@@ -54,9 +54,7 @@ type consumer struct {
 func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 	st := n.streams[c.Stream]
 	k := &consumer{n: n, cfg: c, st: st,
-		query: fmt.Sprintf(`SELECT %s, %s, %s::text FROM %s WHERE %s > $1 AND %s <= $2 ORDER BY %s LIMIT $3`,
-			st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), st.ident(st.Table),
-			st.ident(st.IDColumn), st.ident(st.IDColumn), st.ident(st.IDColumn)),
+		query: st.batchSQL(),
 		rows:  n.m.rows.WithLabelValues(c.Stream, c.Name),
 		fails: n.m.fails.WithLabelValues(c.Stream, c.Name)}
 	var start int64
@@ -122,9 +120,10 @@ func (c *consumer) run(ctx context.Context) {
 }
 
 // applyRows collects the rows a batch's query read after position after
-// (at most maxBatch of them, up to upto) and hands them to apply in tx. It
-// returns where the cursor moves, upto or, when the batch was full and
-// more may follow, its last row's position, and how many rows it applied.
+// (whole positions: see batchSQL) and hands them to apply in tx. It
+// returns where the cursor moves, upto or, when the batch was full
+// (maxBatch rows or more) and more may follow, its last row's position,
+// and how many rows it applied.
 func applyRows(ctx context.Context, tx pgx.Tx, rows pgx.Rows, stream string, after, upto int64, maxBatch int, apply ConsumerFunc) (int64, int, error) {
 	batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		row := Row{Stream: stream}
@@ -137,7 +136,7 @@ func applyRows(ctx context.Context, tx pgx.Tx, rows pgx.Rows, stream string, aft
 		return 0, 0, fmt.Errorf("read rows after %d: %w", after, err)
 	}
 	next := upto
-	if len(batch) == maxBatch {
+	if len(batch) >= maxBatch {
 		next = batch[len(batch)-1].Pos
 	}
 	if len(batch) > 0 {

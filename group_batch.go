@@ -15,15 +15,19 @@ import (
 // rowsSQL reads the rows of a batch: those after lo up to upto whose
 // key's partition has a cursor in after (indexed by partition; MaxInt64
 // for a partition the batch does not run) below them, in position order,
-// at most $4 ($1 lo, $2 upto, $3 after, $4 the limit, $5 the key).
+// about $4 of them but whole positions, as batchSQL ($1 lo, $2 upto, $3
+// after, $4 the limit, $5 the key).
 func (g *group) rowsSQL() string {
 	st := g.st
 	key := fmt.Sprintf("coalesce(%s->>$5, '')", st.ident(st.DataColumn))
-	return fmt.Sprintf(`SELECT id, writer, data FROM (
-	SELECT %s AS id, %s AS writer, %s::text AS data, %s AS part FROM %s WHERE %s > $1 AND %s <= $2) AS r
-WHERE id > ($3::bigint[])[part + 1] ORDER BY id LIMIT $4`,
-		st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)),
-		st.ident(st.Table), st.ident(st.IDColumn), st.ident(st.IDColumn))
+	rows := func(upto string) string {
+		return fmt.Sprintf(`SELECT id, writer, data FROM (
+	SELECT %s AS id, %s AS writer, %s::text AS data, %s AS part FROM %s WHERE %s > $1 AND %s <= %s) AS r
+WHERE id > ($3::bigint[])[part + 1]`,
+			st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)),
+			st.ident(st.Table), st.ident(st.IDColumn), st.ident(st.IDColumn), upto)
+	}
+	return rows(fmt.Sprintf(`least($2, (SELECT max(id) FROM (%s ORDER BY id LIMIT $4) AS l))`, rows("$2"))) + ` ORDER BY id`
 }
 
 // batches runs batches of the partitions the member holds until ctx ends;
