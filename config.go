@@ -138,7 +138,9 @@ type Consumer struct {
 	// StartAtEnd starts a consumer new to the database at the stream's
 	// current end rather than at its beginning.
 	StartAtEnd bool
-	// MaxBatch bounds the rows in one batch [100].
+	// MaxBatch bounds the rows in one batch [100]. A batch never splits
+	// a position: one whose last position holds several table rows (a
+	// table of one's own) takes the rest of them too.
 	MaxBatch int
 	// Key makes the consumer a group: the processes that run it split
 	// the stream's rows by key, each key's rows applied by one of them at

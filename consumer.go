@@ -1,13 +1,16 @@
 package weft
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/backoff"
@@ -54,9 +57,7 @@ type consumer struct {
 func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 	st := n.streams[c.Stream]
 	k := &consumer{n: n, cfg: c, st: st,
-		query: fmt.Sprintf(`SELECT %s, %s, %s::text FROM %s WHERE %s > $1 AND %s <= $2 ORDER BY %s LIMIT $3`,
-			st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), st.ident(st.Table),
-			st.ident(st.IDColumn), st.ident(st.IDColumn), st.ident(st.IDColumn)),
+		query: st.batchSQL(),
 		rows:  n.m.rows.WithLabelValues(c.Stream, c.Name),
 		fails: n.m.fails.WithLabelValues(c.Stream, c.Name)}
 	var start int64
@@ -121,43 +122,69 @@ func (c *consumer) run(ctx context.Context) {
 	}
 }
 
-// applyRows collects the rows a batch's query read after position after
-// (at most maxBatch of them, up to upto) and hands them to apply in tx. It
-// returns where the cursor moves, upto or, when the batch was full and
-// more may follow, its last row's position, and how many rows it applied.
-func applyRows(ctx context.Context, tx pgx.Tx, rows pgx.Rows, stream string, after, upto int64, maxBatch int, apply ConsumerFunc) (int64, int, error) {
+// readBatch reads a batch's rows with query and args (whole positions:
+// see batchSQL) and returns them with where a cursor that applied them
+// moves: upto or, when the batch was full (maxBatch rows or more) and more
+// may follow, its last row's position. part, if not nil, takes a fourth
+// column of each row (the group's partition).
+func readBatch(ctx context.Context, db *pgxpool.Pool, stream string, upto int64, maxBatch int, part *[]int,
+	query string, args ...any) ([]Row, int64, error) {
+	rows, err := db.Query(ctx, query, args...)
+	if err != nil {
+		return nil, 0, err
+	}
 	batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		row := Row{Stream: stream}
 		var data string
-		err := r.Scan(&row.Pos, &row.Writer, &data)
+		dst := []any{&row.Pos, &row.Writer, &data}
+		var p int
+		if part != nil {
+			dst = append(dst, &p)
+		}
+		err := r.Scan(dst...)
 		row.Data = []byte(data)
+		if part != nil {
+			*part = append(*part, p)
+		}
 		return row, err
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("read rows after %d: %w", after, err)
+		return nil, 0, err
 	}
 	next := upto
-	if len(batch) == maxBatch {
+	if len(batch) >= maxBatch {
 		next = batch[len(batch)-1].Pos
 	}
-	if len(batch) > 0 {
-		if err := apply(ctx, tx, batch); err != nil {
-			return 0, 0, fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
-		}
-	}
-	return next, len(batch), nil
+	return batch, next, nil
 }
 
-// batch applies the rows after the cursor, up to upto and at most
-// MaxBatch of them, and moves the cursor, in one transaction.
+// batch applies the rows after the cursor, up to upto and about MaxBatch
+// of them, and moves the cursor, in one transaction. The rows are read
+// first, under no lock: while the server sends them it waits on this
+// process, and a process stopped or cut off then must not keep the
+// cursor's lock from the others. The transaction that holds the lock
+// sends only small answers (and its session is ended by the server's
+// idle-in-transaction timeout if the process stops inside it).
 func (c *consumer) batch(ctx context.Context, upto int64) error {
 	// Not cancelled by Close: a batch begun is finished (or rolled back by
 	// its own error), so Close does not leave its effects half applied.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
 	defer cancel()
-	var next int64
+	var after int64
+	if err := c.n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`,
+		c.cfg.Stream, c.cfg.Name).Scan(&after); err != nil {
+		return fmt.Errorf("read the cursor: %w", err)
+	}
+	c.pos.Store(after)
+	if after >= upto {
+		return nil
+	}
+	rows, next, err := readBatch(ctx, c.n.pool, c.cfg.Stream, upto, c.cfg.MaxBatch, nil, c.query, after, upto, c.cfg.MaxBatch)
+	if err != nil {
+		return fmt.Errorf("read rows after %d: %w", after, err)
+	}
 	var applied int
-	err := pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
 		// The row lock makes processes that run the same consumer take
 		// turns, each from the cursor the previous one committed.
 		var pos int64
@@ -165,23 +192,28 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 			c.cfg.Stream, c.cfg.Name).Scan(&pos); err != nil {
 			return fmt.Errorf("lock the cursor: %w", err)
 		}
-		c.pos.Store(pos)
-		if pos >= upto {
+		switch {
+		case pos < after: // never: a cursor only moves on; read again
+			next = 0
+			return nil
+		case pos >= next: // another process applied them meanwhile
+			next = pos
 			return nil
 		}
-		rows, err := tx.Query(ctx, c.query, pos, upto, c.cfg.MaxBatch)
-		if err != nil {
-			return fmt.Errorf("read rows after %d: %w", pos, err)
-		}
-		var n int
-		if next, n, err = applyRows(ctx, tx, rows, c.cfg.Stream, pos, upto, c.cfg.MaxBatch, c.cfg.Apply); err != nil {
-			return err
+		// Another process may have applied the first of them meanwhile:
+		// the rest were read whole, up to next.
+		i, _ := slices.BinarySearchFunc(rows, pos+1, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
+		rows = rows[i:]
+		if len(rows) > 0 {
+			if err := c.cfg.Apply(ctx, tx, rows); err != nil {
+				return fmt.Errorf("apply rows %d..%d: %w", rows[0].Pos, rows[len(rows)-1].Pos, err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `UPDATE weft_consumers SET pos = $3, updated_at = now() WHERE stream = $1 AND name = $2`,
 			c.cfg.Stream, c.cfg.Name, next); err != nil {
 			return fmt.Errorf("move the cursor to %d: %w", next, err)
 		}
-		applied = n
+		applied = len(rows)
 		return nil
 	})
 	if err != nil {

@@ -264,13 +264,18 @@ func (g *group) take(ctx context.Context, parts []int) error {
 // more).
 func (g *group) release(ctx context.Context, parts []int) error {
 	var done []int
+	pos := g.knownPos(parts)
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 		var err error
 		if done, err = g.lockFree(ctx, tx, parts); err != nil || len(done) == 0 {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions SET owner = NULL, updated_at = now()
-			WHERE stream = $1 AND name = $2 AND partition = ANY($3) AND owner = $4`, g.cfg.Stream, g.cfg.Name, done, g.id)
+		// With the cursors the member moved in memory only: the next
+		// owner starts where this one knows every row is applied.
+		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, pos = greatest(p.pos, u.pos), updated_at = now()
+			FROM unnest($3::int[], $5::bigint[]) AS u(part, pos)
+			WHERE p.stream = $1 AND p.name = $2 AND p.partition = u.part AND p.partition = ANY($6) AND p.owner = $4`,
+			g.cfg.Stream, g.cfg.Name, parts, g.id, pos, done)
 		return err
 	})
 	if err != nil {
@@ -283,6 +288,18 @@ func (g *group) release(ctx context.Context, parts []int) error {
 	g.mu.Unlock()
 	g.handover.WithLabelValues("released").Add(float64(len(done)))
 	return nil
+}
+
+// knownPos is the cursor the member knows of each of parts: every row of
+// it at or below is applied.
+func (g *group) knownPos(parts []int) []int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	pos := make([]int64, len(parts))
+	for i, p := range parts {
+		pos[i] = g.m.Pos(p)
+	}
+	return pos
 }
 
 // lockFree locks those of parts no other transaction holds, and returns
@@ -304,6 +321,10 @@ func (g *group) lockFree(ctx context.Context, tx pgx.Tx, parts []int) ([]int, er
 func (g *group) leave(ctx context.Context, early bool) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
+	g.mu.Lock()
+	owned := g.m.Owned()
+	g.mu.Unlock()
+	pos := g.knownPos(owned)
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
 			g.cfg.Stream, g.cfg.Name, g.id); err != nil {
@@ -313,9 +334,12 @@ func (g *group) leave(ctx context.Context, early bool) {
 		if early {
 			skip = " SKIP LOCKED"
 		}
-		_, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET owner = NULL, updated_at = now()
-			WHERE stream = $1 AND name = $2 AND partition IN (SELECT partition FROM weft_group_partitions
-				WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AND owner = $3`, g.cfg.Stream, g.cfg.Name, g.id)
+		// With the cursors the member moved in memory only (see release).
+		_, err := tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(),
+				pos = greatest(p.pos, coalesce((SELECT u.pos FROM unnest($4::int[], $5::bigint[]) AS u(part, pos) WHERE u.part = p.partition), p.pos))
+			WHERE p.stream = $1 AND p.name = $2 AND p.partition IN (SELECT partition FROM weft_group_partitions
+				WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AND p.owner = $3`,
+			g.cfg.Stream, g.cfg.Name, g.id, owned, pos)
 		return err
 	})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,18 +13,22 @@ import (
 	grp "github.com/weft-dev/weft/group"
 )
 
-// rowsSQL reads the rows of a batch: those after lo up to upto whose
-// key's partition has a cursor in after (indexed by partition; MaxInt64
-// for a partition the batch does not run) below them, in position order,
-// at most $4 ($1 lo, $2 upto, $3 after, $4 the limit, $5 the key).
+// rowsSQL reads the rows of a batch, with each one's partition: those
+// after lo up to upto whose key's partition has a cursor in after
+// (indexed by partition; MaxInt64 for a partition the batch does not run)
+// below them, in position order, about $4 of them but whole positions, as
+// batchSQL ($1 lo, $2 upto, $3 after, $4 the limit, $5 the key).
 func (g *group) rowsSQL() string {
 	st := g.st
 	key := fmt.Sprintf("coalesce(%s->>$5, '')", st.ident(st.DataColumn))
-	return fmt.Sprintf(`SELECT id, writer, data FROM (
-	SELECT %s AS id, %s AS writer, %s::text AS data, %s AS part FROM %s WHERE %s > $1 AND %s <= $2) AS r
-WHERE id > ($3::bigint[])[part + 1] ORDER BY id LIMIT $4`,
-		st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)),
-		st.ident(st.Table), st.ident(st.IDColumn), st.ident(st.IDColumn))
+	rows := func(upto string) string {
+		return fmt.Sprintf(`SELECT id, writer, data, part FROM (
+	SELECT %s AS id, %s AS writer, %s::text AS data, %s AS part FROM %s WHERE %s > $1 AND %s <= %s) AS r
+WHERE id > ($3::bigint[])[part + 1]`,
+			st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)),
+			st.ident(st.Table), st.ident(st.IDColumn), st.ident(st.IDColumn), upto)
+	}
+	return rows(fmt.Sprintf(`least($2, (SELECT max(id) FROM (%s ORDER BY id LIMIT $4) AS l))`, rows("$2"))) + ` ORDER BY id`
 }
 
 // batches runs batches of the partitions the member holds until ctx ends;
@@ -66,80 +71,142 @@ func (g *group) batches(ctx context.Context) {
 	}
 }
 
-// batch runs one batch over the partitions of cur, in one transaction:
-// lock their rows in partition order, run those the member still holds
-// (the fence), read their rows after each one's cursor up to upto (at
-// most MaxBatch), apply them and move the cursors.
+// cursorSlack is how far a partition's stored cursor may fall behind
+// what its member knows of it before a batch writes it though no row of
+// the batch falls in it: the cost of a partition no row comes to is one
+// write per cursorSlack positions, and a member that takes it over reads
+// at most that far again (finding nothing of it to apply).
+const cursorSlack = 100_000
+
+// batch runs one batch over the partitions of cur: it reads their rows
+// after each one's cursor up to upto (about MaxBatch, whole positions)
+// under no lock, then in one transaction locks the partitions those rows
+// fall in, in partition order, runs those the member still holds (the
+// fence), applies their rows and moves their cursors.
+//
+// The rows are read first because the server waits on this process while
+// it sends them: a process stopped or cut off then must hold no lock the
+// other members wait for. The transaction sends only small answers (and
+// the server's idle-in-transaction timeout ends it if the process stops
+// inside it). Only the partitions the rows fall in are locked and
+// written: the others owned have no row in the batch's range, so every
+// row of theirs up to its end is applied; the member moves their cursors
+// in memory, and writes one only when it falls cursorSlack behind, or
+// when the partition is released.
 func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	// Not cancelled by Close: a batch begun is finished (or rolled back by
 	// its own error), so Close does not leave its effects half applied.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
 	defer cancel()
-	parts := make([]int, len(cur))
-	for i, c := range cur {
-		parts[i] = c.Partition
+	after := make([]int64, g.parts)
+	for i := range after {
+		after[i] = math.MaxInt64
 	}
-	var run []grp.Cursor
-	var next int64
-	var applied int
-	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-		// In partition order, so batches of two members never deadlock.
-		rows, err := tx.Query(ctx, `SELECT partition, coalesce(owner, ''), epoch, pos FROM weft_group_partitions
-			WHERE stream = $1 AND name = $2 AND partition = ANY($3) ORDER BY partition FOR UPDATE`, g.cfg.Stream, g.cfg.Name, parts)
-		if err != nil {
-			return fmt.Errorf("lock partitions %v: %w", parts, err)
+	lo := upto
+	for _, c := range cur {
+		after[c.Partition], lo = c.Pos, min(lo, c.Pos)
+	}
+	var parts []int
+	rows, next, err := readBatch(ctx, g.n.pool, g.cfg.Stream, upto, g.cfg.MaxBatch, &parts, g.readSQL, lo, upto, after, g.cfg.MaxBatch, g.cfg.Key)
+	if err != nil {
+		return fmt.Errorf("read rows after %d: %w", lo, err)
+	}
+	touched := make(map[int]bool, len(rows))
+	for _, p := range parts {
+		touched[p] = true
+	}
+	g.mu.Lock()
+	stored := g.m.LastView().Partitions
+	g.mu.Unlock()
+	var lock, untouched []int
+	for _, c := range cur {
+		switch p := c.Partition; {
+		case touched[p]:
+			lock = append(lock, p)
+		case p < len(stored) && next-stored[p].Pos >= cursorSlack:
+			lock = append(lock, p)
+			fallthrough
+		default:
+			untouched = append(untouched, p)
 		}
-		locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (grp.Locked, error) {
-			var l grp.Locked
-			err := r.Scan(&l.Partition, &l.Owner, &l.Epoch, &l.Pos)
-			return l, err
+	}
+	slices.Sort(lock)
+	var run []grp.Cursor
+	var applied int
+	if len(lock) > 0 {
+		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+			var err error
+			run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+			return err
 		})
 		if err != nil {
-			return fmt.Errorf("lock partitions %v: %w", parts, err)
-		}
-		g.mu.Lock()
-		var lost []int
-		run, lost = g.m.Fence(locked)
-		g.mu.Unlock()
-		if len(lost) > 0 {
-			g.handover.WithLabelValues("lost").Add(float64(len(lost)))
-			g.n.log.Warn("weft: a group member's partitions were taken over (its lease ran out); it runs them no more",
-				"stream", g.cfg.Stream, "consumer", g.cfg.Name, "partitions", lost)
-		}
-		if len(run) == 0 {
-			return nil
-		}
-		after := make([]int64, g.parts)
-		for i := range after {
-			after[i] = math.MaxInt64
-		}
-		lo := upto
-		ran := make([]int, len(run))
-		for i, c := range run {
-			after[c.Partition], lo, ran[i] = c.Pos, min(lo, c.Pos), c.Partition
-		}
-		if rows, err = tx.Query(ctx, g.readSQL, lo, upto, after, g.cfg.MaxBatch, g.cfg.Key); err != nil {
-			return fmt.Errorf("read rows after %d: %w", lo, err)
-		}
-		var n int
-		if next, n, err = applyRows(ctx, tx, rows, g.cfg.Stream, lo, upto, g.cfg.MaxBatch, g.cfg.Apply); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = greatest(pos, $4), updated_at = now()
-			WHERE stream = $1 AND name = $2 AND partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, ran, next); err != nil {
-			return fmt.Errorf("move the cursors of %v to %d: %w", ran, next, err)
-		}
-		applied = n
-		return nil
+	}
+	g.mu.Lock()
+	g.m.Committed(run, next)
+	for _, p := range untouched {
+		g.m.Advanced(p, next)
+	}
+	g.mu.Unlock()
+	g.rows.Add(float64(applied))
+	return nil
+}
+
+// apply is a batch's transaction: lock the partitions of lock, run those
+// the member still holds (Fence), apply the rows read that fall in them
+// and lie above their locked cursors, and move their cursors to next. It
+// returns the partitions run and the rows applied.
+func (g *group) apply(ctx context.Context, tx pgx.Tx, lock []int, rows []Row, parts []int, after []int64, next int64) ([]grp.Cursor, int, error) {
+	// In partition order, so batches of two members never deadlock.
+	q, err := tx.Query(ctx, `SELECT partition, coalesce(owner, ''), epoch, pos FROM weft_group_partitions
+		WHERE stream = $1 AND name = $2 AND partition = ANY($3) ORDER BY partition FOR UPDATE`, g.cfg.Stream, g.cfg.Name, lock)
+	if err != nil {
+		return nil, 0, fmt.Errorf("lock partitions %v: %w", lock, err)
+	}
+	locked, err := pgx.CollectRows(q, func(r pgx.CollectableRow) (grp.Locked, error) {
+		var l grp.Locked
+		err := r.Scan(&l.Partition, &l.Owner, &l.Epoch, &l.Pos)
+		return l, err
 	})
 	if err != nil {
-		return err
+		return nil, 0, fmt.Errorf("lock partitions %v: %w", lock, err)
 	}
-	if len(run) > 0 {
-		g.mu.Lock()
-		g.m.Committed(run, next)
-		g.mu.Unlock()
-		g.rows.Add(float64(applied))
+	g.mu.Lock()
+	run, lost := g.m.Fence(locked)
+	g.mu.Unlock()
+	if len(lost) > 0 {
+		g.handover.WithLabelValues("lost").Add(float64(len(lost)))
+		g.n.log.Warn("weft: a group member's partitions were taken over (its lease ran out); it runs them no more",
+			"stream", g.cfg.Stream, "consumer", g.cfg.Name, "partitions", lost)
 	}
-	return nil
+	if len(run) == 0 {
+		return nil, 0, nil
+	}
+	// A row is applied if its partition runs and it lies above the locked
+	// cursor (one moved since the rows were read: a commit of this
+	// member's whose answer was lost, or another member's before a
+	// handover). Rows at or below the cursor the rows were read after are
+	// applied already (the member's memory holds only what was applied).
+	from := make(map[int]int64, len(run))
+	ran := make([]int, len(run))
+	for i, c := range run {
+		from[c.Partition], ran[i] = max(c.Pos, after[c.Partition]), c.Partition
+	}
+	var batch []Row
+	for i, r := range rows {
+		if f, ok := from[parts[i]]; ok && r.Pos > f {
+			batch = append(batch, r)
+		}
+	}
+	if len(batch) > 0 {
+		if err := g.cfg.Apply(ctx, tx, batch); err != nil {
+			return nil, 0, fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = greatest(pos, $4), updated_at = now()
+		WHERE stream = $1 AND name = $2 AND partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, ran, next); err != nil {
+		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", ran, next, err)
+	}
+	return run, len(batch), nil
 }

@@ -49,6 +49,14 @@ type GroupMember struct {
 func (g *group) status() GroupStatus {
 	g.mu.Lock()
 	v := g.m.LastView()
+	// The member's own partitions at the cursors it knows: it writes a
+	// partition's stored cursor only when a batch's rows fall in it (or it
+	// falls far behind).
+	for _, p := range g.m.Owned() {
+		if p < len(v.Partitions) {
+			v.Partitions[p].Pos = max(v.Partitions[p].Pos, g.m.Pos(p))
+		}
+	}
 	g.mu.Unlock()
 	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id}
 	s.summarise(v, g.st.gen.ComputedUpto())

@@ -97,6 +97,18 @@ func (s Stream) source(pool *pgxpool.Pool, reads *catchup.ReadRouter) *catchup.S
 		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: !s.Arrays}
 }
 
+// batchSQL reads a consumer's batch: the rows after $1 up to $2, in
+// position order, about $3 of them but whole positions (a table of one's
+// own may hold several rows at one position): it reads up to the
+// position of the $3-th row, all of that position's rows included, so a
+// cursor moved to its last row's position never skips a row.
+func (s Stream) batchSQL() string {
+	id, t := s.ident(s.IDColumn), s.ident(s.Table)
+	return fmt.Sprintf(`SELECT %[1]s, %[2]s, %[3]s::text FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= least($2,
+	(SELECT max(%[1]s) FROM (SELECT %[1]s FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $3) AS l))
+ORDER BY %[1]s`, id, s.ident(s.WriterColumn), s.ident(s.DataColumn), t)
+}
+
 func (s Stream) ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 // appendSQL inserts the rows of one Append, drawing their positions

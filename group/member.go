@@ -199,6 +199,26 @@ func (m *Member) Committed(run []Cursor, next int64) {
 	}
 }
 
+// Advanced records that every row of partition p at or below pos is
+// applied, though no batch moved its stored cursor there: a batch read
+// the member's rows up to pos and none fell in p. The next batch reads p
+// from there; the stored cursor catches up when a batch or a release
+// writes it.
+func (m *Member) Advanced(p int, pos int64) {
+	if p >= 0 && p < m.n {
+		m.pos[p] = max(m.pos[p], pos)
+	}
+}
+
+// Pos is the highest cursor the member knows of partition p: every row
+// of p at or below it is applied.
+func (m *Member) Pos(p int) int64 {
+	if p < 0 || p >= m.n {
+		return 0
+	}
+	return m.pos[p]
+}
+
 // Owned is the partitions the member holds, ascending.
 func (m *Member) Owned() []int {
 	out := make([]int, 0, len(m.owned))

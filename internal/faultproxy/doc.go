@@ -13,7 +13,9 @@
 //     ([CutAfterCommit], [CutAfterSync]), and, for contrast, just before a
 //     COMMIT reaches the server ([CutBeforeCommit]); or keep the answer to
 //     a COMMIT from a client that waits on for it ([HoldAfterCommit]), so
-//     that a test can kill the client between its commit and its next act.
+//     that a test can kill the client between its commit and its next act;
+//     or freeze every connection mid-answer ([FreezeAtRows]), as a stopped
+//     process or a black-holed network looks to the server.
 //
 // Both can cut every connection at once and refuse new connections, so
 // that the server looks down to the clients of that one proxy.

@@ -46,6 +46,7 @@ type base struct {
 	serve func(l *link, upstream net.Conn)
 
 	refuse atomic.Bool
+	rbuf   atomic.Int64 // SO_RCVBUF of new upstream connections; 0: the system's
 
 	mu     sync.Mutex
 	links  map[*link]struct{}
@@ -81,6 +82,12 @@ func (b *base) Addr() string { return b.ln.Addr().String() }
 // connection, as if the server were down for the clients of this proxy
 // only. Connections already open are left alone; Cut closes them.
 func (b *base) SetRefuse(on bool) { b.refuse.Store(on) }
+
+// SetUpstreamReadBuffer sets the receive buffer of the proxy's
+// connections to the target dialled from now on (0: the system's, which
+// grows to megabytes). A small one makes a server that sends more than
+// the client reads wait on it soon, as it would over a slow link.
+func (b *base) SetUpstreamReadBuffer(bytes int) { b.rbuf.Store(int64(max(bytes, 0))) }
 
 // Cut closes every open connection now, both sides; whatever was in
 // flight through the proxy is lost.
@@ -165,7 +172,7 @@ func (b *base) acceptLoop() {
 			defer b.wg.Done()
 			defer b.unregister(l)
 			defer l.close()
-			up, err := l.dial(b.ctx, b.target)
+			up, err := l.dial(b.ctx, b.target, int(b.rbuf.Load()))
 			if err != nil {
 				if !errors.Is(err, errLinkClosed) {
 					b.counts.dialErrors.Add(1)
@@ -217,11 +224,17 @@ func newLink(client net.Conn) *link {
 
 // dial connects to target and attaches the connection to the link, unless
 // the link closed meanwhile.
-func (l *link) dial(ctx context.Context, target string) (net.Conn, error) {
+func (l *link) dial(ctx context.Context, target string, rbuf int) (net.Conn, error) {
 	d := net.Dialer{Timeout: dialTimeout}
 	up, err := d.DialContext(ctx, "tcp", target)
 	if err != nil {
 		return nil, err
+	}
+	if tc, ok := up.(*net.TCPConn); ok && rbuf > 0 {
+		if err := tc.SetReadBuffer(rbuf); err != nil {
+			up.Close()
+			return nil, err
+		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -47,6 +47,16 @@ const (
 	// (a test killed the client, say) or the proxy closes. PGStats.Holds
 	// counts the answers held: once it has moved, the server has answered.
 	HoldAfterCommit
+	// FreezeAtRows lets a matching statement run and, when the first row
+	// of its answer (a DataRow) arrives, freezes the whole proxy: from
+	// then on no byte moves on any of its connections, either way, open
+	// or new, and none is closed. The clients and the server see a
+	// network gone silent mid-answer, as a process stopped with SIGSTOP
+	// or a black-holed link looks: the server's backend sends on until
+	// the buffers between fill (SetUpstreamReadBuffer keeps the proxy's
+	// small), then waits on the client. Close ends it; PGStats.Frozen
+	// says it happened.
+	FreezeAtRows
 
 	nFaults = iota + 1
 )
@@ -61,6 +71,8 @@ func (f Fault) String() string {
 		return "CutAfterSync"
 	case HoldAfterCommit:
 		return "HoldAfterCommit"
+	case FreezeAtRows:
+		return "FreezeAtRows"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }
@@ -178,6 +190,8 @@ type PGStats struct {
 	// Holds counts the COMMIT answers HoldAfterCommit kept from the
 	// client: each had arrived from the server.
 	Holds int64
+	// Frozen: a FreezeAtRows rule froze the proxy.
+	Frozen bool
 	// FromClient and FromServer count the messages seen in each
 	// direction by name ("Query", "Parse", "Bind", "Execute", "Sync",
 	// "CommandComplete", "ReadyForQuery", ...; the untyped first messages
@@ -200,6 +214,9 @@ type PGStats struct {
 // that requires TLS cannot use it.
 type PGProxy struct {
 	base
+
+	frozen     chan struct{} // closed by a FreezeAtRows rule
+	freezeOnce sync.Once
 
 	rmu   sync.Mutex               // serialises changes to rules
 	rules atomic.Pointer[[]*Armed] // in force, in arming order; replaced, never changed
@@ -233,7 +250,7 @@ type PGProxy struct {
 //	// tx.Commit(ctx) fails with a lost connection; the row is committed.
 //	if cut.Fired() != 1 || p.Stats().Cuts[faultproxy.CutAfterCommit] != 1 { ... }
 func StartPG(ctx context.Context, target string) (*PGProxy, error) {
-	p := &PGProxy{}
+	p := &PGProxy{frozen: make(chan struct{})}
 	p.rules.Store(&[]*Armed{})
 	if err := p.start(ctx, "postgres", target, p.serve); err != nil {
 		return nil, err
@@ -310,6 +327,7 @@ func (p *PGProxy) Stats() PGStats {
 		FromServer:  make(map[string]int64),
 		Dropped:     p.stats.dropped.Load(),
 		Holds:       p.stats.holds.Load(),
+		Frozen:      p.isFrozen(),
 		ProtoErrors: p.stats.protoErrors.Load(),
 	}
 	for f := CutBeforeCommit; f < nFaults; f++ {
@@ -329,6 +347,18 @@ func (p *PGProxy) Stats() PGStats {
 		}
 	}
 	return st
+}
+
+// freeze stops every connection's bytes, for good (see FreezeAtRows).
+func (p *PGProxy) freeze() { p.freezeOnce.Do(func() { close(p.frozen) }) }
+
+func (p *PGProxy) isFrozen() bool {
+	select {
+	case <-p.frozen:
+		return true
+	default:
+		return false
+	}
 }
 
 // serve runs one PostgreSQL connection.

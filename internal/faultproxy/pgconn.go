@@ -69,6 +69,9 @@ func (c *pgConn) fromClient(up net.Conn) {
 			}
 			continue
 		}
+		if c.stopIfFrozen() {
+			return
+		}
 		if _, err := up.Write(msg); err != nil {
 			return
 		}
@@ -81,12 +84,15 @@ func (c *pgConn) fromClient(up net.Conn) {
 	out := &sender{w: up}
 	for {
 		typ, msg, ok := c.next(rd, out, &c.p.stats.client)
-		if !ok {
+		if !ok || c.stopIfFrozen() {
 			return
 		}
 		st, pl := c.s.client(typ, msg[5:])
 		if pl != nil {
 			c.plan.Store(pl)
+		}
+		if pl := c.plan.Load(); st == stepHold && pl != nil && pl.fault == FreezeAtRows {
+			st = stepForward // the freeze stops the connection, not the plan
 		}
 		switch st {
 		case stepCutBefore:
@@ -135,6 +141,12 @@ func (c *pgConn) fromServer(up net.Conn) {
 		if !ok {
 			return
 		}
+		if pl := c.plan.Load(); pl != nil && pl.unit == unit && pl.fault == FreezeAtRows && typ == 'D' {
+			c.p.freeze()
+		}
+		if c.stopIfFrozen() {
+			return
+		}
 		completion := typ == 'C' || typ == 'I' || typ == 's' || typ == 'E'
 		drop, cut := false, false
 		pl := c.plan.Load()
@@ -177,6 +189,16 @@ func (c *pgConn) fromServer(up net.Conn) {
 			}
 		}
 	}
+}
+
+// stopIfFrozen, once the proxy is frozen, moves nothing more: it waits
+// for the connection to close (the proxy's Close) and reports true.
+func (c *pgConn) stopIfFrozen() bool {
+	if !c.p.isFrozen() {
+		return false
+	}
+	<-c.done
+	return true
 }
 
 // discard reads and drops what the client sends after a unit with a plan
