@@ -55,8 +55,9 @@ build:
 	$(GO) build -ldflags "-X github.com/weft-dev/weft/cmd/internal/server.linkRevision=$(REVISION)" -o bin/ ./cmd/master ./cmd/worker ./cmd/weft-demo
 
 # A local cluster (master, 2 event writers, 2 workers) under a mixed load
-# for 20 s, then a consistency check. Needs Redis and PostgreSQL running:
-# `bash .ci/run` installs and starts them on Debian.
+# for 20 s, then a consistency check. On the local Redis and PostgreSQL,
+# or, where none answers, private ones started from the installed
+# binaries and removed after (`bash .ci/run` installs them on Debian).
 demo: build
 	./bin/weft-demo -bin bin
 
