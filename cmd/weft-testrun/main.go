@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
 func main() {
@@ -77,11 +78,12 @@ func run(args []string, stdin io.Reader, out io.Writer) error {
 
 // event is one line of `go test -json` (cmd/test2json).
 type event struct {
-	Action  string
-	Package string
-	Test    string
-	Elapsed float64
-	Output  string
+	Action     string
+	Package    string
+	ImportPath string // build-output and build-fail (go1.24+): "pkg [pkg.test]"
+	Test       string
+	Elapsed    float64
+	Output     string
 }
 
 // runLog is one run of go test: what each package and test did.
@@ -116,6 +118,12 @@ func readRun(name string, r io.Reader) (*runLog, error) {
 		var e event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Action == "" {
 			rl.pkg("").output = append(rl.pkg("").output, sc.Text()+"\n")
+			continue
+		}
+		if e.Action == "build-output" {
+			// A compile error: kept with the package it breaks.
+			pkg, _, _ := strings.Cut(e.ImportPath, " ")
+			rl.pkg(pkg).output = append(rl.pkg(pkg).output, e.Output)
 			continue
 		}
 		p := rl.pkg(e.Package)

@@ -28,7 +28,9 @@ const run2 = `{"Action":"pass","Package":"github.com/weft-dev/weft/slow","Test":
 {"Action":"pass","Package":"github.com/weft-dev/weft/slow","Elapsed":30.1}
 {"Action":"pass","Package":"github.com/weft-dev/weft/flaky","Test":"TestB","Elapsed":1}
 {"Action":"pass","Package":"github.com/weft-dev/weft/flaky","Elapsed":1.2}
-{"Action":"output","Package":"github.com/weft-dev/weft/broken","Output":"broken/x.go:3:1: syntax error\n"}
+{"ImportPath":"github.com/weft-dev/weft/broken [github.com/weft-dev/weft/broken.test]","Action":"build-output","Output":"broken/x.go:3:1: syntax error\n"}
+{"ImportPath":"github.com/weft-dev/weft/broken [github.com/weft-dev/weft/broken.test]","Action":"build-fail"}
+{"Action":"output","Package":"github.com/weft-dev/weft/broken","Output":"FAIL\tgithub.com/weft-dev/weft/broken [build failed]\n"}
 {"Action":"fail","Package":"github.com/weft-dev/weft/broken","Elapsed":0}
 `
 
@@ -90,7 +92,7 @@ func TestFailures(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if err := run([]string{"failures"}, strings.NewReader(run2[:strings.Index(run2, `{"Action":"output","Package":"github.com/weft-dev/weft/broken"`)]), &out); err != nil {
+	if err := run([]string{"failures"}, strings.NewReader(run2[:strings.Index(run2, `{"ImportPath"`)]), &out); err != nil {
 		t.Errorf("a green run: %v\n%s", err, out.String())
 	}
 }
