@@ -231,6 +231,12 @@ func firstDiff(a, b []int64) int {
 }
 
 // metricSum sums every series of a counter or gauge vector.
+// metricOf is the value of a one-label vector's child for label value v
+// (0 when it has none yet).
+func metricOf(vec *prometheus.GaugeVec, v string) float64 {
+	return metricSum(vec.WithLabelValues(v))
+}
+
 func metricSum(c prometheus.Collector) float64 {
 	ch := make(chan prometheus.Metric, 64)
 	go func() { c.Collect(ch); close(ch) }()

@@ -1,5 +1,6 @@
 // Command weft-demo is `make demo`: it starts a master, two event writers
-// and two workers on local ports against the local Redis and PostgreSQL,
+// and two workers on local ports against the local Redis and PostgreSQL
+// (or private ones it starts when none answers: -servers, servers.go),
 // drives a mixed load (messages, state, typing, long-poll syncs) with a
 // live progress line, then checks that every instance returns the same
 // room histories and prints a summary with the machine it ran on. It exits
@@ -31,6 +32,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
@@ -44,19 +46,38 @@ func main() {
 	redisURL := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis")
 	rooms := flag.Int("rooms", 20, "rooms to spread the load over")
 	keep := flag.Bool("keep", false, "keep the database "+demoDB+" and the instances' logs after a successful run")
+	mode := flag.String("servers", "auto", "where PostgreSQL and Redis come from: shared (-database-url, -redis-url), private (started from the installed binaries, removed after), or auto (shared where one answers, private where not)")
 	flag.Parse()
+	// A probe of a Redis that is not there is expected (-servers auto):
+	// the demo says so once, go-redis's pool need not log each dial.
+	redis.SetLogger(quietLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, *bin, *dbURL, *redisURL, *dur, *rooms, *keep); err != nil {
+	err := func() error {
+		defer stop()
+		srv, err := chooseServers(ctx, *mode, *dbURL, *redisURL, os.Stdout)
+		if err != nil {
+			return err
+		}
+		defer srv.Close() // after run has stopped the instances
+		return run(ctx, *bin, srv.dbURL, srv.redisURL, *dur, *rooms, *keep, srv.dbURL != *dbURL)
+	}()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
+// quietLogger drops go-redis's own log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
 // demoDB is the database the demo creates (dropped first if it exists).
 const demoDB = "weft_demo"
 
-func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration, nrooms int, keep bool) (err error) {
+// run runs the demo; privatePG says adminURL is a private PostgreSQL,
+// removed after run returns (with the demo's database).
+func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration, nrooms int, keep, privatePG bool) (err error) {
 	dbURL, err := freshDatabase(ctx, adminURL, demoDB)
 	if err != nil {
 		return err
@@ -68,6 +89,10 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 	fmt.Printf("weft demo on %s\ndatabase %s, logs in %s\n", machine(), demoDB, logs)
 	// Registered first, so it runs after the instances have stopped.
 	defer func() {
+		if (err != nil || keep) && privatePG {
+			fmt.Printf("kept: the instances' logs in %s (database %s goes with the private PostgreSQL; -servers shared keeps it)\n", logs, demoDB)
+			return
+		}
 		if err != nil || keep {
 			fmt.Printf("kept: database %s and the instances' logs in %s\n", demoDB, logs)
 			return

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/wefttest"
 )
 
@@ -26,7 +27,8 @@ type Rig struct {
 	Pool *pgxpool.Pool
 }
 
-// New builds the example in the current directory as the binary name,
+// New builds the example in the current directory as the binary name
+// (or takes $WEFT_TEST_BIN/name, testenv.BinEnv),
 // gives it a database and a Redis of its own (DATABASE_URL, REDIS_URL,
 // and WEFT_SECRET in Env) and creates its effects table with columns,
 // before any process starts: with no primary key, so an effect made twice
@@ -34,9 +36,15 @@ type Rig struct {
 // signals land inside batches.
 func New(t *testing.T, name, table, columns string, perRow time.Duration) *Rig {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	bin, err := testenv.Prebuilt(name) // make test builds the examples once
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), name)
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
 	}
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool, err := pgxpool.New(context.Background(), db)

@@ -30,10 +30,43 @@ func BuildCommands(dir string, names ...string) error {
 	return nil
 }
 
+// BinEnv names a directory of prebuilt binaries that MainWithCommands (and
+// examples' tests) take instead of building their own: `make test` builds
+// cmd/master, cmd/worker and the examples once into a temp dir and sets it
+// for every package, so the packages that run binaries do not each build
+// and link them again. Unset, each package builds what it runs.
+const BinEnv = "WEFT_TEST_BIN"
+
+// Prebuilt is the path of the binary name under $WEFT_TEST_BIN, or ""
+// when the variable is unset. A set variable without the binary is an
+// error: a stale or partial directory must not pass for a fresh build.
+func Prebuilt(name string) (string, error) {
+	dir := os.Getenv(BinEnv)
+	if dir == "" {
+		return "", nil
+	}
+	bin := filepath.Join(dir, name)
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("testenv: %s=%s holds no %s: %w", BinEnv, dir, name, err)
+	}
+	return bin, nil
+}
+
 // MainWithCommands is a TestMain for packages that run the real binaries:
-// it builds cmd/<name> for each name into a temp dir, stores the dir in
-// *binDir, runs the tests, removes the dir and exits with their code.
+// it builds cmd/<name> for each name into a temp dir (or takes them from
+// $WEFT_TEST_BIN, see BinEnv), stores the dir in *binDir, runs the tests,
+// removes the dir it made and exits with their code.
 func MainWithCommands(m interface{ Run() int }, binDir *string, names ...string) {
+	if os.Getenv(BinEnv) != "" {
+		for _, name := range names {
+			if _, err := Prebuilt(name); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+		}
+		*binDir = os.Getenv(BinEnv)
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "weft-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

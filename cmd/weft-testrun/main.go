@@ -1,0 +1,163 @@
+// Command weft-testrun reads the output of `go test -json` and says where
+// the time went and what failed, for `make test-times` and
+// `make flake-hunt` (docs/TESTING.md):
+//
+//	weft-testrun times [file.json ...]     per-package table, slowest first
+//	weft-testrun failures [file.json ...]  each failed test with its output
+//
+// With no file it reads standard input. Several files (several runs of
+// the suite) are read as one stream: times then sums each package's
+// runs and reports the slowest, failures names the run of each failure.
+// failures exits 1 when something failed; times never fails.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdin, os.Stdout); err != nil {
+		if !errors.Is(err, errFailed) {
+			fmt.Fprintln(os.Stderr, "weft-testrun:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// errFailed is what failures returns when the runs held a failure.
+var errFailed = errors.New("tests failed")
+
+func run(args []string, stdin io.Reader, out io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: weft-testrun times|failures [-top N] [file.json ...]")
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	top := fs.Int("top", 10, "times: how many of the slowest tests to list under the table")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	var runs []*runLog
+	if fs.NArg() == 0 {
+		r, err := readRun("stdin", stdin)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	}
+	for _, name := range fs.Args() {
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		r, err := readRun(name, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	}
+	switch args[0] {
+	case "times":
+		writeTimes(out, runs, *top)
+		return nil
+	case "failures":
+		if writeFailures(out, runs) > 0 {
+			return errFailed
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown command %q: want times or failures", args[0])
+}
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Action     string
+	Package    string
+	ImportPath string // build-output and build-fail (go1.24+): "pkg [pkg.test]"
+	Test       string
+	Elapsed    float64
+	Output     string
+}
+
+// runLog is one run of go test: what each package and test did.
+type runLog struct {
+	name  string
+	pkgs  map[string]*pkgRun
+	order []string // packages in the order they first appeared
+}
+
+type pkgRun struct {
+	action  string   // pass, fail, skip; "" when the run ended without one (killed)
+	elapsed float64  // seconds
+	output  []string // the package's own output (not a test's): build errors, panics, timeouts
+	tests   map[string]*testRun
+	torder  []string
+}
+
+type testRun struct {
+	action  string
+	elapsed float64
+	output  []string
+}
+
+// readRun reads one go test -json stream. Lines that are not JSON (a
+// build's own messages on a shared stream) are kept as package-less
+// output so nothing that explains a failure is dropped.
+func readRun(name string, r io.Reader) (*runLog, error) {
+	rl := &runLog{name: name, pkgs: map[string]*pkgRun{}}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Action == "" {
+			rl.pkg("").output = append(rl.pkg("").output, sc.Text()+"\n")
+			continue
+		}
+		if e.Action == "build-output" {
+			// A compile error: kept with the package it breaks.
+			pkg, _, _ := strings.Cut(e.ImportPath, " ")
+			rl.pkg(pkg).output = append(rl.pkg(pkg).output, e.Output)
+			continue
+		}
+		p := rl.pkg(e.Package)
+		if e.Test == "" {
+			switch e.Action {
+			case "output":
+				p.output = append(p.output, e.Output)
+			case "pass", "fail", "skip":
+				p.action, p.elapsed = e.Action, e.Elapsed
+			}
+			continue
+		}
+		t := p.tests[e.Test]
+		if t == nil {
+			t = &testRun{}
+			p.tests[e.Test] = t
+			p.torder = append(p.torder, e.Test)
+		}
+		switch e.Action {
+		case "output":
+			t.output = append(t.output, e.Output)
+		case "pass", "fail", "skip":
+			t.action, t.elapsed = e.Action, e.Elapsed
+		}
+	}
+	return rl, sc.Err()
+}
+
+func (rl *runLog) pkg(name string) *pkgRun {
+	p := rl.pkgs[name]
+	if p == nil {
+		p = &pkgRun{tests: map[string]*testRun{}}
+		rl.pkgs[name] = p
+		rl.order = append(rl.order, name)
+	}
+	return p
+}

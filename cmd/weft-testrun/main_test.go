@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Two runs of a suite: ./slow passes twice; ./flaky fails its TestB once
+// (with its output), ./broken does not build in the second run.
+const run1 = `{"Action":"run","Package":"github.com/weft-dev/weft/slow","Test":"TestA"}
+{"Action":"output","Package":"github.com/weft-dev/weft/slow","Test":"TestA","Output":"=== RUN   TestA\n"}
+{"Action":"pass","Package":"github.com/weft-dev/weft/slow","Test":"TestA","Elapsed":40.5}
+{"Action":"pass","Package":"github.com/weft-dev/weft/slow","Test":"TestA/sub","Elapsed":40}
+{"Action":"pass","Package":"github.com/weft-dev/weft/slow","Elapsed":41.2}
+{"Action":"run","Package":"github.com/weft-dev/weft/flaky","Test":"TestB"}
+{"Action":"output","Package":"github.com/weft-dev/weft/flaky","Test":"TestB","Output":"    b_test.go:9: after 1 s 3 reads, want at most 2\n"}
+{"Action":"fail","Package":"github.com/weft-dev/weft/flaky","Test":"TestB","Elapsed":1.1}
+{"Action":"fail","Package":"github.com/weft-dev/weft/flaky","Elapsed":1.3}
+{"Action":"skip","Package":"github.com/weft-dev/weft/notests","Elapsed":0}
+{"Action":"pass","Package":"github.com/weft-dev/weft/broken","Elapsed":0.2}
+`
+
+const run2 = `{"Action":"pass","Package":"github.com/weft-dev/weft/slow","Test":"TestA","Elapsed":30}
+{"Action":"pass","Package":"github.com/weft-dev/weft/slow","Elapsed":30.1}
+{"Action":"pass","Package":"github.com/weft-dev/weft/flaky","Test":"TestB","Elapsed":1}
+{"Action":"pass","Package":"github.com/weft-dev/weft/flaky","Elapsed":1.2}
+{"ImportPath":"github.com/weft-dev/weft/broken [github.com/weft-dev/weft/broken.test]","Action":"build-output","Output":"broken/x.go:3:1: syntax error\n"}
+{"ImportPath":"github.com/weft-dev/weft/broken [github.com/weft-dev/weft/broken.test]","Action":"build-fail"}
+{"Action":"output","Package":"github.com/weft-dev/weft/broken","Output":"FAIL\tgithub.com/weft-dev/weft/broken [build failed]\n"}
+{"Action":"fail","Package":"github.com/weft-dev/weft/broken","Elapsed":0}
+`
+
+func files(t *testing.T) []string {
+	dir := t.TempDir()
+	var out []string
+	for i, s := range []string{run1, run2} {
+		name := filepath.Join(dir, "run"+string(rune('1'+i))+".json")
+		if err := os.WriteFile(name, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+func TestTimes(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(append([]string{"times", "-top", "2"}, files(t)...), nil, &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"| `./slow` | 41.2 | 1 | `TestA` 40.5 s | 0/2 |", // the slowest run; the subtest not counted
+		"| `./flaky` | 1.3 | 1 | `TestB` 1.1 s | 1/2 |",
+		"| `./broken` | 0.2 | 0 |  | 1/2 |",
+		"3 packages, 43 s",
+		"40.5 s  ./slow TestA",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("times output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Index(got, "./slow") > strings.Index(got, "./flaky") {
+		t.Errorf("not slowest first:\n%s", got)
+	}
+	if strings.Contains(got, "notests") {
+		t.Errorf("a package without tests listed:\n%s", got)
+	}
+}
+
+func TestFailures(t *testing.T) {
+	var out bytes.Buffer
+	err := run(append([]string{"failures"}, files(t)...), nil, &out)
+	if !errors.Is(err, errFailed) {
+		t.Fatalf("failures returned %v, want errFailed", err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"=== FAIL ./flaky TestB (",
+		"after 1 s 3 reads, want at most 2",
+		"=== FAIL ./broken, outside any test (",
+		"syntax error",
+		"2 failure(s) in 2 run(s)",
+		"1/2  ./flaky TestB",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("failures output lacks %q:\n%s", want, got)
+		}
+	}
+	out.Reset()
+	if err := run([]string{"failures"}, strings.NewReader(run2[:strings.Index(run2, `{"ImportPath"`)]), &out); err != nil {
+		t.Errorf("a green run: %v\n%s", err, out.String())
+	}
+}
+
+func TestUnfinished(t *testing.T) {
+	// A package killed by go test's -timeout: the test running then never ends.
+	stream := `{"Action":"run","Package":"github.com/weft-dev/weft/hang","Test":"TestHang"}
+{"Action":"output","Package":"github.com/weft-dev/weft/hang","Test":"TestHang","Output":"panic: test timed out after 30m0s\n"}
+{"Action":"fail","Package":"github.com/weft-dev/weft/hang","Elapsed":1800}
+`
+	var out bytes.Buffer
+	if err := run([]string{"failures"}, strings.NewReader(stream), &out); !errors.Is(err, errFailed) {
+		t.Fatalf("failures returned %v, want errFailed", err)
+	}
+	if got := out.String(); !strings.Contains(got, "DID NOT FINISH ./hang TestHang") || !strings.Contains(got, "timed out") {
+		t.Errorf("the hung test is not reported with its output:\n%s", got)
+	}
+}
