@@ -483,7 +483,11 @@ func (n *Node) release() {
 // the rows are committed, and every follower and consumer will have them.
 // A commit whose reply is lost is read back from the table: committed,
 // Append returns the positions; an error says it did not commit, or wraps
-// ErrOutcomeUnknown when that cannot be known.
+// ErrOutcomeUnknown when that cannot be known. Append returns by ctx's
+// deadline: a call whose transaction is still in flight or in doubt when
+// ctx ends gets an error wrapping ErrOutcomeUnknown (and ctx's error),
+// and its outcome is still settled from the table (committed rows reach
+// every follower and consumer).
 func (n *Node) Append(ctx context.Context, stream string, values ...any) ([]int64, error) {
 	st, texts, err := n.prepareAppend(stream, values)
 	if err != nil || len(values) == 0 {
