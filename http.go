@@ -24,7 +24,13 @@ func (n *Node) setHandler(h http.Handler) { n.http.Store(&h) }
 
 func (n *Node) handler(catchup http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/_weft/", catchup)
+	mux.Handle("/_weft/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := n.Err(); err != nil { // its view may be stale: the others read elsewhere
+			http.Error(w, "weft: the process failed: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		catchup.ServeHTTP(w, r)
+	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := n.Ready(); err != nil {

@@ -15,10 +15,14 @@ import (
 // (Follower.FromStart); those of its own Name in a stream it writes always
 // do. It waits until ctx ends for a writer that never reaches pos, fails
 // at once for a stream not in Config.Streams, and fails once the node is
-// closed. Consumers keep cursors of their own (Node.Status).
+// closed or has failed (the error then wraps the cause, Err: a node that
+// can no longer serve refuses rather than answer from a stale view). Consumers keep cursors of their own (Node.Status).
 func (n *Node) WaitFor(ctx context.Context, stream, writer string, pos int64) error {
 	if _, ok := n.streams[stream]; !ok {
 		return fmt.Errorf("weft: WaitFor: stream %q is not in Config.Streams", stream)
+	}
+	if err := n.Err(); err != nil {
+		return fmt.Errorf("weft: wait for %s of %s at %d: refused, the process failed: %w", writer, stream, pos, err)
 	}
 	if err := n.fab.WaitFor(ctx, core.Key{Stream: stream, Writer: writer}, pos); err != nil {
 		return fmt.Errorf("weft: wait for %s of %s at %d: %w", writer, stream, pos, err)

@@ -29,6 +29,14 @@
 // Redis drops messages or restarts, a process crashes or a writer
 // stops: every gap is fetched. docs/DESIGN.md says how.
 //
+// A process holds one lease on its Name, whatever it writes, renewed on a
+// connection of its own. A process that can no longer serve (its lease
+// ran out and the name was sealed: ErrLeaseExpired) says so at once: an
+// ERROR, Ready and /readyz name the cause, Done is closed, Wait and Err
+// return it, and WaitFor refuses rather than answer from a stale view.
+// Append returns by its context's deadline (ErrOutcomeUnknown when its
+// write is still in doubt, settled from the table later).
+//
 // The lower packages (fabric, streams, catchup) stay public for what the
 // front door does not do.
 package weft
@@ -95,8 +103,10 @@ type Node struct {
 	stop    context.CancelFunc // ends the node's goroutines
 	done    chan struct{}      // closed once they have all ended
 	errOnce sync.Once
-	err     error // the first failure, if any
-	failed  chan struct{}
+	err     error         // the first failure, if any
+	failed  chan struct{} // closed at the first failure
+	over    chan struct{} // closed at the first failure or Close (Done)
+	endOnce sync.Once
 	closed  sync.Once
 }
 
@@ -130,7 +140,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("instance", inst), inst: inst, streams: map[string]*stream{},
-		done: make(chan struct{}), failed: make(chan struct{})}
+		done: make(chan struct{}), failed: make(chan struct{}), over: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -373,7 +383,7 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 		Hello:   wire.Hello{Name: n.cfg.Name, Role: n.cfg.Role, URL: n.cfg.Advertise, Version: n.cfg.Version},
 		Streams: specs, Writers: writers, Ephemerals: ephemerals, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,
 		AnnounceInterval: n.cfg.AnnounceInterval, HeartbeatInterval: n.cfg.HeartbeatInterval, SealExpired: max(n.cfg.SealExpired, 0),
-		Registerer: reg, Logger: n.log,
+		Registerer: reg, Logger: n.log, OnFail: n.fail,
 	})
 	if err != nil {
 		return err
@@ -411,15 +421,36 @@ func (n *Node) start() {
 	n.log.Info("weft: process started", "name", n.cfg.Name, "writes", n.cfg.Writes, "epoch", n.epoch, "listen", n.cfg.Listen, "advertise", n.cfg.Advertise)
 }
 
+// fail records the first failure, says so at ERROR, and ends Done: from
+// then on Ready, WaitFor and the catch-up endpoint answer with it.
 func (n *Node) fail(err error) {
 	n.errOnce.Do(func() {
 		n.err = err
 		close(n.failed)
+		n.endOnce.Do(func() { close(n.over) })
+		n.log.Error("weft: the process failed and can no longer serve; it stops (Close it, or restart it)", "err", err)
 	})
 }
 
+// Done is closed once the process can no longer serve: it failed (Err
+// says why) or Close was called.
+func (n *Node) Done() <-chan struct{} { return n.over }
+
+// Err is why the process failed (a lease lost: it wraps ErrLeaseExpired
+// or streams.ErrSealed), or nil while it serves and after a Close that
+// ended no failure.
+func (n *Node) Err() error {
+	select {
+	case <-n.failed:
+		return n.err
+	default:
+		return nil
+	}
+}
+
 // Wait blocks until ctx ends (it returns nil) or the process fails (it
-// returns why: a writer name taken over, say). It does not close the node.
+// returns why, at once: a writer name taken over, say). It does not close
+// the node.
 func (n *Node) Wait(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
@@ -434,6 +465,7 @@ func (n *Node) Wait(ctx context.Context) error {
 // takes it at once) and the process says goodbye on Redis. It returns the
 // failure that ended the process early, if any.
 func (n *Node) Close() error {
+	n.endOnce.Do(func() { close(n.over) })
 	n.closed.Do(func() {
 		if n.stop != nil {
 			n.stop()
@@ -483,7 +515,11 @@ func (n *Node) release() {
 // the rows are committed, and every follower and consumer will have them.
 // A commit whose reply is lost is read back from the table: committed,
 // Append returns the positions; an error says it did not commit, or wraps
-// ErrOutcomeUnknown when that cannot be known.
+// ErrOutcomeUnknown when that cannot be known. Append returns by ctx's
+// deadline: a call whose transaction is still in flight or in doubt when
+// ctx ends gets an error wrapping ErrOutcomeUnknown (and ctx's error),
+// and its outcome is still settled from the table (committed rows reach
+// every follower and consumer).
 func (n *Node) Append(ctx context.Context, stream string, values ...any) ([]int64, error) {
 	st, texts, err := n.prepareAppend(stream, values)
 	if err != nil || len(values) == 0 {
@@ -554,8 +590,11 @@ func (n *Node) prepareAppend(stream string, values []any) (*stream, []string, er
 }
 
 // Ready reports nil once the process serves fresh data (/readyz), or why
-// not.
+// not; once the process failed, an error wrapping the cause (Err).
 func (n *Node) Ready() error {
+	if err := n.Err(); err != nil {
+		return fmt.Errorf("weft: not ready: the process failed: %w", err)
+	}
 	if why := n.fab.NotReady(); why != "" {
 		return errors.New("weft: not ready: " + why)
 	}

@@ -105,6 +105,10 @@ type Config struct {
 	OnCommand func(wire.Command)
 	// Registerer receives the metrics; nil means a private registry.
 	Registerer prometheus.Registerer
+	// OnFail, if set, is called once, at once, when the node can no
+	// longer serve (a writer's lease lost), with the cause: before Run has
+	// stopped its goroutines and returned it. Err returns it from then on.
+	OnFail func(err error)
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// link is set by tests to tune the transport.

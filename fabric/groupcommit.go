@@ -64,6 +64,9 @@ type call struct {
 	done chan struct{} // closed: res and err are final
 	res  stepResult
 	err  error
+	// panic is what a step of its transaction panicked with, if it led
+	// it; set before done is closed.
+	panic any
 }
 
 // committer queues a Writer's calls. The lead is held while busy.
@@ -81,7 +84,15 @@ type committer struct {
 
 // do runs s in a transaction of w, alone or with the calls queued beside
 // it, and returns once that transaction has ended and its rows were handed
-// to node.
+// to node, or once ctx ends, whichever is first.
+//
+// The transaction runs on a goroutine of its own (counted in node.tasks),
+// never on the caller's: a COMMIT whose answer is held, and a write in
+// doubt that waits for the table to say (resolve), go on after the caller
+// has gone. A caller whose ctx ends before its transaction's outcome is
+// known gets an error wrapping ErrOutcomeUnknown (and ctx's error); the
+// outcome is still settled from the table, and committed rows still reach
+// every reader.
 func (w *Writer) do(ctx context.Context, node *Node, s step, ins *insertCall) ([]int64, error) {
 	c := &call{ctx: ctx, run: s, ins: ins, lead: make(chan struct{}), done: make(chan struct{})}
 	g := &w.group
@@ -89,14 +100,14 @@ func (w *Writer) do(ctx context.Context, node *Node, s step, ins *insertCall) ([
 	if !g.busy {
 		g.busy = true
 		g.mu.Unlock()
-		w.lead(node, c)
-		return c.res.ret, c.err
+		w.goLead(node, c)
+		return w.await(ctx, c)
 	}
 	g.queue = append(g.queue, c)
 	g.mu.Unlock()
 	select {
 	case <-c.lead:
-		w.lead(node, c)
+		w.goLead(node, c)
 	case <-c.done:
 	case <-ctx.Done():
 		g.mu.Lock()
@@ -108,12 +119,50 @@ func (w *Writer) do(ctx context.Context, node *Node, s step, ins *insertCall) ([
 			}
 		}
 		g.mu.Unlock()
-		// Taken: its transaction decides.
+		// Out of the queue: handed the lead (closed under g.mu, so by now),
+		// or taken into a transaction in flight, which decides.
 		select {
 		case <-c.lead:
-			w.lead(node, c)
-		case <-c.done:
+			w.goLead(node, c)
+		default:
 		}
+	}
+	return w.await(ctx, c)
+}
+
+// idle reports whether no transaction of w is in flight or queued.
+func (w *Writer) idle() bool {
+	w.group.mu.Lock()
+	defer w.group.mu.Unlock()
+	return !w.group.busy
+}
+
+// goLead runs lead on a goroutine of the node's.
+func (w *Writer) goLead(node *Node, c *call) {
+	node.tasks.Add(1)
+	go func() {
+		defer node.tasks.Done()
+		w.lead(node, c)
+	}()
+}
+
+// await returns c's result once its transaction has ended, or, if ctx
+// ends first, an error wrapping ErrOutcomeUnknown. A panic of the step's
+// function (recovered by lead) panics again here, on the caller's
+// goroutine.
+func (w *Writer) await(ctx context.Context, c *call) ([]int64, error) {
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		select {
+		case <-c.done:
+		default:
+			return nil, fmt.Errorf("%w: %s: the call's context ended before its transaction's outcome was known (it is read from the table and any rows it committed reach every reader): %w",
+				ErrOutcomeUnknown, w.Stream(), ctx.Err())
+		}
+	}
+	if c.panic != nil {
+		panic(c.panic)
 	}
 	return c.res.ret, c.err
 }
@@ -138,6 +187,12 @@ func (w *Writer) lead(node *Node, first *call) {
 				if c.err == nil {
 					c.err = errors.New("fabric: write: a call in the same transaction panicked; nothing was committed")
 				}
+			}
+			// Recovered here, on the node's goroutine, and panicked again
+			// on the first call's (await), before its done is closed.
+			if r := recover(); r != nil {
+				first.panic = r
+				node.log.Error("fabric: a write's function panicked; nothing of its transaction was committed", "writer", w.name, "stream", w.Stream(), "panic", r)
 			}
 		}
 		for _, c := range batch {

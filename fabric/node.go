@@ -59,6 +59,7 @@ type Node struct {
 	looping  atomic.Bool
 	looped   chan struct{}
 	tasks    sync.WaitGroup
+	failure  atomic.Pointer[error] // why the node can no longer serve (fail), nil while it can
 	// inflight: the periodic tasks running now, by key (trackOnce).
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -366,7 +367,9 @@ func (n *Node) Run(ctx context.Context) error {
 		renewed[w.lease] = true
 		wg.Go(func() {
 			if err := w.lease.Run(runCtx, 0); errors.Is(err, streams.ErrSealed) {
-				endRun(fmt.Errorf("fabric: writer %s lost its lease: %w", w.name, err))
+				err = fmt.Errorf("fabric: writer %s lost its lease: %w", w.name, err)
+				n.fail(err)
+				endRun(err)
 			}
 		})
 		if p := w.lease.Predecessor(); p != nil {
@@ -420,6 +423,28 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	if err := <-linkErr; err != nil && !errors.Is(err, context.Canceled) {
 		return err
+	}
+	return nil
+}
+
+// fail records that the node can no longer serve, says so at once (an
+// ERROR, Config.OnFail), and makes readiness and reads answer with err
+// from then on. The first cause wins.
+func (n *Node) fail(err error) {
+	if !n.failure.CompareAndSwap(nil, &err) {
+		return
+	}
+	n.log.Error("fabric: the node can no longer serve and stops", "err", err)
+	if n.cfg.OnFail != nil {
+		n.cfg.OnFail(err)
+	}
+}
+
+// Err is why the node can no longer serve (a writer's lease lost: Run
+// returns it too, once it has stopped), or nil while it can.
+func (n *Node) Err() error {
+	if p := n.failure.Load(); p != nil {
+		return *p
 	}
 	return nil
 }

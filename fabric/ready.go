@@ -20,6 +20,9 @@ func (n *Node) Ready() bool { return n.NotReady() == "" }
 // NotReady says why the node is not ready, in words for an operator (the
 // /readyz body, Status.NotReady), or "" if it is ready.
 func (n *Node) NotReady() string {
+	if err := n.Err(); err != nil {
+		return "failed: " + err.Error()
+	}
 	// A request served right after a stall may run before the watchdog
 	// has noticed it: a late tick is a stall in progress.
 	now := time.Since(n.born)

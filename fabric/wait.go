@@ -35,16 +35,35 @@ var ErrStopped = errors.New("fabric: node stopped")
 
 // WaitFor blocks until the local view of k covers pos, or ctx ends. It
 // fails at once with ErrNotFollowed for a stream not in Config.Streams,
-// and with ErrStopped once Run has returned.
+// and with ErrStopped once Run has returned or the node has failed (its
+// view may be stale: the error then wraps Err's cause too).
 func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
 	start, ok := n.starts[k.Stream]
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFollowed, k.Stream)
 	}
+	if err := n.refuse(); err != nil {
+		return err
+	}
 	if _, known := n.notify.lookup(k); !known && pos <= start {
 		return nil
 	}
-	return n.notify.waitFor(ctx, k, pos, n.done)
+	if err := n.notify.waitFor(ctx, k, pos, n.done); err != nil {
+		if f := n.refuse(); f != nil {
+			return f
+		}
+		return err
+	}
+	return nil
+}
+
+// refuse is the error a read answers once the node has failed (Err): its
+// view may be stale from then on. Nil while it serves.
+func (n *Node) refuse() error {
+	if err := n.Err(); err != nil {
+		return fmt.Errorf("%w: the node failed: %w", ErrStopped, err)
+	}
+	return nil
 }
 
 // WaitForToken blocks until the local view covers a client's token of a
@@ -57,6 +76,9 @@ func (n *Node) WaitFor(ctx context.Context, k core.Key, pos int64) error {
 func (n *Node) WaitForToken(ctx context.Context, stream string, t streams.Token) error {
 	if _, ok := n.starts[stream]; !ok {
 		return fmt.Errorf("%w: %s", ErrNotFollowed, stream)
+	}
+	if err := n.refuse(); err != nil {
+		return err
 	}
 	g := n.gens[stream]
 	if g == nil {

@@ -155,6 +155,12 @@ type WriteFunc func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMess
 // returns an error wrapping ErrOutcomeUnknown (as it does if the node
 // stops first). Meanwhile the writer's position waits below its IDs.
 //
+// Write returns by ctx's deadline whatever the database does: if ctx ends
+// while its transaction is in flight (its COMMIT unanswered, or in doubt
+// as above), it returns an error wrapping ErrOutcomeUnknown and ctx's
+// error; the transaction goes on without it, its outcome is still read
+// from the table, and rows it committed reach every reader.
+//
 // Writes group-commit: while one transaction of this writer is in flight,
 // the Writes that arrive wait and then share the next one, each behind a
 // savepoint, so that fn's error (or a database error inside it) undoes
