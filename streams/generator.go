@@ -34,6 +34,8 @@ type Generator struct {
 	stored   []StoredPosition // the registry as last read, sealed writers included
 	advanced chan struct{}
 	changed  chan struct{} // positions or persisted-upto may have moved (Changed)
+	watch    chan struct{} // closed at the next change (Watch); under mu
+	capMu    sync.Mutex    // serialises RaiseCap
 	lease    atomic.Pointer[Lease]
 	reg      Registry // every writer with a stored position, and the cap
 }
@@ -50,7 +52,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	if err := Check(ctx, db, cfg); err != nil {
 		return nil, err
 	}
-	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
+	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1), changed: make(chan struct{}, 1), watch: make(chan struct{})}
 	if self != "" {
 		id, err := RegisterWriter(ctx, db, self)
 		if err != nil {
@@ -179,6 +181,41 @@ func loadPositions(ctx context.Context, db DB, stream string) (stored map[string
 // It then stores persisted-upto, which PersistedUpto hands out from then
 // on.
 func (g *Generator) Refresh(ctx context.Context) error {
+	if err := g.reread(ctx); err != nil {
+		return err
+	}
+	return g.StorePersisted(ctx)
+}
+
+// RaiseCap re-reads the sequence and then the stored writer positions,
+// as Refresh does, without storing persisted-upto: it lifts the cap on
+// ComputedUpto to a sequence value read now, for a caller that heard
+// positions above it (HeardUpto) and would otherwise wait for the next
+// Refresh. Calls are serialised; one that finds ComputedUpto at or above
+// want already (another call lifted it) reads nothing.
+func (g *Generator) RaiseCap(ctx context.Context, want int64) error {
+	g.capMu.Lock()
+	defer g.capMu.Unlock()
+	if g.ComputedUpto() >= want {
+		return nil
+	}
+	return g.reread(ctx)
+}
+
+// HeardUpto is what ComputedUpto would be without the cap: the least
+// position of the known writers (never below ComputedUpto). Above
+// ComputedUpto, it says that positions heard since the last Refresh or
+// RaiseCap show more may be persisted, which only a fresh read of the
+// sequence and the registry can prove (a writer that registered since
+// may hold an ID below it).
+func (g *Generator) HeardUpto() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.Uncapped()
+}
+
+// reread is Refresh without the store.
+func (g *Generator) reread(ctx context.Context) error {
 	var seq int64
 	if g.cfg.Sequence != "" {
 		var err error
@@ -216,7 +253,7 @@ func (g *Generator) Refresh(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 	g.change()
-	return g.StorePersisted(ctx)
+	return nil
 }
 
 // StoredPosition is one writer's row in the stream's registry
@@ -430,6 +467,19 @@ func (g *Generator) change() {
 	case g.changed <- struct{}{}:
 	default:
 	}
+	g.mu.Lock()
+	close(g.watch)
+	g.watch = make(chan struct{})
+	g.mu.Unlock()
+}
+
+// Watch returns a channel closed at the next change Changed would signal:
+// unlike Changed, every caller hears it. Take it before reading what it
+// guards (ComputedUpto), so a change in between is not missed.
+func (g *Generator) Watch() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.watch
 }
 
 // Changed signals (without blocking, coalesced) that a position this
