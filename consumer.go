@@ -197,15 +197,10 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 	// its own error), so Close does not leave its effects half applied.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
 	defer cancel()
-	var after int64
-	if err := c.n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`,
-		c.cfg.Stream, c.cfg.Name).Scan(&after); err != nil {
-		return fmt.Errorf("read the cursor: %w", err)
-	}
-	c.pos.Store(after)
-	if after >= upto {
-		return nil
-	}
+	// From the cursor as this process last read or committed it: another
+	// process's commits since only move it on (the lock says), and the
+	// rows read then cover every row after it up to next.
+	after := c.pos.Load()
 	rows, next, err := readBatch(ctx, c.n.pool, c.cfg.Stream, upto, c.cfg.MaxBatch, nil, c.query, after, upto, c.cfg.MaxBatch)
 	if err != nil {
 		return fmt.Errorf("read rows after %d: %w", after, err)
@@ -221,7 +216,7 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 		}
 		switch {
 		case pos < after: // never: a cursor only moves on; read again
-			next = 0
+			next = pos
 			return nil
 		case pos >= next: // another process applied them meanwhile
 			next = pos
@@ -246,10 +241,8 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 	if err != nil {
 		return err
 	}
-	if next > 0 {
-		c.pos.Store(next)
-		c.rows.Add(float64(applied))
-	}
+	c.pos.Store(next)
+	c.rows.Add(float64(applied))
 	return nil
 }
 

@@ -152,12 +152,24 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 // which of those writers are sealed: a sealed writer's IDs are all
 // persisted, so it no longer holds persisted-upto back.
 func loadPositions(ctx context.Context, db DB, stream string) (stored map[string]int64, sealed map[string]bool, err error) {
-	stored, sealed = map[string]int64{}, map[string]bool{}
-	rows, err := db.Query(ctx, `SELECT sp.writer, sp.position, COALESCE(w.sealed, false)
-		FROM stream_positions sp LEFT JOIN weft_writers w ON w.name = sp.writer WHERE sp.stream = $1`, stream)
+	rows, err := db.Query(ctx, positionsSQL, stream)
 	if err != nil {
 		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
 	}
+	if stored, sealed, err = scanPositions(rows); err != nil {
+		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+	}
+	return stored, sealed, nil
+}
+
+// positionsSQL reads every writer's stored position on stream $1, and
+// whether it is sealed.
+const positionsSQL = `SELECT sp.writer, sp.position, COALESCE(w.sealed, false)
+		FROM stream_positions sp LEFT JOIN weft_writers w ON w.name = sp.writer WHERE sp.stream = $1`
+
+// scanPositions reads positionsSQL's rows.
+func scanPositions(rows pgx.Rows) (stored map[string]int64, sealed map[string]bool, err error) {
+	stored, sealed = map[string]int64{}, map[string]bool{}
 	var name string
 	var pos int64
 	var isSealed bool
@@ -168,7 +180,7 @@ func loadPositions(ctx context.Context, db DB, stream string) (stored map[string
 		}
 		return nil
 	}); err != nil {
-		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+		return nil, nil, err
 	}
 	return stored, sealed, nil
 }
@@ -216,14 +228,7 @@ func (g *Generator) HeardUpto() int64 {
 
 // reread is Refresh without the store.
 func (g *Generator) reread(ctx context.Context) error {
-	var seq int64
-	if g.cfg.Sequence != "" {
-		var err error
-		if seq, err = sequenceValue(ctx, g.db, g.cfg.Sequence); err != nil {
-			return fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
-		}
-	}
-	stored, sealed, err := loadPositions(ctx, g.db, g.cfg.Name)
+	seq, stored, sealed, err := g.readSequenceAndPositions(ctx)
 	if err != nil {
 		return err
 	}
@@ -254,6 +259,48 @@ func (g *Generator) reread(ctx context.Context) error {
 	g.mu.Unlock()
 	g.change()
 	return nil
+}
+
+// batcher is a DB that pipelines statements (a pool or a connection).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// readSequenceAndPositions reads the sequence, then the stored writer
+// positions, in one round trip when the DB pipelines: the server runs
+// them in order, and at read committed the second statement's snapshot
+// is taken after the first read the sequence.
+func (g *Generator) readSequenceAndPositions(ctx context.Context) (seq int64, stored map[string]int64, sealed map[string]bool, err error) {
+	b, ok := g.db.(batcher)
+	if !ok || g.cfg.Sequence == "" {
+		if g.cfg.Sequence != "" {
+			if seq, err = sequenceValue(ctx, g.db, g.cfg.Sequence); err != nil {
+				return 0, nil, nil, fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
+			}
+		}
+		stored, sealed, err = loadPositions(ctx, g.db, g.cfg.Name)
+		return seq, stored, sealed, err
+	}
+	batch := &pgx.Batch{}
+	batch.Queue("SELECT last_value, is_called FROM " + ident(g.cfg.Sequence)).QueryRow(func(r pgx.Row) error {
+		var called bool
+		if err := r.Scan(&seq, &called); err != nil {
+			return fmt.Errorf("streams: stream %s: refresh: read sequence %s: %w", g.cfg.Name, g.cfg.Sequence, err)
+		}
+		if !called {
+			seq--
+		}
+		return nil
+	})
+	batch.Queue(positionsSQL, g.cfg.Name).Query(func(rows pgx.Rows) error {
+		var err error
+		stored, sealed, err = scanPositions(rows)
+		return err
+	})
+	if err := b.SendBatch(ctx, batch).Close(); err != nil {
+		return 0, nil, nil, fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
+	}
+	return seq, stored, sealed, nil
 }
 
 // StoredPosition is one writer's row in the stream's registry
