@@ -25,7 +25,9 @@ import (
 // and should do nothing it cannot undo outside it, nor leave tx idle
 // (waiting on something else) longer than half of Config.LeaseTTL: the
 // server then ends the session, so that a process stopped inside a batch
-// does not hold its cursor's lock.
+// does not hold its cursor's lock. A batch's rows are read before its
+// transaction locks anything: a process stopped, or cut off, while the
+// server sends them holds no lock the others wait for.
 //
 // A consumer sees the stream's rows in the order of their positions, one
 // order for every consumer and every run: a batch holds rows up to the
@@ -35,7 +37,11 @@ import (
 // the stream's positions move on Redis (a writer that is idle announces
 // its position at least every Config.AnnounceInterval, so the order moves
 // on when only another writer writes), and reads its rows from the table,
-// however far behind the cursor is.
+// however far behind the cursor is. Each consumer wakes on the positions
+// it hears, on a signal of its own; when they are above what the last
+// refresh of the writer registry proved persisted, it proves them at once
+// (two small reads, shared by the consumers of a process) rather than
+// wait for the next refresh.
 type ConsumerFunc func(ctx context.Context, tx pgx.Tx, rows []Row) error
 
 // batchTimeout bounds one batch: its transaction holds the cursor's row
@@ -97,12 +103,16 @@ func (c *consumer) run(ctx context.Context) {
 	tick := time.NewTicker(c.n.cfg.AnnounceInterval)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		wake := c.st.gen.Watch()
 		upto := c.st.gen.ComputedUpto()
-		if upto <= c.pos.Load() {
+		if pos := c.pos.Load(); upto <= pos {
 			c.behind.Store(0)
+			if c.st.raiseUpto(ctx, max(upto, pos)) {
+				continue
+			}
 			select {
 			case <-ctx.Done():
-			case <-c.st.gen.Changed():
+			case <-wake:
 			case <-tick.C: // a refresh moves persisted-upto too
 			}
 			continue
@@ -120,6 +130,23 @@ func (c *consumer) run(ctx context.Context) {
 		}
 		policy.Reset()
 	}
+}
+
+// raiseUpto lifts the stream's persisted-upto past the cap of the last
+// refresh when the positions heard since show that more may be persisted
+// (streams.Generator.RaiseCap): a consumer follows the positions it
+// hears, not the refresh. It reports whether persisted-upto moved above
+// after.
+func (s *stream) raiseUpto(ctx context.Context, after int64) bool {
+	heard := s.gen.HeardUpto()
+	if heard <= after {
+		return false
+	}
+	if err := s.gen.RaiseCap(ctx, heard); err != nil {
+		// The refresh lifts it at the announce pace, and says why not.
+		return false
+	}
+	return s.gen.ComputedUpto() > after
 }
 
 // readBatch reads a batch's rows with query and args (whole positions:
@@ -170,15 +197,10 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 	// its own error), so Close does not leave its effects half applied.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
 	defer cancel()
-	var after int64
-	if err := c.n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`,
-		c.cfg.Stream, c.cfg.Name).Scan(&after); err != nil {
-		return fmt.Errorf("read the cursor: %w", err)
-	}
-	c.pos.Store(after)
-	if after >= upto {
-		return nil
-	}
+	// From the cursor as this process last read or committed it: another
+	// process's commits since only move it on (the lock says), and the
+	// rows read then cover every row after it up to next.
+	after := c.pos.Load()
 	rows, next, err := readBatch(ctx, c.n.pool, c.cfg.Stream, upto, c.cfg.MaxBatch, nil, c.query, after, upto, c.cfg.MaxBatch)
 	if err != nil {
 		return fmt.Errorf("read rows after %d: %w", after, err)
@@ -194,7 +216,7 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 		}
 		switch {
 		case pos < after: // never: a cursor only moves on; read again
-			next = 0
+			next = pos
 			return nil
 		case pos >= next: // another process applied them meanwhile
 			next = pos
@@ -219,10 +241,8 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 	if err != nil {
 		return err
 	}
-	if next > 0 {
-		c.pos.Store(next)
-		c.rows.Add(float64(applied))
-	}
+	c.pos.Store(next)
+	c.rows.Add(float64(applied))
 	return nil
 }
 

@@ -41,6 +41,7 @@ func (g *group) batches(ctx context.Context) {
 		g.mu.Lock()
 		cur := g.m.Batch()
 		g.mu.Unlock()
+		wake := g.st.gen.Watch()
 		upto := g.st.gen.ComputedUpto()
 		lo := int64(math.MaxInt64)
 		for _, c := range cur {
@@ -48,9 +49,12 @@ func (g *group) batches(ctx context.Context) {
 		}
 		if upto <= lo {
 			g.behind.Store(0)
+			if len(cur) > 0 && g.st.raiseUpto(ctx, lo) {
+				continue
+			}
 			select {
 			case <-ctx.Done():
-			case <-g.st.gen.Changed():
+			case <-wake:
 			case <-g.wake:
 			case <-tick.C: // a refresh moves persisted-upto too
 			}

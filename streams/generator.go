@@ -34,6 +34,8 @@ type Generator struct {
 	stored   []StoredPosition // the registry as last read, sealed writers included
 	advanced chan struct{}
 	changed  chan struct{} // positions or persisted-upto may have moved (Changed)
+	watch    chan struct{} // closed at the next change (Watch); under mu
+	capMu    sync.Mutex    // serialises RaiseCap
 	lease    atomic.Pointer[Lease]
 	reg      Registry // every writer with a stored position, and the cap
 }
@@ -50,7 +52,7 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 	if err := Check(ctx, db, cfg); err != nil {
 		return nil, err
 	}
-	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1), changed: make(chan struct{}, 1)}
+	g := &Generator{db: db, cfg: cfg, self: self, names: map[WriterID]string{}, ids: map[string]WriterID{}, advanced: make(chan struct{}, 1), changed: make(chan struct{}, 1), watch: make(chan struct{})}
 	if self != "" {
 		id, err := RegisterWriter(ctx, db, self)
 		if err != nil {
@@ -150,12 +152,24 @@ func Open(ctx context.Context, db DB, cfg Config, self string) (*Generator, erro
 // which of those writers are sealed: a sealed writer's IDs are all
 // persisted, so it no longer holds persisted-upto back.
 func loadPositions(ctx context.Context, db DB, stream string) (stored map[string]int64, sealed map[string]bool, err error) {
-	stored, sealed = map[string]int64{}, map[string]bool{}
-	rows, err := db.Query(ctx, `SELECT sp.writer, sp.position, COALESCE(w.sealed, false)
-		FROM stream_positions sp LEFT JOIN weft_writers w ON w.name = sp.writer WHERE sp.stream = $1`, stream)
+	rows, err := db.Query(ctx, positionsSQL, stream)
 	if err != nil {
 		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
 	}
+	if stored, sealed, err = scanPositions(rows); err != nil {
+		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+	}
+	return stored, sealed, nil
+}
+
+// positionsSQL reads every writer's stored position on stream $1, and
+// whether it is sealed.
+const positionsSQL = `SELECT sp.writer, sp.position, COALESCE(w.sealed, false)
+		FROM stream_positions sp LEFT JOIN weft_writers w ON w.name = sp.writer WHERE sp.stream = $1`
+
+// scanPositions reads positionsSQL's rows.
+func scanPositions(rows pgx.Rows) (stored map[string]int64, sealed map[string]bool, err error) {
+	stored, sealed = map[string]int64{}, map[string]bool{}
 	var name string
 	var pos int64
 	var isSealed bool
@@ -166,7 +180,7 @@ func loadPositions(ctx context.Context, db DB, stream string) (stored map[string
 		}
 		return nil
 	}); err != nil {
-		return nil, nil, fmt.Errorf("streams: stream %s: load positions: %w", stream, err)
+		return nil, nil, err
 	}
 	return stored, sealed, nil
 }
@@ -179,14 +193,42 @@ func loadPositions(ctx context.Context, db DB, stream string) (stored map[string
 // It then stores persisted-upto, which PersistedUpto hands out from then
 // on.
 func (g *Generator) Refresh(ctx context.Context) error {
-	var seq int64
-	if g.cfg.Sequence != "" {
-		var err error
-		if seq, err = sequenceValue(ctx, g.db, g.cfg.Sequence); err != nil {
-			return fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
-		}
+	if err := g.reread(ctx); err != nil {
+		return err
 	}
-	stored, sealed, err := loadPositions(ctx, g.db, g.cfg.Name)
+	return g.StorePersisted(ctx)
+}
+
+// RaiseCap re-reads the sequence and then the stored writer positions,
+// as Refresh does, without storing persisted-upto: it lifts the cap on
+// ComputedUpto to a sequence value read now, for a caller that heard
+// positions above it (HeardUpto) and would otherwise wait for the next
+// Refresh. Calls are serialised; one that finds ComputedUpto at or above
+// want already (another call lifted it) reads nothing.
+func (g *Generator) RaiseCap(ctx context.Context, want int64) error {
+	g.capMu.Lock()
+	defer g.capMu.Unlock()
+	if g.ComputedUpto() >= want {
+		return nil
+	}
+	return g.reread(ctx)
+}
+
+// HeardUpto is what ComputedUpto would be without the cap: the least
+// position of the known writers (never below ComputedUpto). Above
+// ComputedUpto, it says that positions heard since the last Refresh or
+// RaiseCap show more may be persisted, which only a fresh read of the
+// sequence and the registry can prove (a writer that registered since
+// may hold an ID below it).
+func (g *Generator) HeardUpto() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tr.Uncapped()
+}
+
+// reread is Refresh without the store.
+func (g *Generator) reread(ctx context.Context) error {
+	seq, stored, sealed, err := g.readSequenceAndPositions(ctx)
 	if err != nil {
 		return err
 	}
@@ -216,7 +258,49 @@ func (g *Generator) Refresh(ctx context.Context) error {
 	}
 	g.mu.Unlock()
 	g.change()
-	return g.StorePersisted(ctx)
+	return nil
+}
+
+// batcher is a DB that pipelines statements (a pool or a connection).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// readSequenceAndPositions reads the sequence, then the stored writer
+// positions, in one round trip when the DB pipelines: the server runs
+// them in order, and at read committed the second statement's snapshot
+// is taken after the first read the sequence.
+func (g *Generator) readSequenceAndPositions(ctx context.Context) (seq int64, stored map[string]int64, sealed map[string]bool, err error) {
+	b, ok := g.db.(batcher)
+	if !ok || g.cfg.Sequence == "" {
+		if g.cfg.Sequence != "" {
+			if seq, err = sequenceValue(ctx, g.db, g.cfg.Sequence); err != nil {
+				return 0, nil, nil, fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
+			}
+		}
+		stored, sealed, err = loadPositions(ctx, g.db, g.cfg.Name)
+		return seq, stored, sealed, err
+	}
+	batch := &pgx.Batch{}
+	batch.Queue("SELECT last_value, is_called FROM " + ident(g.cfg.Sequence)).QueryRow(func(r pgx.Row) error {
+		var called bool
+		if err := r.Scan(&seq, &called); err != nil {
+			return fmt.Errorf("streams: stream %s: refresh: read sequence %s: %w", g.cfg.Name, g.cfg.Sequence, err)
+		}
+		if !called {
+			seq--
+		}
+		return nil
+	})
+	batch.Queue(positionsSQL, g.cfg.Name).Query(func(rows pgx.Rows) error {
+		var err error
+		stored, sealed, err = scanPositions(rows)
+		return err
+	})
+	if err := b.SendBatch(ctx, batch).Close(); err != nil {
+		return 0, nil, nil, fmt.Errorf("streams: stream %s: refresh: %w", g.cfg.Name, err)
+	}
+	return seq, stored, sealed, nil
 }
 
 // StoredPosition is one writer's row in the stream's registry
@@ -430,6 +514,19 @@ func (g *Generator) change() {
 	case g.changed <- struct{}{}:
 	default:
 	}
+	g.mu.Lock()
+	close(g.watch)
+	g.watch = make(chan struct{})
+	g.mu.Unlock()
+}
+
+// Watch returns a channel closed at the next change Changed would signal:
+// unlike Changed, every caller hears it. Take it before reading what it
+// guards (ComputedUpto), so a change in between is not missed.
+func (g *Generator) Watch() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.watch
 }
 
 // Changed signals (without blocking, coalesced) that a position this

@@ -95,6 +95,17 @@ func (t *Tracker) SelfPosition() int64 { return t.writers[t.self] }
 // as this tracker computes it: what to store before handing it out.
 func (t *Tracker) PersistedUpto() int64 { return t.upto }
 
+// Uncapped is PersistedUpto as the known writers' positions give it,
+// without the cap (never below PersistedUpto): above it, only a fresh
+// sequence read (SetCap) can prove those positions persisted.
+func (t *Tracker) Uncapped() int64 {
+	m, ok := t.minWriter()
+	if !ok {
+		return t.upto
+	}
+	return max(m, t.upto)
+}
+
 // StoredUpto is the highest persisted-upto the database is known to hold:
 // the value to hand out. It never goes backwards, and a tracker started
 // later from the stored value starts at or above it.

@@ -26,12 +26,18 @@ import (
 // the last row. Its baseline is linear: the members times one member's
 // rate in the same run.
 //
-// Bookkeeping: the per-row cost of a group (64 partitions' rows locked
-// and moved per batch, each row's partition hashed) against a single
-// consumer beside it, both with a handler that does nothing, over the
-// same stream: rows/s each, from the first batch's commit to the last,
-// the median of three of each.
+// Bookkeeping: the per-row cost of a group (the cursors of the partitions
+// a batch's rows fall in locked and moved, each row's partition hashed)
+// against a single consumer beside it, both with a handler that does
+// nothing, over the same stream, at 64 and at 1,024 partitions: rows/s
+// each, from the first batch's commit to the last, the median of three of
+// each.
 var groupSizes = []int{1, 2, 4, 8}
+
+// groupCostPartitions are the groups' partitions the bookkeeping is
+// measured at: a batch's cost must follow the partitions its rows fall
+// in, not those the member owns.
+var groupCostPartitions = []int{weft.DefaultPartitions, 1024}
 
 const (
 	groupWait  = 5 * time.Millisecond // the handler's wait per row
@@ -62,16 +68,23 @@ func measureGroups(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		}
 		out = append(out, s)
 	}
-	single, grouped, err := groupCost(ctx, e, costRows)
-	if err != nil {
-		return nil, fmt.Errorf("bookkeeping: %w", err)
-	}
 	const cost = "Consumer groups: bookkeeping, a handler that does nothing, one process"
-	out = append(out,
-		Sample{ID: "groups.cost.rate", Group: cost, Name: "rows/s: a group's one member (raw: a single consumer)", Unit: "rows/s",
-			Weft: grouped, Raw: single, HasRaw: true},
-		Sample{ID: "groups.cost.row", Group: cost, Name: "the group's cost per row over a single consumer's", Unit: "us",
-			Weft: 1e6/grouped - 1e6/single, Note: "1/rate of the group minus 1/rate of the single consumer"})
+	for _, parts := range groupCostPartitions {
+		single, grouped, err := groupCost(ctx, e, costRows, parts)
+		if err != nil {
+			return nil, fmt.Errorf("bookkeeping, %d partitions: %w", parts, err)
+		}
+		e.log.Info("groups cost", "partitions", parts, "single_rows_per_s", single, "member_rows_per_s", grouped)
+		id := "groups.cost"
+		if parts != weft.DefaultPartitions {
+			id = fmt.Sprintf("groups.cost%d", parts)
+		}
+		out = append(out,
+			Sample{ID: id + ".rate", Group: cost, Name: fmt.Sprintf("%d partitions: rows/s, a group's one member (raw: a single consumer)", parts),
+				Unit: "rows/s", Weft: grouped, Raw: single, HasRaw: true, Goal: &Goal{Kind: GoalRatioAtLeast, Value: 0.8}},
+			Sample{ID: id + ".row", Group: cost, Name: fmt.Sprintf("%d partitions: the group's cost per row over a single consumer's", parts),
+				Unit: "us", Weft: 1e6/grouped - 1e6/single, Note: "1/rate of the group minus 1/rate of the single consumer"})
+	}
 	return out, nil
 }
 
@@ -81,6 +94,7 @@ type groupEnv struct {
 	pool   *pgxpool.Pool
 	writer *weft.Node
 	nodes  []*weft.Node
+	what   string // the measurement's cluster name (benchEnv.cluster)
 }
 
 func (g *groupEnv) Close() error {
@@ -102,7 +116,7 @@ func newGroupEnv(ctx context.Context, e *benchEnv, what string) (*groupEnv, erro
 	if err != nil {
 		return nil, err
 	}
-	g := &groupEnv{db: db}
+	g := &groupEnv{db: db, what: what}
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		return nil, errors.Join(err, g.Close())
@@ -231,8 +245,8 @@ func waitForCursor(ctx context.Context, pool *pgxpool.Pool, query, name string, 
 // over the same rows, each timed from its first batch's commit to the
 // last row: three of each, alternately (the machine is shared), and the
 // median of each kind.
-func groupCost(ctx context.Context, e *benchEnv, rows int) (single, grouped float64, err error) {
-	g, err := newGroupEnv(ctx, e, "groupcost")
+func groupCost(ctx context.Context, e *benchEnv, rows, partitions int) (single, grouped float64, err error) {
+	g, err := newGroupEnv(ctx, e, fmt.Sprintf("groupcost%d", partitions))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -249,7 +263,7 @@ func groupCost(ctx context.Context, e *benchEnv, rows int) (single, grouped floa
 			query := `SELECT pos FROM weft_consumers WHERE name = $1`
 			rates := &singles
 			if grouped {
-				c.Name, c.Key, rates = fmt.Sprintf("grouped%d", i), "user", &groups
+				c.Name, c.Key, c.Partitions, rates = fmt.Sprintf("grouped%d", i), "user", partitions, &groups
 				query = `SELECT min(pos) FROM weft_group_partitions WHERE name = $1`
 			}
 			rate, err := g.consumeAll(ctx, e, c, query, last)
@@ -268,7 +282,7 @@ func groupCost(ctx context.Context, e *benchEnv, rows int) (single, grouped floa
 // first batch's commit until it has applied every row up to last: rows/s.
 // query reads its cursor ($1 its name).
 func (g *groupEnv) consumeAll(ctx context.Context, e *benchEnv, c weft.Consumer, query string, last int64) (float64, error) {
-	n, err := g.member(ctx, e, "groupcost", c.Name, c)
+	n, err := g.member(ctx, e, g.what, c.Name, c)
 	if err != nil {
 		return 0, err
 	}

@@ -239,6 +239,7 @@ func measurements() []measurement {
 		{"rss", 3 * time.Minute, measureRSS},
 		{"longpoll", 3 * time.Minute, measureLongPoll},
 		{"groups", 4 * time.Minute, measureGroups},
+		{"consumers", 2 * time.Minute, measureConsumers},
 	}
 }
 
