@@ -86,7 +86,7 @@ type Config struct {
 	// master, at a quarter of the lease). Zero: never.
 	SealExpired time.Duration
 	// SealTimeout bounds the seal of each Writer on a graceful stop
-	// [500 ms]; past it the seal is skipped and the name's lease lapses.
+	// [2 s]; past it the seal is skipped and the name's lease lapses.
 	SealTimeout time.Duration
 	// MaxLineAge: a line from an instance never heard of is refused as a
 	// replay when older than this [1 min]; it also bounds the clock skew

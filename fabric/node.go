@@ -190,7 +190,7 @@ func New(cfg Config) (*Node, error) {
 		codec = wire.NewCodec(wire.Config{})
 	}
 	if cfg.SealTimeout <= 0 {
-		cfg.SealTimeout = 500 * time.Millisecond
+		cfg.SealTimeout = 2 * time.Second // one UPDATE, on a host that may be starved
 	}
 	n := &Node{cfg: cfg, log: log, notify: newNotifier(), m: m, codec: codec, done: make(chan struct{}),
 		looped: make(chan struct{}), earlyCap: maxEarly,

@@ -47,7 +47,7 @@ func TestChaosPubsubClientKill(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: ch.rds.Addr()})
 		defer rdb.Close()
 		killed := int64(0)
-		for range pick(5, 20) {
+		for range pick(3, 20) {
 			n, err := rdb.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Result()
 			if err != nil {
 				t.Fatal(err)

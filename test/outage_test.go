@@ -31,7 +31,7 @@ func TestRedisOutageDegraded(t *testing.T) {
 		// without degraded mode, a write of the outage waits for Redis.
 		stallBound = 5 * time.Second
 	)
-	outage := pick(60*time.Second, 120*time.Second)
+	outage := pick(20*time.Second, 120*time.Second)
 	ch := newChaos(t, chaosOpts{})
 	ch.run("redis-outage-degraded", func(ch *chaos) {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -52,10 +52,15 @@ const typingPrefix = "typing/"
 //     queues drain (StopRequests);
 //  2. the weft node seals this instance's writer, so its successor need
 //     not wait for the lease, and announces it (fabric.Config.SealTimeout,
-//     500 ms);
+//     2 s);
 //  3. BYE, flushed to Redis before the node returns (the link's own bound,
 //     500 ms).
-const StopRequests = time.Second
+//
+// The budgets bound a stop that hangs; an ordinary stop takes a few
+// milliseconds per phase. They are sized for a starved host (load 10 on 2
+// cores cut 200 long-polls and skipped the seal at 1 s and 500 ms), and
+// all three fit well inside a supervisor's usual 30 s grace.
+const StopRequests = 3 * time.Second
 
 // Run serves one instance until ctx ends, then stops gracefully (see the
 // phases above). ready, if not nil, is called with the listening address
