@@ -49,13 +49,14 @@ flake-hunt:
 # The chaos scenarios in their long form (more cycles, more load, longer
 # faults), 200,000 seeds of the handover simulation, the heap bound with
 # 60 KiB messages, the consumer groups' chaos
-# (four rounds) and 10,000 seeds of their simulation.
+# (four rounds), 10,000 seeds of their simulation and the consumer oracle.
 chaos:
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 120m -run '^(TestChaos|TestRollingRestart|TestRedisOutageDegraded|TestReplayedChannel)' -v ./test/
 	WEFT_SIM_SEEDS=200000 $(GO) test -count=1 -timeout 60m -run '^TestSimulation$$' -v ./shard/handover/
 	WEFT_CHAOS=long $(GO) test -count=1 -run '^TestServerHeapBounded$$' -v ./shard/
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 30m -run '^TestMailerChaos$$' -v ./examples/mailer/
 	WEFT_SIM_SEEDS=10000 $(GO) test -count=1 -timeout 30m -run '^TestSimulation$$' -v ./group/
+	WEFT_CHAOS=long $(GO) test -count=1 -timeout 20m -run '^TestConsumerOracle$$' -v .
 
 # deploy/'s compose files on a real Docker engine, as a user runs them, with
 # Redis, a writer and a reader killed or stopped under load (deploy/README.md,
