@@ -31,12 +31,14 @@ test:
 	$(GOTEST) .ci/gotest
 
 # The suite as `make test` runs it, then a table of where its time went,
-# per package (cmd/weft-testrun: go test -json summarised; the go test
-# -json stays in TIMES_DIR). docs/TESTING.md keeps the last table.
+# per package, and any failed test with its output (cmd/weft-testrun:
+# go test -json summarised; the go test -json stays in TIMES_DIR).
+# docs/TESTING.md keeps the last table.
 test-times:
 	d=$${TIMES_DIR:-$$(mktemp -d /tmp/weft-times-XXXXXX)}; \
 	$(GOTEST) JSON_DIR="$$d" .ci/gotest; s=$$?; \
 	cat "$$d"/*.json | $(GO) run ./cmd/weft-testrun times; \
+	[ $$s -eq 0 ] || cat "$$d"/*.json | $(GO) run ./cmd/weft-testrun failures; \
 	echo "go test -json in $$d"; exit $$s
 
 # The suite FLAKE_N times (3) under as many busy loops as cores, then each

@@ -131,6 +131,23 @@ func instanceOf(t *testing.T, p *proc) string {
 // that were cut (sent, but no response) and the bad ones.
 type longPolls struct {
 	cut, bad, answered atomic.Int64
+	mu                 sync.Mutex
+	cuts               []string // the first few cuts' errors, for the failure message
+}
+
+func (lp *longPolls) noteCut(name string, code int, err error) {
+	lp.cut.Add(1)
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if len(lp.cuts) < 5 {
+		lp.cuts = append(lp.cuts, fmt.Sprintf("%s at %s: %d %v", name, time.Now().Format("15:04:05.000"), code, err))
+	}
+}
+
+func (lp *longPolls) cutErrors() string {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	return strings.Join(lp.cuts, "; ")
 }
 
 func holdLongPolls(ctx context.Context, ch *chaos, n int, wg *sync.WaitGroup) *longPolls {
@@ -161,7 +178,7 @@ func holdLongPolls(ctx context.Context, ch *chaos, n int, wg *sync.WaitGroup) *l
 					case isDialError(err):
 						// Down between two processes: not a cut long-poll.
 					default:
-						lp.cut.Add(1)
+						lp.noteCut(name, code, err)
 					}
 					select { // pacing after a failure, not synchronisation
 					case <-ctx.Done():
@@ -276,7 +293,7 @@ func rollingRestart(t *testing.T, onCluster bool) {
 				})
 			}
 			if cut := lp.cut.Load() - cutBefore; cut > 0 {
-				t.Errorf("%s: %d long-polls cut instead of answered", name, cut)
+				t.Errorf("%s: %d long-polls cut instead of answered (%s)", name, cut, lp.cutErrors())
 			}
 			if strings.HasPrefix(name, "persister") {
 				log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
