@@ -71,17 +71,6 @@ func oracleApply(consumer, member string, slow func() time.Duration) weft.Consum
 	}
 }
 
-// everyNth is a slow func: every nth batch takes d.
-func everyNth(n int, d time.Duration) func() time.Duration {
-	var c atomic.Int64
-	return func() time.Duration {
-		if c.Add(1)%int64(n) == 0 {
-			return d
-		}
-		return 0
-	}
-}
-
 // writeMulti writes rows (each a table row) at one position of the multi
 // stream through the writer's own statement.
 func writeMulti(ctx context.Context, w *weft.Node, rows []oracleRow) error {
