@@ -71,17 +71,6 @@ func oracleApply(consumer, member string, slow func() time.Duration) weft.Consum
 	}
 }
 
-// everyNth is a slow func: every nth batch takes d.
-func everyNth(n int, d time.Duration) func() time.Duration {
-	var c atomic.Int64
-	return func() time.Duration {
-		if c.Add(1)%int64(n) == 0 {
-			return d
-		}
-		return 0
-	}
-}
-
 // writeMulti writes rows (each a table row) at one position of the multi
 // stream through the writer's own statement.
 func writeMulti(ctx context.Context, w *weft.Node, rows []oracleRow) error {
@@ -218,12 +207,11 @@ type freezer struct {
 	frozen atomic.Bool
 	// armed > 0: freeze once a server's answer runs past armed bytes with
 	// nothing from the client meanwhile (a batch's rows mid-answer).
-	armed  atomic.Int64
-	answer atomic.Int64 // server bytes since the client last sent any
-	thaw   chan struct{}
-	mu     sync.Mutex
-	conns  []net.Conn
-	wg     sync.WaitGroup
+	armed atomic.Int64
+	thaw  chan struct{}
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
 }
 
 func startFreezer(t *testing.T, db string) (*freezer, string) {
@@ -261,14 +249,15 @@ func (f *freezer) accept() {
 		f.mu.Lock()
 		f.conns = append(f.conns, c, up)
 		f.mu.Unlock()
-		f.wg.Go(func() { f.pipe(up, c, false) })
-		f.wg.Go(func() { f.pipe(c, up, true) })
+		answer := new(atomic.Int64) // server bytes since this client last sent any
+		f.wg.Go(func() { f.pipe(up, c, answer, false) })
+		f.wg.Go(func() { f.pipe(c, up, answer, true) })
 	}
 }
 
 // pipe copies src to dst in small pieces, waiting while frozen;
 // fromServer says which way.
-func (f *freezer) pipe(dst, src net.Conn, fromServer bool) {
+func (f *freezer) pipe(dst, src net.Conn, answer *atomic.Int64, fromServer bool) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	buf := make([]byte, 1024)
 	for {
@@ -276,8 +265,8 @@ func (f *freezer) pipe(dst, src net.Conn, fromServer bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			if !fromServer {
-				f.answer.Store(0)
-			} else if a := f.armed.Load(); a > 0 && f.answer.Add(int64(n)) > a && f.armed.CompareAndSwap(a, 0) {
+				answer.Store(0)
+			} else if a := f.armed.Load(); a > 0 && answer.Add(int64(n)) > a && f.armed.CompareAndSwap(a, 0) {
 				f.freeze()
 			}
 			f.wait()

@@ -85,9 +85,13 @@ func TestConsumerOracle(t *testing.T) {
 	var wrote atomic.Int64
 	appendErr := make(chan error, 1)
 	go func() { appendErr <- oracleAppend(ctx, w, long, rows, &wrote) }()
+	wait := 60 * time.Second
+	if long {
+		wait = 5 * time.Minute
+	}
 	progress := func(frac float64) {
 		t.Helper()
-		wefttest.Eventually(t, 60*time.Second, func() bool { return wrote.Load() >= int64(frac*float64(rows)) }, "appends stuck at %d of %d", wrote.Load(), rows)
+		wefttest.Eventually(t, wait, func() bool { return wrote.Load() >= int64(frac*float64(rows)) }, "appends stuck at %d of %d", wrote.Load(), rows)
 	}
 
 	progress(0.2)
