@@ -2,6 +2,7 @@ package weft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -140,9 +141,16 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	if len(lock) > 0 {
 		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 			var err error
-			run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+			run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
 			return err
 		})
+		if errors.Is(err, errFenceMoved) {
+			err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+				var err error
+				run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				return err
+			})
+		}
 		if err != nil {
 			return err
 		}
@@ -155,6 +163,47 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	g.mu.Unlock()
 	g.rows.Add(float64(applied))
 	return nil
+}
+
+// errFenceMoved: a partition a batch locked was not as the member held
+// it (taken, or its cursor moved since the rows were read).
+var errFenceMoved = errors.New("a partition moved since the batch read its rows")
+
+// applyHeld is a batch's transaction as it nearly always goes: apply
+// every row read, then move the cursors of lock to next in one statement
+// that is also the fence (each still owned by the member, at the epoch it
+// holds it, its cursor where the rows were read from). If any is not, it
+// returns errFenceMoved and the transaction rolls back, effects and all;
+// apply then runs the batch under the locks first.
+func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock []int, rows []Row, after []int64, next int64) ([]grp.Cursor, int, error) {
+	run := make([]grp.Cursor, 0, len(lock))
+	epochs, froms := make([]int64, 0, len(lock)), make([]int64, 0, len(lock))
+	for _, c := range cur {
+		if _, ok := slices.BinarySearch(lock, c.Partition); ok {
+			run = append(run, c)
+			epochs, froms = append(epochs, c.Epoch), append(froms, after[c.Partition])
+		}
+	}
+	if len(rows) > 0 {
+		if err := g.cfg.Apply(ctx, tx, rows); err != nil {
+			return nil, 0, fmt.Errorf("apply rows %d..%d: %w", rows[0].Pos, rows[len(rows)-1].Pos, err)
+		}
+	}
+	parts := make([]int, len(run))
+	for i, c := range run {
+		parts[i] = c.Partition
+	}
+	tag, err := tx.Exec(ctx, `UPDATE weft_group_partitions p SET pos = greatest(p.pos, $7), updated_at = now()
+		FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS u(part, epoch, after)
+		WHERE p.stream = $1 AND p.name = $2 AND p.partition = u.part AND p.owner = $6 AND p.epoch = u.epoch AND p.pos <= u.after`,
+		g.cfg.Stream, g.cfg.Name, parts, epochs, froms, g.id, next)
+	switch {
+	case err != nil:
+		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", parts, next, err)
+	case tag.RowsAffected() != int64(len(lock)):
+		return nil, 0, errFenceMoved
+	}
+	return run, len(rows), nil
 }
 
 // apply is a batch's transaction: lock the partitions of lock, run those

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,19 +29,32 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	var mu sync.Mutex
-	var applied []string
-	apply := func(_ context.Context, _ pgx.Tx, rows []Row) error {
-		mu.Lock()
-		defer mu.Unlock()
+	// The effects committed (a batch may apply rows and roll back).
+	if _, err := n.pool.Exec(ctx, `CREATE TABLE fenced (seq serial, usr text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	apply := func(ctx context.Context, tx pgx.Tx, rows []Row) error {
 		for _, r := range rows {
 			var v struct{ User string }
 			if err := r.Decode(&v); err != nil {
 				return err
 			}
-			applied = append(applied, v.User)
+			if _, err := tx.Exec(ctx, `INSERT INTO fenced (usr) VALUES ($1)`, v.User); err != nil {
+				return err
+			}
 		}
 		return nil
+	}
+	committed := func() []string {
+		rows, err := n.pool.Query(ctx, `SELECT usr FROM fenced ORDER BY seq`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
 	}
 	const parts = 4
 	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
@@ -81,7 +93,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 	}
 	want := slices.Clone(users)
 	want = slices.Delete(want, 2, 3)
-	if !slices.Equal(applied, want) {
+	if applied := committed(); !slices.Equal(applied, want) {
 		t.Fatalf("applied %v; want %v (not %s: its partition was taken over)", applied, want, users[2])
 	}
 	var pos int64
@@ -98,7 +110,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
 		t.Fatal(err)
 	}
-	if want = append(want, users[2]); !slices.Equal(applied, want) {
+	if want, applied := append(want, users[2]), committed(); !slices.Equal(applied, want) {
 		t.Fatalf("applied %v; want %v", applied, want)
 	}
 }

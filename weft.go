@@ -234,6 +234,10 @@ func (n *Node) openPool(ctx context.Context) error {
 		// would hold the lock its seal waits for as long as it is paused;
 		// a consumer, its cursors' row locks.
 		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(n.cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
+		// And one cut off while the server sends it something (an answer
+		// its handler asked for inside a batch): its unacknowledged bytes
+		// end the session as soon.
+		pc.ConnConfig.RuntimeParams["tcp_user_timeout"] = strconv.FormatInt(max(n.cfg.LeaseTTL/2, time.Second).Milliseconds(), 10)
 	}
 	if n.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return fmt.Errorf("weft: database: %w", err)
