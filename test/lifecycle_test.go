@@ -296,14 +296,23 @@ func rollingRestart(t *testing.T, onCluster bool) {
 				t.Errorf("%s: %d long-polls cut instead of answered (%s)", name, cut, lp.cutErrors())
 			}
 			if strings.HasPrefix(name, "persister") {
-				log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
-				if !strings.Contains(string(log), inst) || !strings.Contains(string(log), "sealed own writer") {
+				bound := rollingBound
+				switch sealed, budget := sealOutcome(ch, name, inst); {
+				case sealed:
+				case budget:
+					// The seal is bounded (fabric.Config.SealTimeout); on a
+					// starved host it can elapse, and then the successor
+					// waits for the lease, as designed. Only the machine
+					// tells this apart from a slow seal, so it is logged.
+					t.Logf("%s (%s): the seal's budget elapsed (a starved host); its successor waits for the %v lease", name, inst, rollingLease)
+					bound += rollingLease
+				default:
 					t.Errorf("%s (%s) did not seal its own writer", name, inst)
 				}
-				first := ch.firstAckAfter(name, exited, 10*time.Second)
+				first := ch.firstAckAfter(name, exited, bound)
 				t.Logf("%s's successor acknowledged its first write %v after the old process exited", name, first.Round(time.Millisecond))
-				if first > rollingBound {
-					t.Errorf("%s's successor wrote first %v after the old process exited, want <= %v (no wait for the %v lease)", name, first, rollingBound, rollingLease)
+				if first > bound {
+					t.Errorf("%s's successor wrote first %v after the old process exited, want <= %v (no wait for the %v lease)", name, first, bound, rollingLease)
 				}
 			}
 			ch.loadFor(100)
@@ -339,6 +348,21 @@ func rollingRestart(t *testing.T, onCluster bool) {
 		}
 		return nil
 	})
+}
+
+// sealOutcome reads from the log of the process behind name whether
+// instance inst sealed its own writer as it stopped, or its seal ran out
+// of its budget.
+func sealOutcome(ch *chaos, name, inst string) (sealed, budgetElapsed bool) {
+	log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
+	for line := range strings.SplitSeq(string(log), "\n") {
+		if !strings.Contains(line, "instance="+inst) {
+			continue
+		}
+		sealed = sealed || strings.Contains(line, "sealed own writer")
+		budgetElapsed = budgetElapsed || strings.Contains(line, "sealing own writer failed") && strings.Contains(line, "context deadline exceeded")
+	}
+	return sealed, budgetElapsed
 }
 
 // byesCounted is, for each instance but the one behind skip, how many BYE
