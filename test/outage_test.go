@@ -17,9 +17,8 @@ import (
 // stays bounded; when Redis returns, the chaos oracle finds nothing lost,
 // duplicated or reordered.
 //
-// The bounds are relative to what the machine gave just before, and on
-// the slowest one percent a stall bound, not the announce bound: on a
-// shared host one pause of the process over the minute (once: 1.47 s)
+// On the slowest one percent the bound is a stall bound, not the announce
+// bound: on a shared host one pause of the process over the outage (once: 1.47 s)
 // must not fail the test, and a writer blocked on its queue or a sync
 // that waits for Redis still fails it by far.
 func TestRedisOutageDegraded(t *testing.T) {
