@@ -21,8 +21,8 @@ BENCHTIME ?= 1s
 # start, as the longest package; every other package with -race, TEST_P
 # at a time, since most wait on their own servers; then the tests -race
 # would skip or slow too much (allocation counts, a heap bound, the
-# simulations' full 10,000 and 2,000 seeds). No test asserts how fast the
-# machine is, so they may share it (docs/TESTING.md).
+# simulations' full 10,000 and 2,000 seeds). Tests do not assert how fast
+# the machine is, so they may share it (docs/TESTING.md, "Flaky tests").
 E2E       ?= ./test
 TEST_P    ?= 4
 NORACE    ?= 1

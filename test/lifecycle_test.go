@@ -240,6 +240,9 @@ func (ch *chaos) surgeRestart(name string) (took time.Duration, exited time.Time
 // The bounds tell the behaviour from its absence on a loaded machine
 // too: a stop held by a long-poll takes its 30 s, a successor that waits
 // for the lease waits rollingLease; the test allows a third of either.
+// The stop's own budgets (StopRequests, SealTimeout) can run out on a
+// starved host; then the cuts and the lease wait they cause are logged,
+// as the designed degradation, not failed.
 func TestRollingRestart(t *testing.T) { rollingRestart(t, false) }
 
 // The same on a Redis Cluster (sharded pub/sub), where a departing
@@ -268,6 +271,7 @@ func rollingRestart(t *testing.T, onCluster bool) {
 	}
 	lp := holdLongPolls(ctx, ch, 200, &wg)
 	var stopped []string
+	overruns := 0
 	scenario := "rolling-restart"
 	if onCluster {
 		scenario += "-redis-cluster"
@@ -292,23 +296,44 @@ func rollingRestart(t *testing.T, onCluster bool) {
 					return nil
 				})
 			}
-			if cut := lp.cut.Load() - cutBefore; cut > 0 {
+			// The stop's first phase is bounded (StopRequests): on a
+			// starved host it can run out, and then the requests still
+			// running are cut, as designed; logged, not failed. Every stop
+			// running out would be long-polls that do not answer at once.
+			overran := stopOverran(ch, name, inst)
+			if overran {
+				overruns++
+				t.Logf("%s (%s): the stop's request budget ran out (a starved host)", name, inst)
+			}
+			if cut := lp.cut.Load() - cutBefore; cut > 0 && !overran {
 				t.Errorf("%s: %d long-polls cut instead of answered (%s)", name, cut, lp.cutErrors())
 			}
 			if strings.HasPrefix(name, "persister") {
-				log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
-				if !strings.Contains(string(log), inst) || !strings.Contains(string(log), "sealed own writer") {
+				bound := rollingBound
+				switch sealed, budget := sealOutcome(ch, name, inst); {
+				case sealed:
+				case budget:
+					// The seal is bounded (fabric.Config.SealTimeout); on a
+					// starved host it can elapse, and then the successor
+					// waits for the lease, as designed. Only the machine
+					// tells this apart from a slow seal, so it is logged.
+					t.Logf("%s (%s): the seal's budget elapsed (a starved host); its successor waits for the %v lease", name, inst, rollingLease)
+					bound += rollingLease
+				default:
 					t.Errorf("%s (%s) did not seal its own writer", name, inst)
 				}
-				first := ch.firstAckAfter(name, exited, 10*time.Second)
+				first := ch.firstAckAfter(name, exited, bound)
 				t.Logf("%s's successor acknowledged its first write %v after the old process exited", name, first.Round(time.Millisecond))
-				if first > rollingBound {
-					t.Errorf("%s's successor wrote first %v after the old process exited, want <= %v (no wait for the %v lease)", name, first, rollingBound, rollingLease)
+				if first > bound {
+					t.Errorf("%s's successor wrote first %v after the old process exited, want <= %v (no wait for the %v lease)", name, first, bound, rollingLease)
 				}
 			}
 			ch.loadFor(100)
 		}
 	})
+	if overruns == 6 {
+		t.Error("every stop ran out of its request budget: long-polls do not answer when the stop begins")
+	}
 	if n := lp.answered.Load(); n < 6*200 {
 		t.Errorf("only %d long-polls answered", n)
 	}
@@ -339,6 +364,33 @@ func rollingRestart(t *testing.T, onCluster bool) {
 		}
 		return nil
 	})
+}
+
+// sealOutcome reads from the log of the process behind name whether
+// instance inst sealed its own writer as it stopped, or its seal ran out
+// of its budget.
+func sealOutcome(ch *chaos, name, inst string) (sealed, budgetElapsed bool) {
+	log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
+	for line := range strings.SplitSeq(string(log), "\n") {
+		if !strings.Contains(line, "instance="+inst) {
+			continue
+		}
+		sealed = sealed || strings.Contains(line, "sealed own writer")
+		budgetElapsed = budgetElapsed || strings.Contains(line, "sealing own writer failed") && strings.Contains(line, "context deadline exceeded")
+	}
+	return sealed, budgetElapsed
+}
+
+// stopOverran reads from the log of the process behind name whether
+// instance inst's stop ran out of its request budget.
+func stopOverran(ch *chaos, name, inst string) bool {
+	log, _ := os.ReadFile(filepath.Join(ch.c.dir, name+".log"))
+	for line := range strings.SplitSeq(string(log), "\n") {
+		if strings.Contains(line, "instance="+inst) && strings.Contains(line, "requests still running after the budget") {
+			return true
+		}
+	}
+	return false
 }
 
 // byesCounted is, for each instance but the one behind skip, how many BYE

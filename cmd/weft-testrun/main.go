@@ -94,11 +94,13 @@ type runLog struct {
 }
 
 type pkgRun struct {
-	action  string   // pass, fail, skip; "" when the run ended without one (killed)
-	elapsed float64  // seconds
-	output  []string // the package's own output (not a test's): build errors, panics, timeouts
-	tests   map[string]*testRun
+	action  string              // pass, fail, skip; "" when the run ended without one (killed)
+	elapsed float64             // seconds
+	output  []string            // the package's own output (not a test's): build errors, panics, timeouts
+	tests   map[string]*testRun // by key: the test's name, "name#2" for its second run (-count)
 	torder  []string
+	current map[string]string // a test's name: the key of its latest run
+	runs    map[string]int    // a test's name: how many runs it has had
 }
 
 type testRun struct {
@@ -136,12 +138,21 @@ func readRun(name string, r io.Reader) (*runLog, error) {
 			}
 			continue
 		}
-		t := p.tests[e.Test]
-		if t == nil {
-			t = &testRun{}
-			p.tests[e.Test] = t
-			p.torder = append(p.torder, e.Test)
+		key := p.current[e.Test]
+		if e.Action == "run" && key != "" && p.tests[key].action != "" {
+			key = "" // the same test again (-count): a run of its own
 		}
+		if key == "" {
+			p.runs[e.Test]++
+			key = e.Test
+			if n := p.runs[e.Test]; n > 1 {
+				key = fmt.Sprintf("%s#%d", e.Test, n)
+			}
+			p.current[e.Test] = key
+			p.tests[key] = &testRun{}
+			p.torder = append(p.torder, key)
+		}
+		t := p.tests[key]
 		switch e.Action {
 		case "output":
 			t.output = append(t.output, e.Output)
@@ -155,7 +166,7 @@ func readRun(name string, r io.Reader) (*runLog, error) {
 func (rl *runLog) pkg(name string) *pkgRun {
 	p := rl.pkgs[name]
 	if p == nil {
-		p = &pkgRun{tests: map[string]*testRun{}}
+		p = &pkgRun{tests: map[string]*testRun{}, current: map[string]string{}, runs: map[string]int{}}
 		rl.pkgs[name] = p
 		rl.order = append(rl.order, name)
 	}

@@ -111,3 +111,25 @@ func TestUnfinished(t *testing.T) {
 		t.Errorf("the hung test is not reported with its output:\n%s", got)
 	}
 }
+
+// -count=3: the second run of TestX fails, the third passes; the failure
+// is kept, named as the second run.
+func TestRepeatedRuns(t *testing.T) {
+	stream := `{"Action":"run","Package":"github.com/weft-dev/weft/rep","Test":"TestX"}
+{"Action":"pass","Package":"github.com/weft-dev/weft/rep","Test":"TestX","Elapsed":1}
+{"Action":"run","Package":"github.com/weft-dev/weft/rep","Test":"TestX"}
+{"Action":"output","Package":"github.com/weft-dev/weft/rep","Test":"TestX","Output":"    x_test.go:5: second time unlucky\n"}
+{"Action":"fail","Package":"github.com/weft-dev/weft/rep","Test":"TestX","Elapsed":2}
+{"Action":"run","Package":"github.com/weft-dev/weft/rep","Test":"TestX"}
+{"Action":"pass","Package":"github.com/weft-dev/weft/rep","Test":"TestX","Elapsed":1}
+{"Action":"fail","Package":"github.com/weft-dev/weft/rep","Elapsed":4.1}
+`
+	var out bytes.Buffer
+	if err := run([]string{"failures"}, strings.NewReader(stream), &out); !errors.Is(err, errFailed) {
+		t.Fatalf("failures returned %v, want errFailed", err)
+	}
+	got := out.String()
+	if !strings.Contains(got, "=== FAIL ./rep TestX#2") || !strings.Contains(got, "second time unlucky") || strings.Count(got, "=== FAIL") != 1 {
+		t.Errorf("the failed second run is not reported alone:\n%s", got)
+	}
+}
