@@ -33,7 +33,7 @@ func TestConsumerOracle(t *testing.T) {
 	long := os.Getenv("WEFT_CHAOS") == "long"
 	// A lease long enough for a race-built process on a busy machine to
 	// renew it (the process's lease is the writer's too).
-	ttl := 3 * time.Second
+	ttl := 4 * time.Second
 	bound := ttl + time.Second // what a process that stopped answering may hold
 	rows := 240
 	if long {
