@@ -56,12 +56,12 @@ func TestConsumerOracle(t *testing.T) {
 		wcfg.Writes = append(wcfg.Writes, s.Name)
 	}
 	wcfg.Consumers = []weft.Consumer{
-		{Stream: "oa", Name: "slow-a", MaxBatch: 20, Apply: oracleApply("slow-a", "writer", slowEvery(3*time.Second, ttl*6/5))},
-		{Stream: "ob", Name: "slow-b", MaxBatch: 5, Apply: oracleApply("slow-b", "writer", slowEvery(4*time.Second, ttl*6/5))},
+		{Stream: "oa", Name: "slow-a", MaxBatch: 20, Apply: oracleApply("slow-a", "writer", slowEvery(3*ttl, ttl*6/5))},
+		{Stream: "ob", Name: "slow-b", MaxBatch: 5, Apply: oracleApply("slow-b", "writer", slowEvery(3*ttl, ttl*6/5))},
 	}
 	if long {
 		wcfg.Consumers = append(wcfg.Consumers,
-			weft.Consumer{Stream: "multi", Name: "slow-m", MaxBatch: 2, Apply: oracleApply("slow-m", "writer", slowEvery(4*time.Second, ttl*6/5))})
+			weft.Consumer{Stream: "multi", Name: "slow-m", MaxBatch: 2, Apply: oracleApply("slow-m", "writer", slowEvery(3*ttl, ttl*6/5))})
 	}
 	w := wefttest.Open(t, wcfg)
 
