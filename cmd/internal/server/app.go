@@ -336,6 +336,10 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	defer cancel()
 	var wg sync.WaitGroup
 	r.stopped.Store(true)
+	// Every answer from now on says Connection: close, so a client does
+	// not send its next long-poll on a connection the stop is about to
+	// close (that request would be cut: EOF).
+	r.srv.SetKeepAlivesEnabled(false)
 	svc.Close() // long-polls answer now, with what they have
 	wg.Go(func() {
 		if err := r.srv.Shutdown(ctx); err != nil {
