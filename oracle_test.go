@@ -266,11 +266,13 @@ func oracleFrozen(t *testing.T, db, rds string, ttl time.Duration, streams []wef
 // within polls cond every 50 ms for at most d and reports whether it held.
 func within(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(50 * time.Millisecond) // polling a condition, not synchronising
+		<-tick.C
 	}
 	return true
 }
