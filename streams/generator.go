@@ -38,6 +38,7 @@ type Generator struct {
 	capMu    sync.Mutex    // serialises RaiseCap
 	lease    atomic.Pointer[Lease]
 	reg      Registry // every writer with a stored position, and the cap
+	marks    marks    // when this instance last wrote and pruned the stream's marks; under mu
 }
 
 // Open loads a stream's positions and runs its startup checks. self is the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -60,12 +61,16 @@ func (g *Generator) StorePersisted(ctx context.Context) error {
 	if upto <= stored {
 		return nil
 	}
-	_, err := g.db.Exec(ctx, `UPDATE stream_persisted SET upto = $2 WHERE stream = $1 AND upto < $2`, g.cfg.Name, upto)
+	tag, err := g.db.Exec(ctx, `UPDATE stream_persisted SET upto = $2 WHERE stream = $1 AND upto < $2`, g.cfg.Name, upto)
 	if err != nil {
 		return fmt.Errorf("streams: stream %s: store persisted-upto %d: %w", g.cfg.Name, upto, err)
 	}
 	g.mu.Lock()
 	g.tr.Stored(upto) // the row is at or above it now
+	mark, prune := g.marks.due(time.Now(), tag.RowsAffected() == 1)
 	g.mu.Unlock()
+	if mark {
+		g.mark(ctx, upto, prune)
+	}
 	return nil
 }
