@@ -56,6 +56,7 @@ type consumer struct {
 	query  string
 	pos    atomic.Int64 // the cursor as last read or committed
 	behind atomic.Int64 // unix nanos since when rows have waited; 0: caught up
+	paused atomic.Bool  // as last read (control.go)
 	rows   prometheus.Counter
 	fails  prometheus.Counter
 }
@@ -83,9 +84,9 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		// snapshot predates that commit, which ON CONFLICT waited for.
 		err = n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&pos)
 	}
-	var group bool
+	var group, paused bool
 	if err == nil {
-		err = n.pool.QueryRow(ctx, `SELECT partitions IS NOT NULL FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&group)
+		err = n.pool.QueryRow(ctx, `SELECT partitions IS NOT NULL, paused FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&group, &paused)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("weft: consumer %s of %s: load its cursor: %w", c.Name, c.Stream, err)
@@ -94,6 +95,7 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		return nil, fmt.Errorf("weft: consumer %s of %s: %w: it is a group's name (a consumer with a Key); give this one a name of its own", c.Name, c.Stream, errGroupName)
 	}
 	k.pos.Store(pos)
+	k.paused.Store(paused)
 	return k, nil
 }
 
@@ -103,6 +105,14 @@ func (c *consumer) run(ctx context.Context) {
 	tick := time.NewTicker(c.n.cfg.AnnounceInterval)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		if c.paused.Load() {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+				c.control(ctx)
+			}
+			continue
+		}
 		wake := c.st.gen.Watch()
 		upto := c.st.gen.ComputedUpto()
 		if pos := c.pos.Load(); upto <= pos {
@@ -114,11 +124,15 @@ func (c *consumer) run(ctx context.Context) {
 			case <-ctx.Done():
 			case <-wake:
 			case <-tick.C: // a refresh moves persisted-upto too
+				c.control(ctx) // and an operator may have paused or seeked it
 			}
 			continue
 		}
 		c.behind.CompareAndSwap(0, time.Now().UnixNano())
-		if err := c.batch(ctx, upto); err != nil {
+		if err := c.batch(ctx, upto); errors.Is(err, errPaused) {
+			c.setPaused(true)
+			continue
+		} else if err != nil {
 			c.fails.Inc()
 			c.n.log.Warn("weft: a consumer's batch failed; it is tried again", "stream", c.cfg.Stream, "consumer", c.cfg.Name,
 				"after", c.pos.Load(), "err", err)
@@ -208,14 +222,18 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 	var applied int
 	err = pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
 		// The row lock makes processes that run the same consumer take
-		// turns, each from the cursor the previous one committed.
+		// turns, each from the cursor the previous one committed; and a
+		// pause or seek waits for it (control.go).
 		var pos int64
-		if err := tx.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`,
-			c.cfg.Stream, c.cfg.Name).Scan(&pos); err != nil {
+		var paused bool
+		if err := tx.QueryRow(ctx, `SELECT pos, paused FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`,
+			c.cfg.Stream, c.cfg.Name).Scan(&pos, &paused); err != nil {
 			return fmt.Errorf("lock the cursor: %w", err)
 		}
 		switch {
-		case pos < after: // never: a cursor only moves on; read again
+		case paused:
+			return errPaused
+		case pos < after: // a seek back: read again from there
 			next = pos
 			return nil
 		case pos >= next: // another process applied them meanwhile
@@ -248,7 +266,7 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 
 func (c *consumer) status() ConsumerStatus {
 	pos := c.pos.Load()
-	s := ConsumerStatus{Stream: c.cfg.Stream, Name: c.cfg.Name, Pos: pos, LagPositions: max(c.st.gen.ComputedUpto()-pos, 0)}
+	s := ConsumerStatus{Stream: c.cfg.Stream, Name: c.cfg.Name, Pos: pos, LagPositions: max(c.st.gen.ComputedUpto()-pos, 0), Paused: c.paused.Load()}
 	if since := c.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
 	}

@@ -39,6 +39,14 @@ func (g *group) batches(ctx context.Context) {
 	tick := time.NewTicker(g.n.cfg.AnnounceInterval)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		if g.paused.Load() { // the membership reads it (control.go)
+			select {
+			case <-ctx.Done():
+			case <-g.wake:
+			case <-tick.C:
+			}
+			continue
+		}
 		g.mu.Lock()
 		cur := g.m.Batch()
 		g.mu.Unlock()
@@ -62,7 +70,9 @@ func (g *group) batches(ctx context.Context) {
 			continue
 		}
 		g.behind.CompareAndSwap(0, time.Now().UnixNano())
-		if err := g.batch(ctx, cur, upto); err != nil {
+		if err := g.batch(ctx, cur, upto); errors.Is(err, errPaused) || errors.Is(err, errSeeked) {
+			continue
+		} else if err != nil {
 			g.fails.Inc()
 			g.n.log.Warn("weft: a group member's batch failed; it is tried again", "stream", g.cfg.Stream, "consumer", g.cfg.Name,
 				"err", err)
@@ -123,7 +133,8 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	g.mu.Lock()
 	stored := g.m.LastView().Partitions
 	g.mu.Unlock()
-	var lock, untouched []int
+	var lock []int
+	var untouched []grp.Cursor
 	for _, c := range cur {
 		switch p := c.Partition; {
 		case touched[p]:
@@ -132,22 +143,29 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 			lock = append(lock, p)
 			fallthrough
 		default:
-			untouched = append(untouched, p)
+			untouched = append(untouched, c)
 		}
 	}
 	slices.Sort(lock)
 	var run []grp.Cursor
 	var applied int
 	if len(lock) > 0 {
+		// Each transaction first holds the group's row (fence): a pause
+		// or seek waits for it, and one before it stops it.
+		seeks := cur[0].Seeks
 		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-			var err error
-			run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+			err := g.fence(ctx, tx, seeks)
+			if err == nil {
+				run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+			}
 			return err
 		})
 		if errors.Is(err, errFenceMoved) {
 			err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-				var err error
-				run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				err := g.fence(ctx, tx, seeks)
+				if err == nil {
+					run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				}
 				return err
 			})
 		}
@@ -157,9 +175,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	}
 	g.mu.Lock()
 	g.m.Committed(run, next)
-	for _, p := range untouched {
-		g.m.Advanced(p, next)
-	}
+	g.m.Committed(untouched, next) // none of the rows read fell in them
 	g.mu.Unlock()
 	g.rows.Add(float64(applied))
 	return nil

@@ -33,6 +33,9 @@ type GroupStatus struct {
 	// LagSeconds is how long the oldest row this member has not applied
 	// has been waiting, 0 when caught up.
 	LagSeconds float64 `json:"lag_seconds"`
+	// Paused: an operator paused the group (PauseConsumer); its members
+	// apply nothing until it is resumed.
+	Paused bool `json:"paused"`
 }
 
 // GroupMember is one member of a group and what it owns.
@@ -58,7 +61,7 @@ func (g *group) status() GroupStatus {
 		}
 	}
 	g.mu.Unlock()
-	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id}
+	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id, Paused: g.paused.Load()}
 	s.summarise(v, g.st.gen.ComputedUpto())
 	if since := g.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
@@ -123,7 +126,7 @@ func ReadGroups(ctx context.Context, db *pgxpool.Pool) ([]GroupStatus, error) {
 	for _, h := range heads {
 		var v grp.View
 		b := &pgx.Batch{}
-		queueView(b, h.Stream, h.Name, &v)
+		queueView(b, h.Stream, h.Name, &v, &h.Paused)
 		if err := db.SendBatch(ctx, b).Close(); err != nil {
 			return nil, fmt.Errorf("weft: read group %s of %s: %w", h.Name, h.Stream, err)
 		}
@@ -159,4 +162,5 @@ func (g *group) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(max(g.st.gen.ComputedUpto()-pos, 0)), g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, lag, g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(ownedDesc, prometheus.GaugeValue, float64(owned), g.cfg.Stream, g.cfg.Name)
+	ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(g.paused.Load()), g.cfg.Stream, g.cfg.Name)
 }

@@ -42,6 +42,7 @@ var (
 	lagPosDesc  = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
 	lagSecsDesc = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
 	ownedDesc   = prometheus.NewDesc("weft_group_partitions_owned", "How many partitions of a consumer group this member owns and runs.", []string{"stream", "consumer"}, nil)
+	pausedDesc  = prometheus.NewDesc("weft_consumer_paused", "1 while a consumer or group is paused (PauseConsumer, `master consumers pause`), as this process last read it; else 0.", []string{"stream", "consumer"}, nil)
 )
 
 func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -49,6 +50,7 @@ func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagPosDesc
 	ch <- lagSecsDesc
 	ch <- ownedDesc
+	ch <- pausedDesc
 }
 
 func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
@@ -61,8 +63,17 @@ func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(posDesc, prometheus.GaugeValue, float64(s.Pos), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(s.LagPositions), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, s.LagSeconds, s.Stream, s.Name)
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(s.Paused), s.Stream, s.Name)
 	}
 	for _, g := range n.groups {
 		g.collect(ch)
 	}
+}
+
+// gauge is a boolean as a gauge's value.
+func gauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
