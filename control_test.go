@@ -268,6 +268,9 @@ func TestPauseIsFencedAgainstABatchInFlight(t *testing.T) {
 			// blocked batch must outlive a slow machine's steps.
 			cfg.LeaseTTL = 30 * time.Second
 			n := wefttest.Open(t, cfg)
+			var releaseOnce sync.Once
+			let := func() { releaseOnce.Do(func() { close(release) }) }
+			t.Cleanup(let) // before the node closes: a failed test leaves no batch blocked
 			f := startFeed(t, w)
 			<-entered
 			paused := make(chan error, 1)
@@ -278,7 +281,7 @@ func TestPauseIsFencedAgainstABatchInFlight(t *testing.T) {
 				t.Fatalf("Pause returned (%v) while a batch was applying", err)
 			default:
 			}
-			close(release)
+			let()
 			if err := <-paused; err != nil {
 				t.Fatal(err)
 			}
