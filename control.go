@@ -256,8 +256,12 @@ type ConsumerInfo struct {
 	LagPositions int64 `json:"lag_positions"`
 	// Paused: PauseConsumer paused it.
 	Paused bool `json:"paused"`
-	// DeadLetters is how many of its rows are dead letters; nil when the
-	// database has no dead-letter table.
+	// Failing is how many of its positions are failing (being retried
+	// after an error of its function); nil when the database has no
+	// attempts table.
+	Failing *int64 `json:"failing,omitempty"`
+	// DeadLetters is how many of its positions are dead letters; nil when
+	// the database has no dead-letter table.
 	DeadLetters *int64 `json:"dead_letters,omitempty"`
 }
 
@@ -292,20 +296,25 @@ func ReadConsumers(ctx context.Context, db *pgxpool.Pool) ([]ConsumerInfo, error
 	if err != nil {
 		return nil, fmt.Errorf("weft: read consumers: %w", err)
 	}
-	if err := countDeadLetters(ctx, db, out); err != nil {
-		return nil, fmt.Errorf("weft: read consumers: %w", err)
+	for table, field := range map[string]func(*ConsumerInfo) **int64{
+		"weft_consumer_attempts": func(c *ConsumerInfo) **int64 { return &c.Failing },
+		"weft_dead_letters":      func(c *ConsumerInfo) **int64 { return &c.DeadLetters },
+	} {
+		if err := countRows(ctx, db, table, out, field); err != nil {
+			return nil, fmt.Errorf("weft: read consumers: %w", err)
+		}
 	}
 	return out, nil
 }
 
-// countDeadLetters fills in each consumer's dead letters, when the
-// database has the table.
-func countDeadLetters(ctx context.Context, db *pgxpool.Pool, cs []ConsumerInfo) error {
+// countRows fills in field of each consumer with its rows in table (one
+// of a consumer's: stream and name first), when the database has it.
+func countRows(ctx context.Context, db *pgxpool.Pool, table string, cs []ConsumerInfo, field func(*ConsumerInfo) **int64) error {
 	var exists bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass('weft_dead_letters') IS NOT NULL`).Scan(&exists); err != nil || !exists {
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil || !exists {
 		return err
 	}
-	rows, err := db.Query(ctx, `SELECT stream, consumer, count(*) FROM weft_dead_letters GROUP BY stream, consumer`)
+	rows, err := db.Query(ctx, `SELECT stream, name, count(*) FROM `+table+` GROUP BY stream, name`)
 	if err != nil {
 		return err
 	}
@@ -320,7 +329,7 @@ func countDeadLetters(ctx context.Context, db *pgxpool.Pool, cs []ConsumerInfo) 
 	}
 	for i := range cs {
 		n := counts[[2]string{cs[i].Stream, cs[i].Name}]
-		cs[i].DeadLetters = &n
+		*field(&cs[i]) = &n
 	}
 	return nil
 }

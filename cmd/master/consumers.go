@@ -21,7 +21,7 @@ import (
 // changes their control state (weft.PauseConsumer, weft.SeekConsumer):
 // a running consumer notices within about a second, in every process.
 type consumersCmd struct {
-	List   consumersListCmd `cmd:"" default:"withargs" help:"List every consumer and group (the default): stream, kind, cursor, lag, paused, dead letters."`
+	List   consumersListCmd `cmd:"" default:"withargs" help:"List every consumer and group (the default): stream, kind, cursor, lag, paused, failing positions, dead letters."`
 	Pause  consumerCmd      `cmd:"" help:"Pause a consumer or group: it finishes its batches in flight and applies nothing until resumed."`
 	Resume consumerCmd      `cmd:"" help:"Resume a paused consumer or group."`
 	Seek   consumerSeekCmd  `cmd:"" help:"Move a consumer's or group's cursor: the rows after it are applied (again, if they were)."`
@@ -85,15 +85,21 @@ func printConsumers(out io.Writer, cs []weft.ConsumerInfo) {
 		return
 	}
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "STREAM\tNAME\tKIND\tCURSOR\tLAG\tPAUSED\tDEAD")
+	fmt.Fprintln(w, "STREAM\tNAME\tKIND\tCURSOR\tLAG\tPAUSED\tFAILING\tDEAD")
 	for _, c := range cs {
-		dead := "-"
-		if c.DeadLetters != nil {
-			dead = strconv.FormatInt(*c.DeadLetters, 10)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", c.Stream, c.Name, c.Kind(), c.Pos, c.LagPositions, yesNo(c.Paused), dead)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", c.Stream, c.Name, c.Kind(), c.Pos, c.LagPositions, yesNo(c.Paused),
+			count(c.Failing), count(c.DeadLetters))
 	}
 	w.Flush()
+}
+
+// count is a count that may be unknown ("-": the database has no such
+// table yet).
+func count(n *int64) string {
+	if n == nil {
+		return "-"
+	}
+	return strconv.FormatInt(*n, 10)
 }
 
 // change runs pause or resume.

@@ -28,18 +28,18 @@ func TestConsumersCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	list := func(mailer, fanout string) string {
-		return "STREAM   NAME    KIND      CURSOR  LAG  PAUSED  DEAD\n" + fanout + "\n" + mailer + "\n"
+		return "STREAM   NAME    KIND      CURSOR  LAG  PAUSED  FAILING  DEAD\n" + fanout + "\n" + mailer + "\n"
 	}
 	expect(t, url, []string{"consumers", "list"}, server.ExitOK, list(
-		"notices  mailer  consumer  40      60   no      -",
-		"notices  fanout  group     30      70   no      -"), "")
+		"notices  mailer  consumer  40      60   no      -        -",
+		"notices  fanout  group     30      70   no      -        -"), "")
 
 	expect(t, url, []string{"consumers", "pause", "notices", "mailer"}, server.ExitOK, "mailer of notices: paused\n", "")
 	expect(t, url, []string{"consumers", "pause", "notices", "fanout"}, server.ExitOK, "fanout of notices: paused\n", "")
 	expect(t, url, []string{"consumers", "resume", "notices", "mailer"}, server.ExitOK, "mailer of notices: resumed\n", "")
 	expect(t, url, []string{"consumers"}, server.ExitOK, list(
-		"notices  mailer  consumer  40      60   no      -",
-		"notices  fanout  group     30      70   yes     -"), "")
+		"notices  mailer  consumer  40      60   no      -        -",
+		"notices  fanout  group     30      70   yes     -        -"), "")
 
 	for _, c := range []struct{ to, want string }{
 		{"70", "cursor at 70 (seek to 70)"},
@@ -53,8 +53,8 @@ func TestConsumersCommands(t *testing.T) {
 	}
 	expect(t, url, []string{"consumers", "seek", "notices", "mailer", "--to", "75"}, server.ExitOK, "mailer of notices: cursor at 75 (seek to 75)\n", "")
 	expect(t, url, []string{"consumers"}, server.ExitOK, list(
-		"notices  mailer  consumer  75      25   no      -",
-		"notices  fanout  group     0       100  yes     -"), "")
+		"notices  mailer  consumer  75      25   no      -        -",
+		"notices  fanout  group     0       100  yes     -        -"), "")
 	var seeks, parts int
 	if err := pool.QueryRow(ctx, `SELECT c.seeks, (SELECT count(*) FROM weft_group_partitions p WHERE p.stream = c.stream AND p.name = c.name AND p.pos = 0)
 		FROM weft_consumers c WHERE name = 'fanout'`).Scan(&seeks, &parts); err != nil || seeks != 6 || parts != 2 {
