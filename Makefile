@@ -16,7 +16,8 @@ BENCHTIME ?= 1s
 .PHONY: test test-times flake-hunt lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # .ci/gotest runs the suite: the binaries the tests run built once and
-# shared by every package (WEFT_TEST_BIN); ./test (whole clusters of the
+# shared by every package (WEFT_TEST_BIN), the private PostgreSQL clusters
+# copied from one initdb made (WEFT_TEST_PG_TEMPLATE); ./test (whole clusters of the
 # real binaries, each on private servers) in the background from the
 # start, as the longest package; every other package with -race, TEST_P
 # at a time, since most wait on their own servers; then the tests -race
