@@ -317,7 +317,9 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 	fresh := clusterOpts{tune: func(c *Config) { c.DegradedFreshness = 2 * time.Second }}
 	w1 := startMember(t, pool, rds.URL(), "persister1", fresh)
 	reader := startMember(t, pool, rds.URL(), "reader", fresh)
+	readyAgrees(t, reader.node, "starting")
 	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w1.node.Ready() }, "not ready")
+	readyAgrees(t, reader.node, "established")
 	ctx := context.Background()
 	rds.Kill(t)
 	testenv.Eventually(t, 10*time.Second, func() bool { return !reader.node.Established() }, "reader still established with Redis down")
@@ -331,6 +333,7 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 			if !reader.node.Ready() {
 				notReady.Add(1)
 			}
+			readyAgrees(t, reader.node, "degraded")
 		})
 	})
 	key := eventsKey("persister1")
@@ -353,7 +356,24 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 	rds.Start(t)
 	testenv.Eventually(t, 20*time.Second, func() bool { return reader.node.Established() && !reader.node.Status().Degraded },
 		"reader not established again after Redis returned")
+	readyAgrees(t, reader.node, "established again")
 	converged(t, pool, reader, "persister1")
+}
+
+// readyAgrees checks that weft_fabric_ready says what /readyz says
+// (Node.Ready), and weft_fabric_degraded what /status says, unless the
+// state changed while they were read (then it checks nothing).
+func readyAgrees(t *testing.T, n *Node, state string) {
+	t.Helper()
+	before, deg := n.Ready(), n.degraded()
+	metric, degMetric := testutil.ToFloat64(n.m.ready), testutil.ToFloat64(n.m.degraded)
+	if n.Ready() != before || n.degraded() != deg {
+		return
+	}
+	if metric != b2f(before) || degMetric != b2f(deg) {
+		t.Errorf("%s: weft_fabric_ready %v, weft_fabric_degraded %v, but Ready (/readyz) %v (%s), degraded %v",
+			state, metric, degMetric, before, n.NotReady(), deg)
+	}
 }
 
 // A graceful stop says BYE, and the BYE reaches Redis before Run returns:
