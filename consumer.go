@@ -246,8 +246,8 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 	switch {
 	case !errors.As(err, &ae):
 		return err
-	case positionEnd(rows) == len(rows): // one position: it failed
-		return c.failed(ctx, rows, ae.err)
+	case ae.from == ae.to: // one position: it failed
+		return c.failed(ctx, rowsAt(rows, ae.from), ae.err)
 	}
 	for len(rows) > 0 {
 		one := rows[:positionEnd(rows)]
@@ -266,6 +266,16 @@ func (c *consumer) batch(ctx context.Context, upto int64) error {
 		}
 	}
 	return nil
+}
+
+// rowsAt is the rows of rows at position pos (sorted by position).
+func rowsAt(rows []Row, pos int64) []Row {
+	i, _ := slices.BinarySearchFunc(rows, pos, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
+	j := i
+	for j < len(rows) && rows[j].Pos == pos {
+		j++
+	}
+	return rows[i:j]
 }
 
 // positionEnd is the number of rows at the first row's position.
@@ -317,13 +327,15 @@ func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int
 		i, _ := slices.BinarySearchFunc(rows, pos+1, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
 		rows = rows[i:]
 		clear := failing != nil && *failing <= next
-		if failing != nil && *failing > pos && *failing <= next && *wait > 0 {
-			// Not due yet (another process's attempt, or one before a
-			// restart): up to it, then wait.
-			hold, clear = time.Duration(*wait*float64(time.Second)), false
-			next = *failing - 1
-			j, _ := slices.BinarySearchFunc(rows, *failing, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
-			rows = rows[:j]
+		if failing != nil && *failing > pos && *failing <= next {
+			cut := *failing // its attempt is due: the batch ends with it
+			if *wait > 0 {
+				// Not due yet (another process's attempt, or one before
+				// a restart): up to it, then wait.
+				hold, clear, cut = time.Duration(*wait*float64(time.Second)), false, *failing-1
+			}
+			j, _ := slices.BinarySearchFunc(rows, cut+1, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
+			rows, next = rows[:j], cut
 			if next <= pos {
 				next = pos
 				return nil

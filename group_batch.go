@@ -154,6 +154,14 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	slices.Sort(lock)
 	var run []grp.Cursor
 	var applied int
+	if len(lock) > 0 && g.anyFailing(lock) {
+		// A partition's failing position is due: each partition on its
+		// own, so that another attempt at it holds back no other.
+		if err := g.isolate(ctx, lock, rows, parts, after, next); err != nil {
+			return err
+		}
+		lock = nil
+	}
 	if len(lock) > 0 {
 		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 			var err error

@@ -33,20 +33,27 @@ func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int
 	}
 	for _, p := range lock {
 		prow := byPart[p]
-		err := g.commitPart(ctx, p, prow, after[p], next)
+		g.mu.Lock()
+		failing := g.failing[p]
+		g.mu.Unlock()
 		var ae *applyError
-		switch {
-		case !errors.As(err, &ae):
-			if err != nil {
-				keep(err)
+		if !failing || len(prow) == 0 {
+			err := g.commitPart(ctx, p, prow, after[p], next)
+			switch {
+			case !errors.As(err, &ae):
+				if err != nil {
+					keep(err)
+				}
+				continue
+			case ae.from == ae.to:
+				if err := g.failedPart(ctx, p, rowsAt(prow, ae.from), ae.err); err != nil {
+					keep(err)
+				}
+				continue
 			}
-			continue
-		case positionEnd(prow) == len(prow):
-			if err := g.failedPart(ctx, p, prow, ae.err); err != nil {
-				keep(err)
-			}
-			continue
 		}
+		// A position at a time: those before the failing one commit.
+		done := true
 		for len(prow) > 0 {
 			one := prow[:positionEnd(prow)]
 			prow = prow[len(one):]
@@ -57,18 +64,39 @@ func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int
 			err := g.commitPart(ctx, p, one, from, one[0].Pos)
 			if errors.As(err, &ae) {
 				err = g.failedPart(ctx, p, one, ae.err)
-				prow = nil
+				prow, done = nil, false
 			}
 			if err != nil {
 				keep(err)
+				done = false
 				break
 			}
 			if g.knownPos([]int{p})[0] < one[0].Pos { // lost, or moved by another
+				done = false
 				break
 			}
 		}
+		if done && len(prow) == 0 && next > g.knownPos([]int{p})[0] {
+			// Every row of it up to next is applied: the rest of the
+			// range holds none of its rows.
+			g.mu.Lock()
+			g.m.Advanced(p, next)
+			g.mu.Unlock()
+		}
 	}
 	return first
+}
+
+// anyFailing reports whether a partition of parts has a failing position.
+func (g *group) anyFailing(parts []int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range parts {
+		if g.failing[p] {
+			return true
+		}
+	}
+	return false
 }
 
 // lockPart locks partition p's row and fences it (group.Member.Fence):
