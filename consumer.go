@@ -20,8 +20,20 @@ import (
 // also moves the consumer's cursor past them: the effects it writes with
 // tx commit with the cursor or not at all, so each row's effects happen
 // exactly once, across crashes and restarts. Its error rolls the batch
-// back; it is tried again after a growing delay (the rows after it wait:
-// a consumer applies rows in order). It must not commit or roll back tx,
+// back, and the rows are tried again a position at a time, each in a
+// transaction of its own: the positions before the failing one commit
+// (and are never given again); the failing one is retried after the
+// consumer's RetryPolicy's delay (from 100ms doubling up to 1m, by
+// default), the rows after it waiting (in a group, only its partition's
+// rows wait), and after the policy's MaxAttempts (10) it is dead-lettered
+// (see DeadLetter) and the rows after it go on. Wrap an error in
+// Permanent to dead-letter at once, or in RetryAfter to choose the delay.
+// The attempts are counted in the database: a restart continues the
+// count. Errors of the database's (locking or moving the cursor) are not
+// attempts: the batch is retried, from 100ms growing to 10s, for ever.
+// A failing batch calls the function more than once with the same rows
+// (the batch, then a position at a time): only effects in tx are undone.
+// It must not commit or roll back tx,
 // and should do nothing it cannot undo outside it, nor leave tx idle
 // (waiting on something else) longer than half of Config.LeaseTTL: the
 // server then ends the session, so that a process stopped inside a batch

@@ -24,7 +24,9 @@ const DefaultPartitions = 64
 const groupPoll = 250 * time.Millisecond
 
 // errGroupName: one name is a single consumer or a group, not both.
-var errGroupName = errors.New("weft: a consumer's name is taken by the other kind")
+// (Its text has no "weft:" prefix: it is only ever shown wrapped in
+// one that has.)
+var errGroupName = errors.New("a consumer's name is taken by the other kind")
 
 // validateGroup checks a Consumer's group fields: the field and why, or
 // "" when they are valid.
