@@ -33,6 +33,9 @@ type GroupStatus struct {
 	// LagSeconds is how long the oldest row this member has not applied
 	// has been waiting, 0 when caught up.
 	LagSeconds float64 `json:"lag_seconds"`
+	// HeldBack are this member's partitions whose function failed and
+	// which wait for the next attempt (the others go on).
+	HeldBack []int `json:"held_back,omitempty"`
 }
 
 // GroupMember is one member of a group and what it owns.
@@ -57,8 +60,9 @@ func (g *group) status() GroupStatus {
 			v.Partitions[p].Pos = max(v.Partitions[p].Pos, g.m.Pos(p))
 		}
 	}
+	held := g.m.HeldBack(time.Now())
 	g.mu.Unlock()
-	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id}
+	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id, HeldBack: held}
 	s.summarise(v, g.st.gen.ComputedUpto())
 	if since := g.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
