@@ -16,17 +16,20 @@ BENCHTIME ?= 1s
 .PHONY: test test-times flake-hunt lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # .ci/gotest runs the suite: the binaries the tests run built once and
-# shared by every package (WEFT_TEST_BIN); ./test (whole clusters of the
+# shared by every package (WEFT_TEST_BIN), the private PostgreSQL clusters
+# copied from one initdb made (WEFT_TEST_PG_TEMPLATE); ./test (whole clusters of the
 # real binaries, each on private servers) in the background from the
-# start, as the longest package; every other package with -race, TEST_P
+# start, as the longest package (its tests that bound no time
+# E2E_PARALLEL at a time); every other package with -race, TEST_P
 # at a time, since most wait on their own servers; then the tests -race
 # would skip or slow too much (allocation counts, a heap bound, the
 # simulations' full 10,000 and 2,000 seeds). Tests do not assert how fast
 # the machine is, so they may share it (docs/TESTING.md, "Flaky tests").
 E2E       ?= ./test
 TEST_P    ?= 4
+E2E_PARALLEL ?= 3
 NORACE    ?= 1
-GOTEST    = GO='$(GO)' PKGS='$(PKGS)' E2E='$(E2E)' TESTFLAGS='$(TESTFLAGS)' TEST_P='$(TEST_P)' NORACE='$(NORACE)'
+GOTEST    = GO='$(GO)' PKGS='$(PKGS)' E2E='$(E2E)' TESTFLAGS='$(TESTFLAGS)' TEST_P='$(TEST_P)' E2E_PARALLEL='$(E2E_PARALLEL)' NORACE='$(NORACE)'
 test:
 	$(GOTEST) .ci/gotest
 

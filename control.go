@@ -65,7 +65,8 @@ func (n *Node) ResumeConsumer(ctx context.Context, stream, name string) error {
 // SeekConsumer moves the cursor of the consumer or group name of stream
 // (a group's, every partition's) to, and returns the position it set:
 // the rows after it are applied (again, if they were), those at or
-// below it are not. It waits for the batches in flight, and every later
+// below it are not; every failing position's attempts start afresh (its
+// dead letters stay). It waits for the batches in flight, and every later
 // batch, in any process, starts from the new cursor; a running consumer
 // notices within about Config.AnnounceInterval. A paused consumer stays
 // paused. It returns ErrUnknownConsumer (wrapped) when none of that name
@@ -155,6 +156,10 @@ func SeekConsumer(ctx context.Context, db *pgxpool.Pool, stream, name string, to
 				stream, name, pos); err != nil {
 				return err
 			}
+		}
+		// Every position starts its attempts afresh (its dead letters stay).
+		if _, err := tx.Exec(ctx, `DELETE FROM weft_consumer_attempts WHERE stream = $1 AND name = $2`, stream, name); err != nil {
+			return err
 		}
 		_, err = tx.Exec(ctx, `UPDATE weft_consumers SET pos = $3, seeks = seeks + 1, updated_at = now() WHERE stream = $1 AND name = $2`,
 			stream, name, pos)
@@ -346,7 +351,9 @@ func (c *consumer) control(ctx context.Context) {
 		c.cfg.Stream, c.cfg.Name).Scan(&pos, &paused); err != nil {
 		return // the next batch or read says why
 	}
-	c.pos.Store(pos)
+	if c.pos.Swap(pos) != pos {
+		c.holdUntil = time.Time{} // a seek: the position held back may be behind it, or far ahead
+	}
 	c.setPaused(paused)
 }
 
@@ -421,4 +428,10 @@ func pausedWord(paused bool) string {
 		return "paused"
 	}
 	return "resumed"
+}
+
+// known is the cursor the member knows of partition p.
+func (g *group) known(p int) int64 {
+	pos, _ := g.knownPos([]int{p})
+	return pos[0]
 }

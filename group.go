@@ -24,7 +24,9 @@ const DefaultPartitions = 64
 const groupPoll = 250 * time.Millisecond
 
 // errGroupName: one name is a single consumer or a group, not both.
-var errGroupName = errors.New("weft: a consumer's name is taken by the other kind")
+// (Its text has no "weft:" prefix: it is only ever shown wrapped in
+// one that has.)
+var errGroupName = errors.New("a consumer's name is taken by the other kind")
 
 // validateGroup checks a Consumer's group fields: the field and why, or
 // "" when they are valid.
@@ -57,9 +59,15 @@ type group struct {
 	rows     prometheus.Counter
 	fails    prometheus.Counter
 	handover *prometheus.CounterVec
+	// attempts and dead count failed attempts and dead letters.
+	attempts, dead prometheus.Counter
+	redrive        chan struct{} // a retry of a dead letter was asked for
 
 	mu sync.Mutex
 	m  *grp.Member
+	// failing: the partitions the member knows have a failing position
+	// (attempts stored), whose count the batch that applies it clears.
+	failing map[int]bool
 }
 
 // newGroup creates the group's rows, or checks the stored ones agree with
@@ -109,7 +117,11 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		m:        grp.NewMember(n.inst, c.Stream+"/"+c.Name, *stored),
 		rows:     n.m.rows.WithLabelValues(c.Stream, c.Name),
 		fails:    n.m.fails.WithLabelValues(c.Stream, c.Name),
-		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name})}
+		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name}),
+		attempts: n.m.attempts.WithLabelValues(c.Stream, c.Name),
+		dead:     n.m.dead.WithLabelValues(c.Stream, c.Name),
+		redrive:  make(chan struct{}, 1),
+		failing:  map[int]bool{}}
 	g.readSQL = g.rowsSQL()
 	return g, nil
 }
@@ -269,6 +281,7 @@ func (g *group) take(ctx context.Context, parts []int) error {
 	}
 	g.mu.Unlock()
 	g.handover.WithLabelValues("taken").Add(float64(len(took)))
+	g.loadHolds(ctx, took)
 	g.kick()
 	return nil
 }

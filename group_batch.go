@@ -33,11 +33,16 @@ WHERE id > ($3::bigint[])[part + 1]`,
 }
 
 // batches runs batches of the partitions the member holds until ctx ends;
-// a batch in flight then finishes.
+// a batch in flight then finishes. A partition whose rows failed is held
+// back until their next attempt (group.Member.Hold) while the others go
+// on; every AnnounceInterval (or at once when asked on this node) the
+// member applies the dead letters of its partitions a retry was asked
+// for.
 func (g *group) batches(ctx context.Context) {
 	policy := backoff.Config{Initial: 100 * time.Millisecond, Max: 10 * time.Second}.NewBackOff()
 	tick := time.NewTicker(g.n.cfg.AnnounceInterval)
 	defer tick.Stop()
+	var redriven time.Time
 	for ctx.Err() == nil {
 		if g.paused.Load() { // the membership reads it (control.go)
 			select {
@@ -47,8 +52,12 @@ func (g *group) batches(ctx context.Context) {
 			}
 			continue
 		}
+		if time.Since(redriven) >= g.n.cfg.AnnounceInterval {
+			g.redriveRequested(ctx)
+			redriven = time.Now()
+		}
 		g.mu.Lock()
-		cur := g.m.Batch()
+		cur, free := g.m.BatchAt(time.Now())
 		g.mu.Unlock()
 		wake := g.st.gen.Watch()
 		upto := g.st.gen.ComputedUpto()
@@ -61,10 +70,17 @@ func (g *group) batches(ctx context.Context) {
 			if len(cur) > 0 && g.st.raiseUpto(ctx, lo) {
 				continue
 			}
+			var held <-chan time.Time
+			if !free.IsZero() {
+				held = time.After(time.Until(free))
+			}
 			select {
 			case <-ctx.Done():
 			case <-wake:
 			case <-g.wake:
+			case <-held:
+			case <-g.redrive:
+				redriven = time.Time{}
 			case <-tick.C: // a refresh moves persisted-upto too
 			}
 			continue
@@ -149,6 +165,14 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	slices.Sort(lock)
 	var run []grp.Cursor
 	var applied int
+	if len(lock) > 0 && g.anyFailing(lock) {
+		// A partition's failing position is due: each partition on its
+		// own, so that another attempt at it holds back no other.
+		if err := g.isolate(ctx, cur[0].Seeks, lock, rows, parts, after, next); err != nil {
+			return err
+		}
+		lock = nil
+	}
 	if len(lock) > 0 {
 		// Each transaction first holds the group's row (fence): a pause
 		// or seek waits for it, and one before it stops it.
@@ -168,6 +192,13 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 				}
 				return err
 			})
+		}
+		var ae *applyError
+		if errors.As(err, &ae) {
+			// The function failed: each partition on its own, so that
+			// only the failing one waits.
+			err = g.isolate(ctx, seeks, lock, rows, parts, after, next)
+			run = nil
 		}
 		if err != nil {
 			return err
@@ -202,7 +233,7 @@ func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock
 	}
 	if len(rows) > 0 {
 		if err := g.cfg.Apply(ctx, tx, rows); err != nil {
-			return nil, 0, fmt.Errorf("apply rows %d..%d: %w", rows[0].Pos, rows[len(rows)-1].Pos, err)
+			return nil, 0, &applyError{from: rows[0].Pos, to: rows[len(rows)-1].Pos, err: err}
 		}
 	}
 	parts := make([]int, len(run))
@@ -218,6 +249,9 @@ func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock
 		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", parts, next, err)
 	case tag.RowsAffected() != int64(len(lock)):
 		return nil, 0, errFenceMoved
+	}
+	if err := g.clearAttempts(ctx, tx, parts, next); err != nil {
+		return nil, 0, err
 	}
 	return run, len(rows), nil
 }
@@ -270,12 +304,15 @@ func (g *group) apply(ctx context.Context, tx pgx.Tx, lock []int, rows []Row, pa
 	}
 	if len(batch) > 0 {
 		if err := g.cfg.Apply(ctx, tx, batch); err != nil {
-			return nil, 0, fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
+			return nil, 0, &applyError{from: batch[0].Pos, to: batch[len(batch)-1].Pos, err: err}
 		}
 	}
 	if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = greatest(pos, $4), updated_at = now()
 		WHERE stream = $1 AND name = $2 AND partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, ran, next); err != nil {
 		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", ran, next, err)
+	}
+	if err := g.clearAttempts(ctx, tx, ran, next); err != nil {
+		return nil, 0, err
 	}
 	return run, len(batch), nil
 }

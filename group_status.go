@@ -36,6 +36,9 @@ type GroupStatus struct {
 	// Paused: an operator paused the group (PauseConsumer); its members
 	// apply nothing until it is resumed.
 	Paused bool `json:"paused"`
+	// HeldBack are this member's partitions whose function failed and
+	// which wait for the next attempt (the others go on).
+	HeldBack []int `json:"held_back,omitempty"`
 }
 
 // GroupMember is one member of a group and what it owns.
@@ -60,8 +63,10 @@ func (g *group) status() GroupStatus {
 			v.Partitions[p].Pos = max(v.Partitions[p].Pos, g.m.Pos(p))
 		}
 	}
+	held := g.m.HeldBack(time.Now())
 	g.mu.Unlock()
-	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id, Paused: g.paused.Load()}
+	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id, HeldBack: held,
+		Paused: g.paused.Load()}
 	s.summarise(v, g.st.gen.ComputedUpto())
 	if since := g.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()

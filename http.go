@@ -87,6 +87,11 @@ type ConsumerStatus struct {
 	// Paused: an operator paused the consumer (PauseConsumer); it
 	// applies nothing until it is resumed.
 	Paused bool `json:"paused"`
+	// FailingPos is the position the consumer's function fails on and
+	// which waits for its next attempt (0: none), and Attempts how many
+	// failed so far.
+	FailingPos int64 `json:"failing_pos,omitempty"`
+	Attempts   int   `json:"attempts,omitempty"`
 }
 
 // Status summarises the process now.

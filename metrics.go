@@ -12,6 +12,8 @@ type metrics struct {
 	rows      *prometheus.CounterVec
 	fails     *prometheus.CounterVec
 	handovers *prometheus.CounterVec
+	attempts  *prometheus.CounterVec
+	dead      *prometheus.CounterVec
 	lag       *lagCollector
 }
 
@@ -24,9 +26,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "group", Name: "handovers_total",
 			Help: "Partitions of a consumer group this member took, released, or lost (taken over after its lease ran out), by stream, consumer and event."},
 			[]string{"stream", "consumer", "event"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "attempts_total",
+			Help: "Failed attempts of a consumer's function at a position (each is retried, or dead-lettered after the last), by stream and consumer."},
+			[]string{"stream", "consumer"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "dead_letters_total",
+			Help: "Positions a consumer dead-lettered (its retry policy gave up, or a permanent error), by stream and consumer."},
+			[]string{"stream", "consumer"}),
 		lag: &lagCollector{},
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.lag} {
+	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.attempts, m.dead, m.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

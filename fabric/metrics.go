@@ -19,7 +19,7 @@ type metrics struct {
 	reconnects     prometheus.Counter
 	connected      prometheus.Gauge
 	established    prometheus.Gauge
-	ready          prometheus.Gauge
+	ready          prometheus.GaugeFunc
 	viewLag        *prometheus.GaugeVec
 	viewLagSecs    *prometheus.GaugeVec
 	viewPos        *prometheus.GaugeVec
@@ -33,7 +33,7 @@ type metrics struct {
 	applied        *prometheus.CounterVec
 	persisted      *prometheus.GaugeVec
 	position       *prometheus.GaugeVec
-	degraded       prometheus.Gauge
+	degraded       prometheus.GaugeFunc
 	peers          *prometheus.GaugeVec
 
 	// The built-in verbs' series of commandsIn and commandsOut, resolved
@@ -57,7 +57,11 @@ func countVerb(known map[string]prometheus.Counter, vec *prometheus.CounterVec, 
 	vec.WithLabelValues(verb).Inc()
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the node's series. ready is what /readyz says
+// (Node.Ready) and degraded whether it rests on PostgreSQL's positions,
+// both read at each scrape: the metrics and the health check are one
+// truth, never two (issue 48).
+func newMetrics(reg prometheus.Registerer, ready, degraded func() bool) (*metrics, error) {
 	const ns, sub = "weft", "fabric"
 	m := &metrics{
 		commandsIn: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -80,8 +84,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "connected", Help: "1 while the subscription is confirmed."}),
 		established: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "established", Help: "1 once the connection is established (every stream caught up after connecting)."}),
-		ready: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "ready", Help: "1 while established and no stream is catching up."}),
+		ready: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "ready", Help: "1 while the instance serves fresh data: what /readyz says at the scrape (ready, or ready degraded: see weft_fabric_degraded)."},
+			func() float64 { return b2f(ready()) }),
 		viewLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "view_lag", Help: "Largest distance, in stream positions, between a writer's announced position and the local view, by stream."}, []string{"stream"}),
 		viewLagSecs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -110,8 +115,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.writesInDoubt = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "writes_in_doubt", Help: "1 while a transaction of this instance's writer has an unknown outcome: the writer's position waits below its IDs until the table says, by stream."},
 		[]string{"stream"})
-	m.degraded = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-		Name: "degraded", Help: "1 while the connection, once established, is not (Redis down or reconnecting): readiness then rests on positions followed from PostgreSQL."})
+	m.degraded = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "degraded", Help: "1 while the connection, once established, is not (Redis down or reconnecting): readiness then rests on positions followed from PostgreSQL."},
+		func() float64 { return b2f(degraded()) })
 	m.peers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "peers", Help: "The peer table: live instances, departed ones remembered (to refuse their replayed lines), and writer names with a known holder."}, []string{"kind"})
 	m.persisted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: "stream",

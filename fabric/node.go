@@ -181,7 +181,11 @@ func New(cfg Config) (*Node, error) {
 	}
 	log := telemetry.Logger(cfg.Logger)
 	reg := telemetry.Registerer(cfg.Registerer)
-	m, err := newMetrics(reg)
+	// A scrape may come before n is set: not ready yet.
+	var self atomic.Pointer[Node]
+	m, err := newMetrics(reg,
+		func() bool { n := self.Load(); return n != nil && n.Ready() },
+		func() bool { n := self.Load(); return n != nil && n.degraded() })
 	if err != nil {
 		return nil, fmt.Errorf("fabric: metrics: %w", err)
 	}
@@ -197,6 +201,7 @@ func New(cfg Config) (*Node, error) {
 		gens: map[string]*streams.Generator{}, in: make(chan input, 4096),
 		writesSet: map[string]bool{}, liveApplied: map[string]prometheus.Counter{}, pendingFresh: map[string]freshTarget{}, streamFresh: map[string]time.Duration{}, refused: map[string]time.Time{},
 		inflight: map[string]bool{}}
+	self.Store(n)
 
 	writes := map[string]int64{}
 	n.epoch = cfg.Epoch
@@ -603,9 +608,6 @@ func (n *Node) updateReady(tick bool) {
 	if !r && (was || tick || n.readyWhy.Load() == nil) {
 		why := n.core.NotReady()
 		n.readyWhy.Store(&why)
-	}
-	if was != r {
-		n.m.ready.Set(b2f(r))
 	}
 }
 

@@ -317,20 +317,27 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 	fresh := clusterOpts{tune: func(c *Config) { c.DegradedFreshness = 2 * time.Second }}
 	w1 := startMember(t, pool, rds.URL(), "persister1", fresh)
 	reader := startMember(t, pool, rds.URL(), "reader", fresh)
+	readyAgrees(t, reader.node, "starting")
 	testenv.Eventually(t, 10*time.Second, func() bool { return reader.node.Ready() && w1.node.Ready() }, "not ready")
+	readyAgrees(t, reader.node, "established")
 	ctx := context.Background()
 	rds.Kill(t)
 	testenv.Eventually(t, 10*time.Second, func() bool { return !reader.node.Established() }, "reader still established with Redis down")
 
 	var samples, notReady atomic.Int64
+	var lastWhy atomic.Pointer[string]
 	sctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		testenv.Every(sctx, 20*time.Millisecond, func() {
 			samples.Add(1)
-			if !reader.node.Ready() {
+			// A starved host is a stall to the watchdog (a 100 ms tick
+			// 500 ms late): not ready, rightly, and not what this tests.
+			if why := reader.node.NotReady(); why != "" && !strings.Contains(why, "stalled") {
 				notReady.Add(1)
+				lastWhy.Store(&why)
 			}
+			readyAgrees(t, reader.node, "degraded")
 		})
 	})
 	key := eventsKey("persister1")
@@ -348,12 +355,29 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 		t.Fatalf("status degraded=%v, metric %v while Redis is down", st.Degraded, testutil.ToFloat64(reader.node.m.degraded))
 	}
 	if n := notReady.Load(); n > 0 {
-		t.Fatalf("not ready in %d of %d samples while following PostgreSQL", n, samples.Load())
+		t.Fatalf("not ready in %d of %d samples while following PostgreSQL: %s", n, samples.Load(), *lastWhy.Load())
 	}
 	rds.Start(t)
 	testenv.Eventually(t, 20*time.Second, func() bool { return reader.node.Established() && !reader.node.Status().Degraded },
 		"reader not established again after Redis returned")
+	readyAgrees(t, reader.node, "established again")
 	converged(t, pool, reader, "persister1")
+}
+
+// readyAgrees checks that weft_fabric_ready says what /readyz says
+// (Node.Ready), and weft_fabric_degraded what /status says, unless the
+// state changed while they were read (then it checks nothing).
+func readyAgrees(t *testing.T, n *Node, state string) {
+	t.Helper()
+	before, deg := n.Ready(), n.degraded()
+	metric, degMetric := testutil.ToFloat64(n.m.ready), testutil.ToFloat64(n.m.degraded)
+	if n.Ready() != before || n.degraded() != deg {
+		return
+	}
+	if metric != b2f(before) || degMetric != b2f(deg) {
+		t.Errorf("%s: weft_fabric_ready %v, weft_fabric_degraded %v, but Ready (/readyz) %v (%s), degraded %v",
+			state, metric, degMetric, before, n.NotReady(), deg)
+	}
 }
 
 // A graceful stop says BYE, and the BYE reaches Redis before Run returns:

@@ -52,11 +52,11 @@ func (n *Node) Status() Status {
 }
 
 func (n *Node) publishStatus() {
+	n.logSequenceBehind()
 	why := n.NotReady()
 	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: why == "", NotReady: why, Degraded: n.degraded(),
 		Deaf:  n.deaf(time.Since(n.born)),
 		Views: n.core.Views(), Peers: map[string]Peer{}, Link: n.link.stats(), Writes: map[string]int64{}}
-	n.m.degraded.Set(b2f(s.Degraded))
 	live, gone, holders := n.core.PeerCounts()
 	n.m.peers.WithLabelValues("live").Set(float64(live))
 	n.m.peers.WithLabelValues("departed").Set(float64(gone))

@@ -2,6 +2,7 @@ package group
 
 import (
 	"slices"
+	"time"
 )
 
 // PartitionState is a partition's row in the database.
@@ -54,8 +55,9 @@ type Member struct {
 	live        []string // sorted
 	assigned    []string // Assign over live
 	owned       map[int]int64
-	pos         []int64 // the highest cursor seen of each partition since the last seek
-	seeks       int64   // the group's seek count the member knows
+	held        map[int]time.Time // partitions held back from batches until then
+	pos         []int64           // the highest cursor seen of each partition since the last seek
+	seeks       int64             // the group's seek count the member knows
 	view        View
 
 	// broken is a deliberately broken member the simulation must catch.
@@ -76,7 +78,7 @@ const (
 // (the assignment's salt: groups with the same members split differently)
 // with n partitions. It owns nothing and knows no view yet.
 func NewMember(self, label string, n int) *Member {
-	return &Member{self: self, label: label, n: n, owned: map[int]int64{}, pos: make([]int64, n)}
+	return &Member{self: self, label: label, n: n, owned: map[int]int64{}, held: map[int]time.Time{}, pos: make([]int64, n)}
 }
 
 // Self is the member's ID.
@@ -111,7 +113,7 @@ func (m *Member) Observe(v View) (lost []int) {
 		e, held := m.owned[p]
 		switch {
 		case held && (ps.Epoch > e || ps.Epoch == e && ps.Owner != m.self):
-			delete(m.owned, p)
+			m.drop(p)
 			lost = append(lost, p)
 		case !held && ps.Owner == m.self:
 			m.owned[p] = ps.Epoch
@@ -174,6 +176,7 @@ func (m *Member) Seeked(seeks int64, pos []int64) {
 	}
 	m.seeks = seeks
 	copy(m.pos, pos)
+	clear(m.held) // the positions they wait to retry may be behind the seek, or far ahead
 }
 
 // Seeks is the group's seek count the member knows.
@@ -181,7 +184,55 @@ func (m *Member) Seeks() int64 { return m.seeks }
 
 // Released records that the member no longer holds p (it released it,
 // or found it was not its own).
-func (m *Member) Released(p int) { delete(m.owned, p) }
+func (m *Member) Released(p int) { m.drop(p) }
+
+// drop forgets partition p: not held, nor held back.
+func (m *Member) drop(p int) {
+	delete(m.owned, p)
+	delete(m.held, p)
+}
+
+// Hold holds partition p back from batches until until: its rows failed
+// and wait for their next attempt. The member's other partitions go on.
+// A partition the member does not hold is ignored; one it loses or
+// releases is no longer held back.
+func (m *Member) Hold(p int, until time.Time) {
+	if _, ok := m.owned[p]; ok {
+		m.held[p] = until
+	}
+}
+
+// BatchAt is Batch at time now, without the partitions held back until
+// after now (Hold); wake is the earliest time one of those is free again
+// (zero when none is held back).
+func (m *Member) BatchAt(now time.Time) (cur []Cursor, wake time.Time) {
+	for _, c := range m.Batch() {
+		until, ok := m.held[c.Partition]
+		switch {
+		case ok && until.After(now):
+			if wake.IsZero() || until.Before(wake) {
+				wake = until
+			}
+		case ok:
+			delete(m.held, c.Partition)
+			fallthrough
+		default:
+			cur = append(cur, c)
+		}
+	}
+	return cur, wake
+}
+
+// HeldBack is the partitions held back at time now, ascending.
+func (m *Member) HeldBack(now time.Time) []int {
+	var out []int
+	for p := range m.n {
+		if until, ok := m.held[p]; ok && until.After(now) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // Batch is what the next batch asks for, by partition: the partitions
 // the member holds and is still assigned, at the epoch it holds them at,
@@ -223,7 +274,7 @@ func (m *Member) Fence(locked []Locked) (run []Cursor, lost []int) {
 			}
 			run = append(run, Cursor{Partition: p, Epoch: l.Epoch, Pos: pos, Seeks: m.seeks})
 		case held && (l.Epoch > e || l.Owner != m.self):
-			delete(m.owned, p)
+			m.drop(p)
 			lost = append(lost, p)
 		}
 	}

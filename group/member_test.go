@@ -3,6 +3,7 @@ package group
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // view is a view of n partitions owned as owners says ("" none), each at
@@ -173,5 +174,50 @@ func TestMemberSeek(t *testing.T) {
 	m.Seeked(2, []int64{100, 100})
 	if b := m.Batch(); b[0].Pos != 100 || b[1].Pos != 100 || b[0].Seeks != 2 {
 		t.Fatalf("after a seek forward: %v", b)
+	}
+}
+
+// A partition held back (its rows failed, waiting for their next attempt)
+// is left out of batches until its time, the others are not, and the
+// earliest time one is free again is the batch loop's wake-up; losing or
+// releasing a partition forgets its hold.
+func TestMemberHoldsBackAPartition(t *testing.T) {
+	m := NewMember("a", "s/g", 3)
+	m.Observe(view([]string{"a"}, "", "", ""))
+	for p := range 3 {
+		m.Took(p, 2, 10, 0)
+	}
+	t0 := time.Unix(1000, 0)
+	parts := func(cur []Cursor) []int {
+		var out []int
+		for _, c := range cur {
+			out = append(out, c.Partition)
+		}
+		return out
+	}
+	m.Hold(1, t0.Add(2*time.Second))
+	m.Hold(2, t0.Add(time.Second))
+	cur, wake := m.BatchAt(t0)
+	if !slices.Equal(parts(cur), []int{0}) || !wake.Equal(t0.Add(time.Second)) {
+		t.Fatalf("at t0: batch %v wake %v; want [0] and t0+1s", parts(cur), wake)
+	}
+	if got := m.HeldBack(t0); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("held back %v, want [1 2]", got)
+	}
+	cur, wake = m.BatchAt(t0.Add(time.Second))
+	if !slices.Equal(parts(cur), []int{0, 2}) || !wake.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("at t0+1s: batch %v wake %v; want [0 2] and t0+2s", parts(cur), wake)
+	}
+	if len(m.Batch()) != 3 {
+		t.Fatalf("Batch (every partition, held back or not): %v", m.Batch())
+	}
+	m.Released(1)
+	m.Took(1, 3, 10, 0)
+	if cur, wake = m.BatchAt(t0.Add(time.Second)); !slices.Equal(parts(cur), []int{0, 1, 2}) || !wake.IsZero() {
+		t.Fatalf("after a release and a take of 1: batch %v wake %v; want [0 1 2], no wake-up", parts(cur), wake)
+	}
+	m.Hold(7, t0.Add(time.Hour)) // not the member's: ignored
+	if got := m.HeldBack(t0); len(got) != 0 {
+		t.Fatalf("held back %v, want none", got)
 	}
 }

@@ -1,11 +1,14 @@
 package rooms
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -285,66 +288,105 @@ type roomEvent struct {
 	ev   json.RawMessage
 }
 
-// eventsBetween reads every event in (since, upto] per writer of reg, in
-// stream order per writer, for the rooms (all when nil); upto is reg's
-// token of this instance's views, so every row in it has committed. A
-// writer with more than a page stops at its last event returned: next
-// says where to go on. next holds since, so it never goes backwards, and a
-// writer reg does not list stays at since's position or below reg's cap,
-// under any row it holds. With a read replica, a writer's range is read
-// there as far as the replica holds it and the rest on the primary
-// (catchup.ReadRouter).
+// eventsBetween reads every event in (since, upto] per writer of reg, for
+// the rooms (all when nil); upto is reg's token of this instance's views,
+// so every row in it has committed. A writer with more than a page stops
+// at its last event returned, and the answer stops there for every writer
+// (mergePages): next says where to go on. next holds since, so it never
+// goes backwards, and a writer reg does not list stays at since's position
+// or below reg's cap, under any row it holds. With a read replica, a
+// writer's range is read there as far as the replica holds it and the
+// rest on the primary (catchup.ReadRouter).
 func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, reg streams.Registry, rooms []string) (map[string][]json.RawMessage, streams.Token, error) {
-	out := map[string][]json.RawMessage{}
-	held := make(map[streams.WriterID]int64, reg.Len())
+	pages := make([]writerPage, 0, reg.Len())
 	for w := range reg.All() {
 		id, wname := w.ID, w.Name
-		from, to := since.Get(id), upto.Get(id)
-		reached := max(from, to)
-		if to > from {
+		pg := writerPage{id: id, from: since.Get(id), to: upto.Get(id)}
+		if pg.to > pg.from {
 			var err error
-			var got []roomEvent
 			read := func(q catchup.Querier, from, to int64) (more bool, err error) {
 				var rows pgx.Rows
 				if rooms == nil {
 					rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
-						wname, from, to, syncPage-len(got))
+						wname, from, to, syncPage-len(pg.rows))
 				} else {
 					rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 AND room = ANY($5) ORDER BY stream_id LIMIT $4`,
-						wname, from, to, syncPage-len(got), rooms)
+						wname, from, to, syncPage-len(pg.rows), rooms)
 				}
 				if err != nil {
 					return false, err
 				}
 				var e roomEvent
 				_, err = pgx.ForEachRow(rows, []any{&e.pos, &e.room, &e.ev}, func() error {
-					got = append(got, roomEvent{pos: e.pos, room: e.room, ev: append(json.RawMessage(nil), e.ev...)})
+					pg.rows = append(pg.rows, roomEvent{pos: e.pos, room: e.room, ev: append(json.RawMessage(nil), e.ev...)})
 					return nil
 				})
 				// Short of a page: the rest of the range, from the primary
 				// if the replica held only part of it. A long-poll must not
 				// stop at the replica's bound: nothing would wake it for
 				// rows already applied.
-				return len(got) < syncPage, err
+				return len(pg.rows) < syncPage, err
 			}
 			if s.reads != nil {
-				err = s.reads.Read(ctx, EventsStream, wname, from, to, read)
+				err = s.reads.Read(ctx, EventsStream, wname, pg.from, pg.to, read)
 			} else {
-				_, err = read(s.pool, from, to)
+				_, err = read(s.pool, pg.from, pg.to)
 			}
 			if err != nil {
-				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: writer %s (%d, %d]: %w", wname, from, to, err)
+				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: writer %s (%d, %d]: %w", wname, pg.from, pg.to, err)
 			}
-			for _, e := range got {
-				out[e.room] = append(out[e.room], e.ev)
-			}
-			if len(got) == syncPage {
-				reached = got[len(got)-1].pos
-			}
+			pg.full = len(pg.rows) == syncPage
 		}
-		held[id] = reached
+		pages = append(pages, pg)
 	}
+	out, held := mergePages(pages)
 	return out, streams.Merge(since, reg.Token(held)), nil
+}
+
+// writerPage is what a sync read of one writer's range (from, to] found:
+// its rows in stream order, and whether they filled a page (more may
+// follow).
+type writerPage struct {
+	id       streams.WriterID
+	from, to int64
+	rows     []roomEvent
+	full     bool
+}
+
+// mergePages makes one answer of the writers' pages: each room's events in
+// stream order, and where each writer's token goes. A room that moved
+// between writers holds rows of several of them; positions come from one
+// sequence and a room's new owner writes only after its old one finished,
+// so stream order is the room's write order. The answer ends at cut, the
+// lowest last position of the pages that filled up: a writer read further
+// gives back its rows above cut for the next page, so no page carries a
+// room's later event while an earlier one of another writer waits for a
+// later page. Every writer still reaches past its from, or the page that
+// set cut does, so paging always moves on.
+func mergePages(pages []writerPage) (map[string][]json.RawMessage, map[streams.WriterID]int64) {
+	cut := int64(math.MaxInt64)
+	for _, pg := range pages {
+		if pg.full {
+			cut = min(cut, pg.rows[len(pg.rows)-1].pos)
+		}
+	}
+	held := make(map[streams.WriterID]int64, len(pages))
+	var kept []roomEvent
+	for _, pg := range pages {
+		held[pg.id] = max(pg.from, min(pg.to, cut))
+		for _, e := range pg.rows {
+			if e.pos > cut {
+				break
+			}
+			kept = append(kept, e)
+		}
+	}
+	slices.SortFunc(kept, func(a, b roomEvent) int { return cmp.Compare(a.pos, b.pos) })
+	out := map[string][]json.RawMessage{}
+	for _, e := range kept {
+		out[e.room] = append(out[e.room], e.ev)
+	}
+	return out, held
 }
 
 // beyondStream says why a token ahead of this instance cannot have come

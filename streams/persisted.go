@@ -15,6 +15,10 @@ import (
 // after another handed out a value therefore never hands out less, however
 // far behind its own reads are (a writer stores its position only at the
 // announce pace, and live positions reach each instance at its own time).
+// Instances that run side by side (a successor started before its
+// predecessor stops, or any two behind one load balancer) each store their
+// own: LoadPersisted reads what the others stored since, for a hand-out
+// that must not be below any made before it.
 
 // loadPersisted reads the stream's stored persisted-upto (0 if none).
 func loadPersisted(ctx context.Context, db DB, stream string) (int64, error) {
@@ -77,4 +81,27 @@ func (g *Generator) StorePersisted(ctx context.Context) error {
 		g.mark(ctx, mark, prune)
 	}
 	return nil
+}
+
+// LoadPersisted reads the stream's stored persisted-upto, which every
+// instance of the stream raises, and hands out the higher of it and this
+// instance's from then on. What it returns is at least every value any
+// instance handed out before the call: one an instance stored after this
+// one opened (a predecessor still running beside its successor, say)
+// included, which PersistedUpto alone misses until this instance's own
+// reads reach it. When the read fails it returns this instance's value
+// with the error.
+func (g *Generator) LoadPersisted(ctx context.Context) (int64, error) {
+	upto, err := loadPersisted(ctx, g.db, g.cfg.Name)
+	g.mu.Lock()
+	before := g.tr.StoredUpto()
+	if err == nil {
+		g.tr.Stored(upto) // sound here too: every ID at or below it is persisted
+	}
+	now := g.tr.StoredUpto()
+	g.mu.Unlock()
+	if now > before {
+		g.change() // ComputedUpto may have moved with it
+	}
+	return now, err
 }

@@ -98,3 +98,41 @@ func TestStoredPersistedUptoOnlyUp(t *testing.T) {
 		t.Fatalf("a lower store left the row at %d (ctid %s -> %s), want 5 untouched", upto2, ctid, ctid2)
 	}
 }
+
+// A successor opened beside its predecessor (the surge of a rolling
+// restart) starts from the value stored then, and hands out no more by
+// itself until its own reads catch up; LoadPersisted reads what the
+// predecessor stored since, so a hand-out made from it (the binaries'
+// /status) is never below one the predecessor made before.
+func TestLoadPersistedReadsOtherInstancesStores(t *testing.T) {
+	pool, w := openEvents(t)
+	ctx := context.Background()
+	old, succ := open(t, pool, eventsCfg, ""), open(t, pool, eventsCfg, "")
+	a, err := w.Alloc(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Finish()
+	old.Observe(w.SelfID(), 5)
+	refresh(t, old)
+	if got := old.PersistedUpto(); got != 5 {
+		t.Fatalf("the predecessor hands out %d, want 5", got)
+	}
+	if got := succ.PersistedUpto(); got != 0 {
+		t.Fatalf("the successor holds %d before reading the row, want the 0 it opened with", got)
+	}
+	got, err := succ.LoadPersisted(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 5 || succ.PersistedUpto() != 5 || succ.ComputedUpto() != 5 {
+		t.Fatalf("after LoadPersisted the successor hands out %d (PersistedUpto %d, ComputedUpto %d), want 5 each",
+			got, succ.PersistedUpto(), succ.ComputedUpto())
+	}
+	// A failed read hands out what it holds.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if got, err := succ.LoadPersisted(cctx); err == nil || got != 5 {
+		t.Fatalf("a cancelled read: %d, %v; want 5 and an error", got, err)
+	}
+}

@@ -77,6 +77,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 // SIGTERM: the writer stops taking requests, drains, seals its own writer
 // (so nobody waits for its lease) and exits 0 within the shutdown bound.
 func TestSigtermSealsAndExitsZero(t *testing.T) {
+	t.Parallel()
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master := c.start("master", "master")

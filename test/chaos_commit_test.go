@@ -147,11 +147,25 @@ func (ch *chaos) killAfterCommit(name string, px *faultproxy.PGProxy) {
 		}
 		return high
 	}
+	// The seal (the master's, once the 3 s lease lapses) moves the views
+	// past those rows, so whether name is sealed is read after the views:
+	// until then they are views of what it published. A host too starved
+	// to see them settle before the seal cannot tell published rows from
+	// unpublished ones; that is logged, as the test cannot check it there.
+	sealed := func() bool {
+		var s bool
+		err := conn.QueryRow(ctx, `SELECT sealed FROM weft_writers WHERE name = $1`, name).Scan(&s)
+		return err == nil && s
+	}
 	var seen, unpublished int64
+	sealedFirst := false
 	stable := time.Now()
-	if !testenv.Poll(2*time.Second, func() bool {
+	if !testenv.Poll(30*time.Second, func() bool {
 		if v := views(); v != seen {
 			seen, stable = v, time.Now()
+		}
+		if sealedFirst = sealed(); sealedFirst {
+			return true
 		}
 		if time.Since(stable) < 300*time.Millisecond {
 			return false
@@ -160,6 +174,10 @@ func (ch *chaos) killAfterCommit(name string, px *faultproxy.PGProxy) {
 		return err == nil && unpublished > 0
 	}) {
 		t.Fatalf("%s killed after a commit: readers' views of it at %d, %d rows above in the table; want rows committed and never published", name, seen, unpublished)
+	}
+	if sealedFirst {
+		t.Logf("%s killed after a COMMIT the server answered, and sealed before its readers' views settled (a starved host): rows unpublished not checked", name)
+		return
 	}
 	t.Logf("%s killed after a COMMIT the server answered: %d rows of it in the table above every reader's view of it (%d)", name, unpublished, seen)
 }

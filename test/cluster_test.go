@@ -1,5 +1,11 @@
 // Package test holds weft's multi-process tests: the real master and
 // worker binaries against private Redis and PostgreSQL servers.
+//
+// A test that bounds no time (a seal within a lease, a write within a
+// second, ready within readySlack) calls t.Parallel: each has servers of
+// its own, so it runs beside the others (`make test` runs E2E_PARALLEL,
+// 3, at once) once the tests that do bound time, every chaos scenario
+// among them, have run one at a time.
 package test
 
 import (

@@ -38,8 +38,9 @@ type Postgres struct {
 	extra []string
 }
 
-// StartPostgres creates a cluster with initdb, starts it on a free port and
-// waits until it accepts connections. It is stopped and its dir removed when
+// StartPostgres creates a cluster with initdb (or copies the one
+// $WEFT_TEST_PG_TEMPLATE holds, see PGTemplateEnv), starts it on a free
+// port and waits until it accepts connections. It is stopped and its dir removed when
 // the test ends. Binaries come from the highest /usr/lib/postgresql/*/bin,
 // else PATH.
 func StartPostgres(t testing.TB) *Postgres {
@@ -73,9 +74,7 @@ func StartPostgres(t testing.TB) *Postgres {
 			t.Fatalf("testenv: chown %s for user postgres: %v", dir, err)
 		}
 	}
-	err = run(dir, p.log, as, filepath.Join(bin, "initdb"),
-		"-D", p.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	if err != nil {
+	if err := initdb(dir, p.data, p.log, bin, as); err != nil {
 		t.Fatalf("testenv: %v%s", err, logTail(p.log))
 	}
 	p.start(t)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -362,5 +364,35 @@ func TestStartReplicaAppliesAfterDelay(t *testing.T) {
 	}
 	if _, err := rconn.Exec(ctx, "INSERT INTO t VALUES (2)"); err == nil {
 		t.Error("the replica took a write")
+	}
+}
+
+// With $WEFT_TEST_PG_TEMPLATE set, the first start leaves its fresh
+// cluster there and later starts copy it: each still gets a cluster of
+// its own (a table made on one is not on the other), and the template
+// holds no trace of either (it was copied before the first start).
+func TestPostgresFromTemplate(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv(PGTemplateEnv, root)
+	a := StartPostgres(t)
+	made, _ := filepath.Glob(filepath.Join(root, "data*"))
+	if len(made) != 1 {
+		t.Fatalf("the first start left %v in the template dir, want one data dir", made)
+	}
+	b := StartPostgres(t)
+	ctx := ctxT(t)
+	ua, ub := a.URL("postgres"), b.URL("postgres")
+	ca, cb := mustConnect(t, ua), mustConnect(t, ub)
+	defer ca.Close(context.Background())
+	defer cb.Close(context.Background())
+	if _, err := ca.Exec(ctx, "CREATE TABLE only_on_a (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := cb.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = 'only_on_a'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the copy sees %d tables only_on_a (err %v), want 0", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(made[0], "postmaster.pid")); !os.IsNotExist(err) {
+		t.Errorf("the template holds a postmaster.pid (%v): it was copied from a running cluster", err)
 	}
 }

@@ -61,7 +61,10 @@ type Status struct {
 	// --secret differs from theirs): not ready.
 	Deaf bool `json:"deaf"`
 	// NotReady says why Ready is false, for an operator.
-	NotReady      string                 `json:"not_ready,omitempty"`
+	NotReady string `json:"not_ready,omitempty"`
+	// PersistedUpto is the events stream's, as stored: never below one
+	// any instance handed out before the request (a predecessor still
+	// running beside this one included).
 	PersistedUpto int64                  `json:"persisted_upto"`
 	Token         string                 `json:"token"`
 	Streams       []StreamView           `json:"streams"`
@@ -114,9 +117,14 @@ func notReady(ns fabric.Status) string {
 }
 
 func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
 	ns := s.node.Status()
+	// Read, not this instance's copy: another instance may have handed out
+	// more since this one last stored (a read that fails gives the copy).
+	puto, _ := s.gen.LoadPersisted(ctx)
 	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
-		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: notReady(ns), PersistedUpto: s.gen.PersistedUpto(), Token: s.gen.Token().String(),
+		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: notReady(ns), PersistedUpto: puto, Token: s.gen.Token().String(),
 		Peers: ns.Peers, QueueDepth: map[string]int{}}
 	if s.shards != nil {
 		v := s.shards.Version()
@@ -126,8 +134,6 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
 		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
 			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, Catching: v.Catching})
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
 	if rows, err := streams.Writers(ctx, s.pool); err == nil {
 		for _, row := range rows {
 			st.Writers = append(st.Writers, WriterStatus{Name: row.Name, Instance: row.Instance, URL: row.URL, LeaseUntil: row.LeaseUntil, Sealed: row.Sealed, Epoch: row.Epoch})
