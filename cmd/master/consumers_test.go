@@ -24,22 +24,25 @@ func TestConsumersCommands(t *testing.T) {
 		INSERT INTO weft_consumers (stream, name, pos) VALUES ('notices', 'mailer', 40);
 		INSERT INTO weft_consumers (stream, name, pos, key, partitions) VALUES ('notices', 'fanout', 0, 'user', 2);
 		INSERT INTO weft_group_partitions (stream, name, partition, pos) VALUES ('notices', 'fanout', 0, 30), ('notices', 'fanout', 1, 50);
-		INSERT INTO weft_stream_marks (stream, at, upto) VALUES ('notices', '2026-01-01T00:00:00Z', 20), ('notices', '2026-01-01T00:00:05Z', 60);`); err != nil {
+		INSERT INTO weft_stream_marks (stream, at, upto) VALUES ('notices', '2026-01-01T00:00:00Z', 20), ('notices', '2026-01-01T00:00:05Z', 60);
+		INSERT INTO weft_consumer_attempts (stream, name, pos, attempts, last_error) VALUES ('notices', 'mailer', 41, 3, 'boom');
+		INSERT INTO weft_dead_letters (stream, name, pos, partition, writer, rows, error, attempts, first_failed_at, last_failed_at) VALUES
+			('notices', 'fanout', 12, 0, 'w', '[]', 'boom', 10, now(), now()), ('notices', 'fanout', 17, 1, 'w', '[]', 'boom', 10, now(), now());`); err != nil {
 		t.Fatal(err)
 	}
 	list := func(mailer, fanout string) string {
 		return "STREAM   NAME    KIND      CURSOR  LAG  PAUSED  FAILING  DEAD\n" + fanout + "\n" + mailer + "\n"
 	}
 	expect(t, url, []string{"consumers", "list"}, server.ExitOK, list(
-		"notices  mailer  consumer  40      60   no      -        -",
-		"notices  fanout  group     30      70   no      -        -"), "")
+		"notices  mailer  consumer  40      60   no      1        0",
+		"notices  fanout  group     30      70   no      0        2"), "")
 
 	expect(t, url, []string{"consumers", "pause", "notices", "mailer"}, server.ExitOK, "mailer of notices: paused\n", "")
 	expect(t, url, []string{"consumers", "pause", "notices", "fanout"}, server.ExitOK, "fanout of notices: paused\n", "")
 	expect(t, url, []string{"consumers", "resume", "notices", "mailer"}, server.ExitOK, "mailer of notices: resumed\n", "")
 	expect(t, url, []string{"consumers"}, server.ExitOK, list(
-		"notices  mailer  consumer  40      60   no      -        -",
-		"notices  fanout  group     30      70   yes     -        -"), "")
+		"notices  mailer  consumer  40      60   no      1        0",
+		"notices  fanout  group     30      70   yes     0        2"), "")
 
 	for _, c := range []struct{ to, want string }{
 		{"70", "cursor at 70 (seek to 70)"},
@@ -52,9 +55,10 @@ func TestConsumersCommands(t *testing.T) {
 		expect(t, url, []string{"consumers", "seek", "notices", "fanout", "--to", c.to}, server.ExitOK, "fanout of notices: "+c.want+"\n", "")
 	}
 	expect(t, url, []string{"consumers", "seek", "notices", "mailer", "--to", "75"}, server.ExitOK, "mailer of notices: cursor at 75 (seek to 75)\n", "")
+	// A seek starts the attempts afresh; dead letters stay.
 	expect(t, url, []string{"consumers"}, server.ExitOK, list(
-		"notices  mailer  consumer  75      25   no      -        -",
-		"notices  fanout  group     0       100  yes     -        -"), "")
+		"notices  mailer  consumer  75      25   no      0        0",
+		"notices  fanout  group     0       100  yes     0        2"), "")
 	var seeks, parts int
 	if err := pool.QueryRow(ctx, `SELECT c.seeks, (SELECT count(*) FROM weft_group_partitions p WHERE p.stream = c.stream AND p.name = c.name AND p.pos = 0)
 		FROM weft_consumers c WHERE name = 'fanout'`).Scan(&seeks, &parts); err != nil || seeks != 6 || parts != 2 {
