@@ -25,6 +25,8 @@ type consumersCmd struct {
 	Pause  consumerCmd      `cmd:"" help:"Pause a consumer or group: it finishes its batches in flight and applies nothing until resumed."`
 	Resume consumerCmd      `cmd:"" help:"Resume a paused consumer or group."`
 	Seek   consumerSeekCmd  `cmd:"" help:"Move a consumer's or group's cursor: the rows after it are applied (again, if they were)."`
+
+	DeadLetters deadLettersCmd `cmd:"" name:"dead-letters" help:"List, retry or discard a consumer's dead letters (rows its function failed on after its last attempt)."`
 }
 
 type consumersListCmd struct {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
@@ -82,6 +83,53 @@ func TestConsumersCommands(t *testing.T) {
 		{[]string{"consumers", "resume", "notices", "Mailer"}, "master consumers: NAME:"},
 		{[]string{"consumers", "pause", "no tices", "mailer"}, `master consumers: STREAM "no tices": want 1-128 of [A-Za-z0-9_.:-]`},
 		{[]string{"consumers", "skip", "notices", "mailer"}, "unexpected argument skip"},
+	} {
+		expect(t, url, c.args, server.ExitUsage, "", c.wantErr)
+	}
+}
+
+// master consumers dead-letters lists a consumer's dead letters from the
+// table, asks for a retry of one and discards one; bad arguments are
+// usage errors naming the argument.
+func TestDeadLettersCommands(t *testing.T) {
+	pool, url := testenv.NewPool(t)
+	ctx := context.Background()
+	if err := rooms.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, url, []string{"consumers", "dead-letters", "list", "notices", "fanout"}, server.ExitOK, "no dead letters of fanout of notices\n", "")
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO weft_consumers (stream, name, pos, key, partitions) VALUES ('notices', 'fanout', 0, 'user', 2);
+		INSERT INTO weft_dead_letters (stream, name, pos, partition, key, writer, rows, error, attempts, first_failed_at, last_failed_at, dead_at) VALUES
+			('notices', 'fanout', 12, 0, 'u1', 'w', '[{"user":"u1"}]', 'smtp: 550
+mailbox unavailable', 10, now(), now(), '2026-12-06T21:00:00Z'),
+			('notices', 'fanout', 17, 1, 'u2', 'w', '[{"user":"u2"}]', 'boom', 3, now(), now(), '2026-12-06T21:00:01Z');`); err != nil {
+		t.Fatal(err)
+	}
+	list := []string{"consumers", "dead-letters", "list", "notices", "fanout"}
+	expect(t, url, list, server.ExitOK, `POS  PARTITION  KEY  ROWS  ATTEMPTS  DEAD AT               RETRY ASKED  ERROR
+12   0          u1   1     10        2026-12-06T21:00:00Z  -            smtp: 550 mailbox unavailable
+17   1          u2   1     3         2026-12-06T21:00:01Z  -            boom
+`, "")
+	expect(t, url, []string{"consumers", "dead-letters", "retry", "notices", "fanout", "12"}, server.ExitOK,
+		"dead letter 12 of fanout of notices: retry requested (a running process of it applies it within about a second)\n", "")
+	expect(t, url, []string{"consumers", "dead-letters", "discard", "notices", "fanout", "17"}, server.ExitOK,
+		"dead letter 17 of fanout of notices: discarded\n", "")
+	code, stdout, stderr := master(t, url, list...)
+	if code != server.ExitOK || !strings.Contains(stdout, "\n12 ") || strings.Contains(stdout, "\n17 ") || strings.Contains(stdout, "  -            smtp") {
+		t.Fatalf("after a retry of 12 and a discard of 17: status %d\n%s%s", code, stdout, stderr)
+	}
+	expect(t, url, []string{"consumers", "dead-letters", "discard", "notices", "fanout", "17"}, server.ExitFailure, "",
+		"master: no dead letter at 17 of fanout of notices (`master consumers dead-letters list notices fanout` lists them)")
+	for _, c := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"consumers", "dead-letters", "retry", "notices", "fanout", "twelve"}, `<pos>: expected a valid 64 bit int but got "twelve"`},
+		{[]string{"consumers", "dead-letters", "discard", "notices", "fanout", "0"}, "master consumers dead-letters: POS 0: a position is above 0"},
+		{[]string{"consumers", "dead-letters", "retry", "notices", "fanout"}, `expected "<pos>"`},
+		{[]string{"consumers", "dead-letters", "list", "notices", "Fanout"}, "master consumers dead-letters list: NAME:"},
+		{[]string{"consumers", "dead-letters", "redo", "notices", "fanout", "12"}, "unexpected argument redo"},
 	} {
 		expect(t, url, c.args, server.ExitUsage, "", c.wantErr)
 	}

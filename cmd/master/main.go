@@ -15,6 +15,9 @@
 //	                        stop or restart applying (every process, ~1 s)
 //	master consumers seek STREAM NAME --to start|end|POS|RFC3339-TIME
 //	                        move the cursor (a group's, every partition's)
+//	master consumers dead-letters list STREAM NAME
+//	master consumers dead-letters retry|discard STREAM NAME POS
+//	                        a consumer's dead letters; re-drive or drop one
 //
 // Each command takes only the flags it uses. Exit status: 0 on success and
 // after SIGTERM or SIGINT, 1 after a runtime failure, 2 for a bad flag,
@@ -105,6 +108,20 @@ func run(args []string, o out) int {
 			return server.UsageError(o.stderr, "master consumers seek", verr)
 		}
 		err = c.Consumers.Seek.seek(ctx, o, to)
+	case "consumers dead-letters list <stream> <name>":
+		if err = c.Consumers.DeadLetters.List.validate(); err != nil {
+			return server.UsageError(o.stderr, "master consumers dead-letters list", err)
+		}
+		err = c.Consumers.DeadLetters.List.listDeadLetters(ctx, o)
+	case "consumers dead-letters retry <stream> <name> <pos>", "consumers dead-letters discard <stream> <name> <pos>":
+		cmd, retry := c.Consumers.DeadLetters.Discard, kctx.Command() == "consumers dead-letters retry <stream> <name> <pos>"
+		if retry {
+			cmd = c.Consumers.DeadLetters.Retry
+		}
+		if err = cmd.validate(); err != nil {
+			return server.UsageError(o.stderr, "master consumers dead-letters", err)
+		}
+		err = cmd.change(ctx, o, retry)
 	case "writers remove <name>":
 		if err = c.Writers.Remove.validate(); err != nil {
 			return server.UsageError(o.stderr, "master writers remove", err)
