@@ -68,6 +68,7 @@ type consumer struct {
 	query  string
 	pos    atomic.Int64 // the cursor as last read or committed
 	behind atomic.Int64 // unix nanos since when rows have waited; 0: caught up
+	paused atomic.Bool  // as last read (control.go)
 	rows   prometheus.Counter
 	fails  prometheus.Counter
 	// attempts and dead count failed attempts and dead letters.
@@ -108,9 +109,9 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		// snapshot predates that commit, which ON CONFLICT waited for.
 		err = n.pool.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&pos)
 	}
-	var group bool
+	var group, paused bool
 	if err == nil {
-		err = n.pool.QueryRow(ctx, `SELECT partitions IS NOT NULL FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&group)
+		err = n.pool.QueryRow(ctx, `SELECT partitions IS NOT NULL, paused FROM weft_consumers WHERE stream = $1 AND name = $2`, c.Stream, c.Name).Scan(&group, &paused)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("weft: consumer %s of %s: load its cursor: %w", c.Name, c.Stream, err)
@@ -119,6 +120,7 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		return nil, fmt.Errorf("weft: consumer %s of %s: %w: it is a group's name (a consumer with a Key); give this one a name of its own", c.Name, c.Stream, errGroupName)
 	}
 	k.pos.Store(pos)
+	k.paused.Store(paused)
 	return k, nil
 }
 
@@ -132,6 +134,14 @@ func (c *consumer) run(ctx context.Context) {
 	defer tick.Stop()
 	var redriven time.Time
 	for ctx.Err() == nil {
+		if c.paused.Load() {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+				c.control(ctx)
+			}
+			continue
+		}
 		if time.Since(redriven) >= c.n.cfg.AnnounceInterval {
 			c.redriveRequested(ctx)
 			redriven = time.Now()
@@ -140,6 +150,7 @@ func (c *consumer) run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 			case <-time.After(min(wait, c.n.cfg.AnnounceInterval)):
+				c.control(ctx) // a pause, or a seek (which ends the wait)
 			case <-c.redrive:
 				redriven = time.Time{}
 			}
@@ -156,13 +167,17 @@ func (c *consumer) run(ctx context.Context) {
 			case <-ctx.Done():
 			case <-wake:
 			case <-tick.C: // a refresh moves persisted-upto too
+				c.control(ctx) // and an operator may have paused or seeked it
 			case <-c.redrive:
 				redriven = time.Time{}
 			}
 			continue
 		}
 		c.behind.CompareAndSwap(0, time.Now().UnixNano())
-		if err := c.batch(ctx, upto); err != nil {
+		if err := c.batch(ctx, upto); errors.Is(err, errPaused) {
+			c.setPaused(true)
+			continue
+		} else if err != nil {
 			c.fails.Inc()
 			c.n.log.Warn("weft: a consumer's batch failed; it is tried again", "stream", c.cfg.Stream, "consumer", c.cfg.Name,
 				"after", c.pos.Load(), "err", err)
@@ -301,9 +316,9 @@ func positionEnd(rows []Row) int {
 }
 
 // lockCursorSQL locks a single consumer's cursor and reads it, with the
-// lowest position it has failed on above it, if any, and how long until
-// that one's next attempt.
-const lockCursorSQL = `SELECT c.pos, a.pos, extract(epoch FROM a.next_at - now())::float8
+// lowest position it has failed on above it, if any, how long until
+// that one's next attempt, and whether the consumer is paused.
+const lockCursorSQL = `SELECT c.pos, a.pos, extract(epoch FROM a.next_at - now())::float8, c.paused
 	FROM weft_consumers c LEFT JOIN LATERAL (
 		SELECT pos, next_at FROM weft_consumer_attempts a WHERE a.stream = c.stream AND a.name = c.name AND a.partition = -1
 		ORDER BY pos LIMIT 1) a ON true
@@ -320,15 +335,19 @@ func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int
 	var hold time.Duration
 	err := pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
 		// The row lock makes processes that run the same consumer take
-		// turns, each from the cursor the previous one committed.
+		// turns, each from the cursor the previous one committed; and a
+		// pause or seek waits for it (control.go).
 		var pos int64
+		var paused bool
 		var failing *int64
 		var wait *float64
-		if err := tx.QueryRow(ctx, lockCursorSQL, c.cfg.Stream, c.cfg.Name).Scan(&pos, &failing, &wait); err != nil {
+		if err := tx.QueryRow(ctx, lockCursorSQL, c.cfg.Stream, c.cfg.Name).Scan(&pos, &failing, &wait, &paused); err != nil {
 			return fmt.Errorf("lock the cursor: %w", err)
 		}
 		switch {
-		case pos < after: // never: a cursor only moves on; read again
+		case paused:
+			return errPaused
+		case pos < after: // a seek back: read again from there
 			next = pos
 			return nil
 		case pos >= next: // another process applied them meanwhile
@@ -396,11 +415,17 @@ func (c *consumer) failed(ctx context.Context, rows []Row, fnErr error) error {
 	pos := rows[0].Pos
 	err := pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
 		var cur int64
-		if err := tx.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`,
-			c.cfg.Stream, c.cfg.Name).Scan(&cur); err != nil {
+		var paused bool
+		if err := tx.QueryRow(ctx, `SELECT pos, paused FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`,
+			c.cfg.Stream, c.cfg.Name).Scan(&cur, &paused); err != nil {
 			return fmt.Errorf("lock the cursor: %w", err)
 		}
-		if cur >= pos { // another process applied it meanwhile
+		switch {
+		case paused: // since the attempt: it counts after the resume
+			return errPaused
+		case cur >= pos: // another process applied it meanwhile
+			return nil
+		case cur < c.pos.Load(): // a seek back since: the rows are read again
 			return nil
 		}
 		var err error
@@ -446,8 +471,10 @@ func (c *consumer) redriveRequested(ctx context.Context) {
 	}
 	lock := func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		var pos int64
-		err := tx.QueryRow(ctx, `SELECT pos FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`, c.cfg.Stream, c.cfg.Name).Scan(&pos)
-		return err == nil, err
+		var paused bool
+		err := tx.QueryRow(ctx, `SELECT pos, paused FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`,
+			c.cfg.Stream, c.cfg.Name).Scan(&pos, &paused)
+		return err == nil && !paused, err // paused: for after the resume
 	}
 	for _, q := range qs {
 		applied, err := c.n.redrive(ctx, c.cfg, q, lock)
@@ -471,7 +498,7 @@ func (c *consumer) kickRedrive() {
 func (c *consumer) status() ConsumerStatus {
 	pos := c.pos.Load()
 	s := ConsumerStatus{Stream: c.cfg.Stream, Name: c.cfg.Name, Pos: pos, LagPositions: max(c.st.gen.ComputedUpto()-pos, 0),
-		FailingPos: c.failingPos.Load(), Attempts: int(c.failingAttempts.Load()), DeadLetters: c.deadLetters.Load()}
+		FailingPos: c.failingPos.Load(), Attempts: int(c.failingAttempts.Load()), DeadLetters: c.deadLetters.Load(), Paused: c.paused.Load()}
 	if since := c.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
 	}

@@ -44,6 +44,14 @@ func (g *group) batches(ctx context.Context) {
 	defer tick.Stop()
 	var redriven time.Time
 	for ctx.Err() == nil {
+		if g.paused.Load() { // the membership reads it (control.go)
+			select {
+			case <-ctx.Done():
+			case <-g.wake:
+			case <-tick.C:
+			}
+			continue
+		}
 		if time.Since(redriven) >= g.n.cfg.AnnounceInterval {
 			g.redriveRequested(ctx)
 			redriven = time.Now()
@@ -78,7 +86,9 @@ func (g *group) batches(ctx context.Context) {
 			continue
 		}
 		g.behind.CompareAndSwap(0, time.Now().UnixNano())
-		if err := g.batch(ctx, cur, upto); err != nil {
+		if err := g.batch(ctx, cur, upto); errors.Is(err, errPaused) || errors.Is(err, errSeeked) {
+			continue
+		} else if err != nil {
 			g.fails.Inc()
 			g.n.log.Warn("weft: a group member's batch failed; it is tried again", "stream", g.cfg.Stream, "consumer", g.cfg.Name,
 				"err", err)
@@ -139,7 +149,8 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	g.mu.Lock()
 	stored := g.m.LastView().Partitions
 	g.mu.Unlock()
-	var lock, untouched []int
+	var lock []int
+	var untouched []grp.Cursor
 	for _, c := range cur {
 		switch p := c.Partition; {
 		case touched[p]:
@@ -148,7 +159,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 			lock = append(lock, p)
 			fallthrough
 		default:
-			untouched = append(untouched, p)
+			untouched = append(untouched, c)
 		}
 	}
 	slices.Sort(lock)
@@ -157,21 +168,28 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	if len(lock) > 0 && g.anyFailing(lock) {
 		// A partition's failing position is due: each partition on its
 		// own, so that another attempt at it holds back no other.
-		if err := g.isolate(ctx, lock, rows, parts, after, next); err != nil {
+		if err := g.isolate(ctx, cur[0].Seeks, lock, rows, parts, after, next); err != nil {
 			return err
 		}
 		lock = nil
 	}
 	if len(lock) > 0 {
+		// Each transaction first holds the group's row (fence): a pause
+		// or seek waits for it, and one before it stops it.
+		seeks := cur[0].Seeks
 		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-			var err error
-			run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+			err := g.fence(ctx, tx, seeks)
+			if err == nil {
+				run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+			}
 			return err
 		})
 		if errors.Is(err, errFenceMoved) {
 			err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-				var err error
-				run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				err := g.fence(ctx, tx, seeks)
+				if err == nil {
+					run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				}
 				return err
 			})
 		}
@@ -179,7 +197,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 		if errors.As(err, &ae) {
 			// The function failed: each partition on its own, so that
 			// only the failing one waits.
-			err = g.isolate(ctx, lock, rows, parts, after, next)
+			err = g.isolate(ctx, seeks, lock, rows, parts, after, next)
 			run = nil
 		}
 		if err != nil {
@@ -188,9 +206,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	}
 	g.mu.Lock()
 	g.m.Committed(run, next)
-	for _, p := range untouched {
-		g.m.Advanced(p, next)
-	}
+	g.m.Committed(untouched, next) // none of the rows read fell in them
 	g.mu.Unlock()
 	g.rows.Add(float64(applied))
 	return nil

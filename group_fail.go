@@ -19,8 +19,9 @@ import (
 // failing one commit once; the failing one's attempt is recorded
 // (failedPart) and the partition is held back until its next attempt.
 // A partition is never split: all its table rows at a position are
-// applied together.
-func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int, after []int64, next int64) error {
+// applied together. seeks is the group's seek count the rows were read
+// after (see fence).
+func (g *group) isolate(ctx context.Context, seeks int64, lock []int, rows []Row, parts []int, after []int64, next int64) error {
 	byPart := make(map[int][]Row, len(lock))
 	for i, r := range rows {
 		byPart[parts[i]] = append(byPart[parts[i]], r)
@@ -38,7 +39,7 @@ func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int
 		g.mu.Unlock()
 		var ae *applyError
 		if !failing || len(prow) == 0 {
-			err := g.commitPart(ctx, p, prow, after[p], next)
+			err := g.commitPart(ctx, seeks, p, prow, after[p], next)
 			switch {
 			case !errors.As(err, &ae):
 				if err != nil {
@@ -46,7 +47,7 @@ func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int
 				}
 				continue
 			case ae.from == ae.to:
-				if err := g.failedPart(ctx, p, rowsAt(prow, ae.from), ae.err); err != nil {
+				if err := g.failedPart(ctx, seeks, p, rowsAt(prow, ae.from), ae.err); err != nil {
 					keep(err)
 				}
 				continue
@@ -57,13 +58,13 @@ func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int
 		for len(prow) > 0 {
 			one := prow[:positionEnd(prow)]
 			prow = prow[len(one):]
-			from := g.knownPos([]int{p})[0]
+			from := g.known(p)
 			if one[0].Pos <= from {
 				continue
 			}
-			err := g.commitPart(ctx, p, one, from, one[0].Pos)
+			err := g.commitPart(ctx, seeks, p, one, from, one[0].Pos)
 			if errors.As(err, &ae) {
-				err = g.failedPart(ctx, p, one, ae.err)
+				err = g.failedPart(ctx, seeks, p, one, ae.err)
 				prow, done = nil, false
 			}
 			if err != nil {
@@ -71,16 +72,16 @@ func (g *group) isolate(ctx context.Context, lock []int, rows []Row, parts []int
 				done = false
 				break
 			}
-			if g.knownPos([]int{p})[0] < one[0].Pos { // lost, or moved by another
+			if g.known(p) < one[0].Pos { // lost, or moved by another
 				done = false
 				break
 			}
 		}
-		if done && len(prow) == 0 && next > g.knownPos([]int{p})[0] {
+		if done && len(prow) == 0 && next > g.known(p) {
 			// Every row of it up to next is applied: the rest of the
 			// range holds none of its rows.
 			g.mu.Lock()
-			g.m.Advanced(p, next)
+			g.m.Committed([]grp.Cursor{{Partition: p, Seeks: seeks}}, next)
 			g.mu.Unlock()
 		}
 	}
@@ -101,7 +102,12 @@ func (g *group) anyFailing(parts []int) bool {
 
 // lockPart locks partition p's row and fences it (group.Member.Fence):
 // the cursor it runs from, or ok false when the member holds it no more.
-func (g *group) lockPart(ctx context.Context, tx pgx.Tx, p int) (c grp.Cursor, ok bool, err error) {
+// It first holds the group's row and checks the group is neither paused
+// nor seeked since seeks (fence).
+func (g *group) lockPart(ctx context.Context, tx pgx.Tx, seeks int64, p int) (c grp.Cursor, ok bool, err error) {
+	if err := g.fence(ctx, tx, seeks); err != nil {
+		return c, false, err
+	}
 	var l grp.Locked
 	if err := tx.QueryRow(ctx, `SELECT partition, coalesce(owner, ''), epoch, pos FROM weft_group_partitions
 		WHERE stream = $1 AND name = $2 AND partition = $3 FOR UPDATE`, g.cfg.Stream, g.cfg.Name, p).Scan(
@@ -126,11 +132,11 @@ func (g *group) lockPart(ctx context.Context, tx pgx.Tx, p int) (c grp.Cursor, o
 // to next, whole positions) and moves its cursor to next, in one
 // transaction that locks and fences the partition first. The function's
 // error is an *applyError.
-func (g *group) commitPart(ctx context.Context, p int, rows []Row, after, next int64) error {
+func (g *group) commitPart(ctx context.Context, seeks int64, p int, rows []Row, after, next int64) error {
 	var run []grp.Cursor
 	var applied int
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-		c, ok, err := g.lockPart(ctx, tx, p)
+		c, ok, err := g.lockPart(ctx, tx, seeks, p)
 		if err != nil || !ok {
 			return err
 		}
@@ -171,12 +177,12 @@ func (g *group) commitPart(ctx context.Context, p int, rows []Row, after, next i
 // partition is held back until the next attempt, or the position is
 // dead-lettered and the partition's cursor moves past it in that
 // transaction.
-func (g *group) failedPart(ctx context.Context, p int, rows []Row, fnErr error) error {
+func (g *group) failedPart(ctx context.Context, seeks int64, p int, rows []Row, fnErr error) error {
 	var f failure
 	var run []grp.Cursor
 	pos := rows[0].Pos
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-		c, ok, err := g.lockPart(ctx, tx, p)
+		c, ok, err := g.lockPart(ctx, tx, seeks, p)
 		if err != nil || !ok || c.Pos >= pos {
 			return err
 		}
@@ -281,7 +287,7 @@ func (g *group) loadHolds(ctx context.Context, took []grp.Locked) {
 // partition's lock, fenced.
 func (g *group) redriveRequested(ctx context.Context) {
 	g.mu.Lock()
-	owned := g.m.Owned()
+	owned, seeks := g.m.Owned(), g.m.Seeks()
 	g.mu.Unlock()
 	qs, count, err := g.n.retryRequests(ctx, g.cfg, owned)
 	if err == nil {
@@ -295,7 +301,10 @@ func (g *group) redriveRequested(ctx context.Context) {
 	}
 	for _, q := range qs {
 		lock := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-			_, ok, err := g.lockPart(ctx, tx, q.part)
+			_, ok, err := g.lockPart(ctx, tx, seeks, q.part)
+			if errors.Is(err, errPaused) || errors.Is(err, errSeeked) {
+				return false, nil // for after the resume, or the next round
+			}
 			return ok, err
 		}
 		applied, err := g.n.redrive(ctx, g.cfg, q, lock)

@@ -84,6 +84,9 @@ type ConsumerStatus struct {
 	// LagSeconds is how long the oldest row not applied yet has been
 	// waiting, 0 when caught up.
 	LagSeconds float64 `json:"lag_seconds"`
+	// Paused: an operator paused the consumer (PauseConsumer); it
+	// applies nothing until it is resumed.
+	Paused bool `json:"paused"`
 	// FailingPos is the position the consumer's function fails on and
 	// which waits for its next attempt (0: none), and Attempts how many
 	// failed so far.

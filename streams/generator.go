@@ -38,6 +38,7 @@ type Generator struct {
 	capMu    sync.Mutex    // serialises RaiseCap
 	lease    atomic.Pointer[Lease]
 	reg      Registry // every writer with a stored position, and the cap
+	marks    marks    // when this instance last wrote and pruned the stream's marks; under mu
 	// seqBehind says why writes are refused: the sequence was set back
 	// (SequenceBehind); nil while its last allocation was sound.
 	seqBehind atomic.Pointer[string]
