@@ -80,6 +80,7 @@ type consumer struct {
 	// failingPos is the position being retried (0: none), with its
 	// attempts so far, for Status.
 	failingPos, failingAttempts atomic.Int64
+	deadLetters                 atomic.Int64 // stored, as last read
 }
 
 func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
@@ -458,7 +459,10 @@ func (c *consumer) failed(ctx context.Context, rows []Row, fnErr error) error {
 // redriveRequested applies the consumer's dead letters a retry was asked
 // for (RequestDeadLetterRetry).
 func (c *consumer) redriveRequested(ctx context.Context) {
-	qs, err := c.n.retryRequests(ctx, c.cfg, nil)
+	qs, count, err := c.n.retryRequests(ctx, c.cfg, nil)
+	if err == nil {
+		c.deadLetters.Store(count)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			c.n.log.Warn("weft: a consumer could not read its dead letters' retry requests", "stream", c.cfg.Stream, "consumer", c.cfg.Name, "err", err)
@@ -494,7 +498,7 @@ func (c *consumer) kickRedrive() {
 func (c *consumer) status() ConsumerStatus {
 	pos := c.pos.Load()
 	s := ConsumerStatus{Stream: c.cfg.Stream, Name: c.cfg.Name, Pos: pos, LagPositions: max(c.st.gen.ComputedUpto()-pos, 0),
-		FailingPos: c.failingPos.Load(), Attempts: int(c.failingAttempts.Load()), Paused: c.paused.Load()}
+		FailingPos: c.failingPos.Load(), Attempts: int(c.failingAttempts.Load()), DeadLetters: c.deadLetters.Load(), Paused: c.paused.Load()}
 	if since := c.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
 	}

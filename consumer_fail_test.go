@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,6 +133,15 @@ func TestPoisonRowDeadLettered(t *testing.T) {
 	}
 	if s := n.Status().Consumers[0]; s.Pos < pos[10] || s.FailingPos != 0 {
 		t.Fatalf("status %+v: want the cursor at %d, nothing failing", s, pos[10])
+	}
+	wefttest.Eventually(t, 10*time.Second, func() bool { return n.Status().Consumers[0].DeadLetters == 1 }, "status %+v: want 1 dead letter", n.Status().Consumers[0])
+	rec := httptest.NewRecorder()
+	n.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, line := range []string{`weft_consumer_dead_letters_total{consumer="runner",stream="jobs"} 1`, `weft_consumer_attempts_total{consumer="runner",stream="jobs"} 3`,
+		`weft_consumer_dead_letters{consumer="runner",stream="jobs"} 1`} {
+		if !strings.Contains(rec.Body.String(), line) {
+			t.Errorf("/metrics has no %s", line)
+		}
 	}
 
 	broken.Store(false)
@@ -265,7 +276,7 @@ func TestAttemptsSurviveRestart(t *testing.T) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := appliedTable(t, db)
 	w := wefttest.Open(t, writerConfig(db, rds, jobs))
-	appendSeq(t, w, 1, 1)
+	pos := appendSeq(t, w, 1, 1)
 	var calls callsOf
 	poison := failing(func(n int) error {
 		calls.add(n)
@@ -280,6 +291,10 @@ func TestAttemptsSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	wefttest.Eventually(t, 30*time.Second, func() bool { return attemptsOf(t, pool, "runner") >= 2 }, "attempts: %d", attemptsOf(t, pool, "runner"))
+	wefttest.Eventually(t, 10*time.Second, func() bool {
+		s := first.Status().Consumers[0]
+		return s.FailingPos == pos[1] && s.Attempts >= 1
+	}, "status %+v: want position %d failing", first.Status().Consumers[0], pos[1])
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -90,24 +90,33 @@ type retryRequest struct {
 }
 
 // retryRequests reads the dead letters of c a retry was asked for, of
-// the partitions parts (nil: a single consumer's), at most 10.
-func (n *Node) retryRequests(ctx context.Context, c Consumer, parts []int) ([]retryRequest, error) {
-	rows, err := n.pool.Query(ctx, `SELECT pos, partition, writer, rows::text FROM weft_dead_letters
+// the partitions parts (nil: a single consumer's), at most 10, and how
+// many dead letters c has, in one round trip.
+func (n *Node) retryRequests(ctx context.Context, c Consumer, parts []int) ([]retryRequest, int64, error) {
+	var qs []retryRequest
+	var count int64
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pos, partition, writer, rows::text FROM weft_dead_letters
 		WHERE stream = $1 AND name = $2 AND retry_requested_at IS NOT NULL AND ($3::int[] IS NULL OR partition = ANY($3))
-		ORDER BY pos, partition LIMIT 10`, c.Stream, c.Name, parts)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (retryRequest, error) {
-		var q retryRequest
-		var writer, data string
-		if err := r.Scan(&q.pos, &q.part, &writer, &data); err != nil {
-			return q, err
-		}
+		ORDER BY pos, partition LIMIT 10`, c.Stream, c.Name, parts).Query(func(rows pgx.Rows) error {
 		var err error
-		q.rows, err = deadRows(c.Stream, writer, q.pos, data)
-		return q, err
+		qs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (retryRequest, error) {
+			var q retryRequest
+			var writer, data string
+			if err := r.Scan(&q.pos, &q.part, &writer, &data); err != nil {
+				return q, err
+			}
+			var err error
+			q.rows, err = deadRows(c.Stream, writer, q.pos, data)
+			return q, err
+		})
+		return err
 	})
+	b.Queue(`SELECT count(*) FROM weft_dead_letters WHERE stream = $1 AND name = $2`, c.Stream, c.Name).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&count)
+	})
+	err := n.pool.SendBatch(ctx, b).Close()
+	return qs, count, err
 }
 
 // redrive applies a dead letter a retry was asked for: in one

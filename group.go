@@ -62,6 +62,7 @@ type group struct {
 	// attempts and dead count failed attempts and dead letters.
 	attempts, dead prometheus.Counter
 	redrive        chan struct{} // a retry of a dead letter was asked for
+	deadLetters    atomic.Int64  // the group's, stored, as last read
 
 	mu sync.Mutex
 	m  *grp.Member

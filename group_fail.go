@@ -289,10 +289,10 @@ func (g *group) redriveRequested(ctx context.Context) {
 	g.mu.Lock()
 	owned, seeks := g.m.Owned(), g.m.Seeks()
 	g.mu.Unlock()
-	if len(owned) == 0 {
-		return
+	qs, count, err := g.n.retryRequests(ctx, g.cfg, owned)
+	if err == nil {
+		g.deadLetters.Store(count)
 	}
-	qs, err := g.n.retryRequests(ctx, g.cfg, owned)
 	if err != nil {
 		if ctx.Err() == nil {
 			g.n.log.Warn("weft: a group member could not read its dead letters' retry requests", "stream", g.cfg.Stream, "consumer", g.cfg.Name, "err", err)

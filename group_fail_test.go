@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,7 +129,16 @@ func TestGroupPoisonHoldsOnlyItsPartition(t *testing.T) {
 	}
 	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(others) && appliedAll(before) },
 		"the other partitions' rows, and the poison's partition's before it, not all applied: %d of %d", len(gotPositions(t, pool)), len(others)+len(before))
-	// Still being retried: counted, not dead, its partition held behind it.
+	// Still being retried: counted, not dead, its partition held behind
+	// it (shown held back between attempts).
+	wefttest.Eventually(t, 10*time.Second, func() bool {
+		for _, m := range ms {
+			if g := m.Status().Groups[0]; slices.Contains(g.HeldBack, held) {
+				return true
+			}
+		}
+		return false
+	}, "no member shows partition %d held back", held)
 	if a := attemptsOf(t, pool, "mailer"); a < 1 {
 		t.Fatalf("%d attempts stored at the poison", a)
 	}

@@ -39,6 +39,9 @@ type GroupStatus struct {
 	// HeldBack are this member's partitions whose function failed and
 	// which wait for the next attempt (the others go on).
 	HeldBack []int `json:"held_back,omitempty"`
+	// DeadLetters is how many dead letters the group has, as this member
+	// last read (about every AnnounceInterval).
+	DeadLetters int64 `json:"dead_letters,omitempty"`
 }
 
 // GroupMember is one member of a group and what it owns.
@@ -66,7 +69,7 @@ func (g *group) status() GroupStatus {
 	held := g.m.HeldBack(time.Now())
 	g.mu.Unlock()
 	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id, HeldBack: held,
-		Paused: g.paused.Load()}
+		DeadLetters: g.deadLetters.Load(), Paused: g.paused.Load()}
 	s.summarise(v, g.st.gen.ComputedUpto())
 	if since := g.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
@@ -167,5 +170,6 @@ func (g *group) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(max(g.st.gen.ComputedUpto()-pos, 0)), g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, lag, g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(ownedDesc, prometheus.GaugeValue, float64(owned), g.cfg.Stream, g.cfg.Name)
+	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(g.deadLetters.Load()), g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(g.paused.Load()), g.cfg.Stream, g.cfg.Name)
 }

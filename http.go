@@ -92,6 +92,9 @@ type ConsumerStatus struct {
 	// failed so far.
 	FailingPos int64 `json:"failing_pos,omitempty"`
 	Attempts   int   `json:"attempts,omitempty"`
+	// DeadLetters is how many dead letters the consumer has, as last
+	// read (about every AnnounceInterval).
+	DeadLetters int64 `json:"dead_letters,omitempty"`
 }
 
 // Status summarises the process now.

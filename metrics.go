@@ -50,6 +50,7 @@ var (
 	lagPosDesc  = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
 	lagSecsDesc = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
 	ownedDesc   = prometheus.NewDesc("weft_group_partitions_owned", "How many partitions of a consumer group this member owns and runs.", []string{"stream", "consumer"}, nil)
+	deadDesc    = prometheus.NewDesc("weft_consumer_dead_letters", "A consumer's dead letters stored now (a group's, as each member last read them, about every announce interval).", []string{"stream", "consumer"}, nil)
 	pausedDesc  = prometheus.NewDesc("weft_consumer_paused", "1 while a consumer or group is paused (PauseConsumer, `master consumers pause`), as this process last read it; else 0.", []string{"stream", "consumer"}, nil)
 )
 
@@ -58,6 +59,7 @@ func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagPosDesc
 	ch <- lagSecsDesc
 	ch <- ownedDesc
+	ch <- deadDesc
 	ch <- pausedDesc
 }
 
@@ -71,6 +73,7 @@ func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(posDesc, prometheus.GaugeValue, float64(s.Pos), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(s.LagPositions), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, s.LagSeconds, s.Stream, s.Name)
+		ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(s.DeadLetters), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(s.Paused), s.Stream, s.Name)
 	}
 	for _, g := range n.groups {
