@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,6 +167,16 @@ func TestPauseResumeRunningConsumer(t *testing.T) {
 	}
 	holdsWhilePaused(t, pool, f, "target")
 	wefttest.Eventually(t, 10*time.Second, func() bool { return n.Status().Consumers[0].Paused }, "/status: %+v", n.Status().Consumers)
+	for path, want := range map[string]string{
+		"/status":  `"paused": true`,
+		"/metrics": `weft_consumer_paused{consumer="target",stream="orders"} 1`,
+	} {
+		rec := httptest.NewRecorder()
+		n.Handler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("%s has no %s:\n%s", path, want, rec.Body.String())
+		}
+	}
 	if err := weft.PauseConsumer(ctx, n.DB(), "orders", "target"); err != nil { // again: nothing changes
 		t.Fatal(err)
 	}
