@@ -84,16 +84,22 @@ func (g *Generator) mark(ctx context.Context, upto int64, prune bool) {
 		g.marks.done(upto)
 		g.mu.Unlock()
 	}
-	if !prune {
-		return
+	if prune {
+		_, _ = pruneMarks(ctx, g.db, g.cfg.Name)
 	}
-	// Bounded: at most pruneBatch marks a statement, oldest first; the
-	// index on (stream, at) finds each one's minute.
-	_, _ = g.db.Exec(ctx, `DELETE FROM weft_stream_marks WHERE stream = $1 AND at IN (
+}
+
+// pruneMarks thins the stream's marks older than markFine to the first
+// of each minute and drops those older than markKeep, at most pruneBatch
+// of them (oldest first; the index on (stream, at) finds each one's
+// minute), and returns how many it deleted.
+func pruneMarks(ctx context.Context, db DB, stream string) (int64, error) {
+	tag, err := db.Exec(ctx, `DELETE FROM weft_stream_marks WHERE stream = $1 AND at IN (
 		SELECT m.at FROM weft_stream_marks m WHERE m.stream = $1 AND m.at < now() - $2 * interval '1 millisecond'
 			AND (m.at < now() - $3 * interval '1 millisecond' OR EXISTS (
 				SELECT 1 FROM weft_stream_marks o WHERE o.stream = $1 AND o.at >= date_trunc('minute', m.at) AND o.at < m.at))
-		ORDER BY m.at LIMIT $4)`, g.cfg.Name, markFine.Milliseconds(), markKeep.Milliseconds(), pruneBatch)
+		ORDER BY m.at LIMIT $4)`, stream, markFine.Milliseconds(), markKeep.Milliseconds(), pruneBatch)
+	return tag.RowsAffected(), err
 }
 
 // MarkedUpto is the highest persisted-upto marked at or before at (see

@@ -1,8 +1,15 @@
 package streams
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/internal/testenv"
+	"github.com/weft-dev/weft/schema"
 )
 
 // A raised value is marked at most once every markEvery, stays pending
@@ -39,5 +46,49 @@ func TestMarksDue(t *testing.T) {
 	m.raised(40)
 	if _, prune := m.due(t0.Add(pruneEvery)); !prune {
 		t.Fatal("no prune after pruneEvery")
+	}
+}
+
+// Pruning keeps every mark of the last hour, the first of each minute
+// before that, none older than markKeep, and deletes at most pruneBatch
+// a call.
+func TestPruneMarks(t *testing.T) {
+	pool, _ := testenv.NewPool(t)
+	ctx := context.Background()
+	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	// 90 s of marks a second ending two hours ago, 10 of the last minute,
+	// one 31 days ago; and another stream's old mark.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO weft_stream_marks (stream, at, upto)
+			SELECT 's', date_trunc('minute', now() - interval '2 hours') + i * interval '1 second', i FROM generate_series(0, 89) AS i;
+		INSERT INTO weft_stream_marks (stream, at, upto)
+			SELECT 's', now() - i * interval '1 second', 1000 - i FROM generate_series(1, 10) AS i;
+		INSERT INTO weft_stream_marks (stream, at, upto) VALUES ('s', now() - interval '31 days', 0), ('t', now() - interval '2 hours', 5);`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := pruneMarks(ctx, pool, "s")
+	if err != nil || n != 89 { // 88 thinned (two minutes, their first kept) and the 31-day-old one
+		t.Fatalf("pruned %d (%v); want 89", n, err)
+	}
+	rows, err := pool.Query(ctx, `SELECT upto FROM weft_stream_marks WHERE stream = 's' ORDER BY at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int64{0, 60, 990, 991, 992, 993, 994, 995, 996, 997, 998, 999}
+	if !slices.Equal(left, want) {
+		t.Fatalf("marks left %v, want %v", left, want)
+	}
+	if n, err := pruneMarks(ctx, pool, "s"); err != nil || n != 0 {
+		t.Fatalf("pruned again: %d (%v)", n, err)
+	}
+	var other int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM weft_stream_marks WHERE stream = 't'`).Scan(&other); err != nil || other != 1 {
+		t.Fatalf("another stream's marks: %d (%v)", other, err)
 	}
 }
