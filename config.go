@@ -153,6 +153,13 @@ type Consumer struct {
 	// share the work. Fixed when the group is first created [64]; zero
 	// takes the stored number. Only with Key; at most 4096.
 	Partitions int
+	// Retry is how a position the function fails on is tried again, and
+	// when it is given up and dead-lettered (see RetryPolicy; zero values
+	// are its defaults: 10 attempts from 100ms growing to 1m).
+	Retry RetryPolicy
+	// OnDeadLetter is what the rows after a dead-lettered position do
+	// [DeadLetterSkip: they go on].
+	OnDeadLetter DeadLetterPolicy
 }
 
 func (c *Config) setDefaults() {
@@ -281,6 +288,12 @@ func (c Config) Validate() error {
 		}
 		if f, msg := k.validateGroup(); msg != "" {
 			return fail(field+"."+f, "%s", msg)
+		}
+		if f, msg := k.Retry.validate(); msg != "" {
+			return fail(field+".Retry."+f, "%s", msg)
+		}
+		if k.OnDeadLetter != DeadLetterSkip {
+			return fail(field+".OnDeadLetter", "%d is not a DeadLetterPolicy", k.OnDeadLetter)
 		}
 	}
 	return nil

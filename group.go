@@ -24,7 +24,9 @@ const DefaultPartitions = 64
 const groupPoll = 250 * time.Millisecond
 
 // errGroupName: one name is a single consumer or a group, not both.
-var errGroupName = errors.New("weft: a consumer's name is taken by the other kind")
+// (Its text has no "weft:" prefix: it is only ever shown wrapped in
+// one that has.)
+var errGroupName = errors.New("a consumer's name is taken by the other kind")
 
 // validateGroup checks a Consumer's group fields: the field and why, or
 // "" when they are valid.
@@ -53,12 +55,20 @@ type group struct {
 	readSQL  string
 	wake     chan struct{} // the partitions changed: the batch loop looks again
 	behind   atomic.Int64  // unix nanos since when rows have waited; 0: caught up
+	paused   atomic.Bool   // as last read (control.go)
 	rows     prometheus.Counter
 	fails    prometheus.Counter
 	handover *prometheus.CounterVec
+	// attempts and dead count failed attempts and dead letters.
+	attempts, dead prometheus.Counter
+	redrive        chan struct{} // a retry of a dead letter was asked for
+	deadLetters    atomic.Int64  // the group's, stored, as last read
 
 	mu sync.Mutex
 	m  *grp.Member
+	// failing: the partitions the member knows have a failing position
+	// (attempts stored), whose count the batch that applies it clears.
+	failing map[int]bool
 }
 
 // newGroup creates the group's rows, or checks the stored ones agree with
@@ -108,7 +118,11 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		m:        grp.NewMember(n.inst, c.Stream+"/"+c.Name, *stored),
 		rows:     n.m.rows.WithLabelValues(c.Stream, c.Name),
 		fails:    n.m.fails.WithLabelValues(c.Stream, c.Name),
-		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name})}
+		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name}),
+		attempts: n.m.attempts.WithLabelValues(c.Stream, c.Name),
+		dead:     n.m.dead.WithLabelValues(c.Stream, c.Name),
+		redrive:  make(chan struct{}, 1),
+		failing:  map[int]bool{}}
 	g.readSQL = g.rowsSQL()
 	return g, nil
 }
@@ -173,7 +187,8 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 			g.cfg.Stream, g.cfg.Name, g.id, lease.Milliseconds())
 	}
 	var v grp.View
-	queueView(b, g.cfg.Stream, g.cfg.Name, &v)
+	var paused bool
+	queueView(b, g.cfg.Stream, g.cfg.Name, &v, &paused)
 	// One implicit transaction: the lease and the view are of one moment.
 	if err := g.n.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("renew and read: %w", err)
@@ -185,6 +200,7 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 	lost := g.m.Observe(v)
 	take, release := g.m.Plan()
 	g.mu.Unlock()
+	g.setPaused(paused)
 	g.handover.WithLabelValues("lost").Add(float64(len(lost)))
 	if len(lost) > 0 {
 		g.n.log.Warn("weft: a group member lost partitions it did not release (its lease ran out)", "stream", g.cfg.Stream,
@@ -202,18 +218,25 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 }
 
 // queueView queues the reads of a group's view into v: the live members
-// (by the database clock) and every partition's row.
-func queueView(b *pgx.Batch, stream, name string, v *grp.View) {
+// (by the database clock) and every partition's row, with the group's
+// seek count and whether it is paused (in the same statement: one
+// snapshot).
+func queueView(b *pgx.Batch, stream, name string, v *grp.View, paused *bool) {
 	b.Queue(`SELECT member FROM weft_group_members WHERE stream = $1 AND name = $2 AND lease_until > now() ORDER BY member`,
 		stream, name).Query(func(rows pgx.Rows) error {
 		var err error
 		v.Live, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
 	})
-	b.Queue(`SELECT coalesce(owner, ''), epoch, pos FROM weft_group_partitions WHERE stream = $1 AND name = $2 ORDER BY partition`,
+	b.Queue(`SELECT coalesce(p.owner, ''), p.epoch, p.pos, c.seeks, c.paused FROM weft_group_partitions p
+		JOIN weft_consumers c ON c.stream = p.stream AND c.name = p.name WHERE p.stream = $1 AND p.name = $2 ORDER BY p.partition`,
 		stream, name).Query(func(rows pgx.Rows) error {
 		var err error
-		v.Partitions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[grp.PartitionState])
+		v.Partitions, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (grp.PartitionState, error) {
+			var ps grp.PartitionState
+			err := r.Scan(&ps.Owner, &ps.Epoch, &ps.Pos, &v.Seeks, paused)
+			return ps, err
+		})
 		return err
 	})
 }
@@ -223,6 +246,7 @@ func queueView(b *pgx.Batch, stream, name string, v *grp.View) {
 // next round.
 func (g *group) take(ctx context.Context, parts []int) error {
 	var took []grp.Locked
+	var seeks int64
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 		free, err := g.lockFree(ctx, tx, parts)
 		if err != nil || len(free) == 0 {
@@ -232,13 +256,16 @@ func (g *group) take(ctx context.Context, parts []int) error {
 			WHERE p.stream = $1 AND p.name = $2 AND p.partition = ANY($4) AND (p.owner IS NULL OR NOT EXISTS (
 				SELECT 1 FROM weft_group_members m
 				WHERE m.stream = $1 AND m.name = $2 AND m.member = p.owner AND m.lease_until > now()))
-			RETURNING partition, owner, epoch, pos`, g.cfg.Stream, g.cfg.Name, g.id, free)
+			RETURNING partition, owner, epoch, pos, (SELECT seeks FROM weft_consumers WHERE stream = $1 AND name = $2)`,
+			g.cfg.Stream, g.cfg.Name, g.id, free)
 		if err != nil {
 			return err
 		}
+		// The seek count of the cursors read: a seek waits for the locks
+		// held, so it is the one before or after them all.
 		took, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (grp.Locked, error) {
 			var l grp.Locked
-			err := r.Scan(&l.Partition, &l.Owner, &l.Epoch, &l.Pos)
+			err := r.Scan(&l.Partition, &l.Owner, &l.Epoch, &l.Pos, &seeks)
 			return l, err
 		})
 		return err
@@ -251,10 +278,11 @@ func (g *group) take(ctx context.Context, parts []int) error {
 	}
 	g.mu.Lock()
 	for _, l := range took {
-		g.m.Took(l.Partition, l.Epoch, l.Pos)
+		g.m.Took(l.Partition, l.Epoch, l.Pos, seeks)
 	}
 	g.mu.Unlock()
 	g.handover.WithLabelValues("taken").Add(float64(len(took)))
+	g.loadHolds(ctx, took)
 	g.kick()
 	return nil
 }
@@ -264,9 +292,12 @@ func (g *group) take(ctx context.Context, parts []int) error {
 // more).
 func (g *group) release(ctx context.Context, parts []int) error {
 	var done []int
-	pos := g.knownPos(parts)
+	pos, seeks := g.knownPos(parts)
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 		var err error
+		if pos, err = g.knownSince(ctx, tx, seeks, pos); err != nil {
+			return err
+		}
 		if done, err = g.lockFree(ctx, tx, parts); err != nil || len(done) == 0 {
 			return err
 		}
@@ -290,16 +321,16 @@ func (g *group) release(ctx context.Context, parts []int) error {
 	return nil
 }
 
-// knownPos is the cursor the member knows of each of parts: every row of
-// it at or below is applied.
-func (g *group) knownPos(parts []int) []int64 {
+// knownPos is the cursor the member knows of each of parts (every row of
+// it at or below is applied), and the seek count it knows them after.
+func (g *group) knownPos(parts []int) ([]int64, int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	pos := make([]int64, len(parts))
 	for i, p := range parts {
 		pos[i] = g.m.Pos(p)
 	}
-	return pos
+	return pos, g.m.Seeks()
 }
 
 // lockFree locks those of parts no other transaction holds, and returns
@@ -324,8 +355,12 @@ func (g *group) leave(ctx context.Context, early bool) {
 	g.mu.Lock()
 	owned := g.m.Owned()
 	g.mu.Unlock()
-	pos := g.knownPos(owned)
+	pos, seeks := g.knownPos(owned)
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+		var err error
+		if pos, err = g.knownSince(ctx, tx, seeks, pos); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
 			g.cfg.Stream, g.cfg.Name, g.id); err != nil {
 			return err
@@ -335,7 +370,7 @@ func (g *group) leave(ctx context.Context, early bool) {
 			skip = " SKIP LOCKED"
 		}
 		// With the cursors the member moved in memory only (see release).
-		_, err := tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(),
+		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(),
 				pos = greatest(p.pos, coalesce((SELECT u.pos FROM unnest($4::int[], $5::bigint[]) AS u(part, pos) WHERE u.part = p.partition), p.pos))
 			WHERE p.stream = $1 AND p.name = $2 AND p.partition IN (SELECT partition FROM weft_group_partitions
 				WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AND p.owner = $3`,

@@ -33,14 +33,31 @@ WHERE id > ($3::bigint[])[part + 1]`,
 }
 
 // batches runs batches of the partitions the member holds until ctx ends;
-// a batch in flight then finishes.
+// a batch in flight then finishes. A partition whose rows failed is held
+// back until their next attempt (group.Member.Hold) while the others go
+// on; every AnnounceInterval (or at once when asked on this node) the
+// member applies the dead letters of its partitions a retry was asked
+// for.
 func (g *group) batches(ctx context.Context) {
 	policy := backoff.Config{Initial: 100 * time.Millisecond, Max: 10 * time.Second}.NewBackOff()
 	tick := time.NewTicker(g.n.cfg.AnnounceInterval)
 	defer tick.Stop()
+	var redriven time.Time
 	for ctx.Err() == nil {
+		if g.paused.Load() { // the membership reads it (control.go)
+			select {
+			case <-ctx.Done():
+			case <-g.wake:
+			case <-tick.C:
+			}
+			continue
+		}
+		if time.Since(redriven) >= g.n.cfg.AnnounceInterval {
+			g.redriveRequested(ctx)
+			redriven = time.Now()
+		}
 		g.mu.Lock()
-		cur := g.m.Batch()
+		cur, free := g.m.BatchAt(time.Now())
 		g.mu.Unlock()
 		wake := g.st.gen.Watch()
 		upto := g.st.gen.ComputedUpto()
@@ -53,16 +70,25 @@ func (g *group) batches(ctx context.Context) {
 			if len(cur) > 0 && g.st.raiseUpto(ctx, lo) {
 				continue
 			}
+			var held <-chan time.Time
+			if !free.IsZero() {
+				held = time.After(time.Until(free))
+			}
 			select {
 			case <-ctx.Done():
 			case <-wake:
 			case <-g.wake:
+			case <-held:
+			case <-g.redrive:
+				redriven = time.Time{}
 			case <-tick.C: // a refresh moves persisted-upto too
 			}
 			continue
 		}
 		g.behind.CompareAndSwap(0, time.Now().UnixNano())
-		if err := g.batch(ctx, cur, upto); err != nil {
+		if err := g.batch(ctx, cur, upto); errors.Is(err, errPaused) || errors.Is(err, errSeeked) {
+			continue
+		} else if err != nil {
 			g.fails.Inc()
 			g.n.log.Warn("weft: a group member's batch failed; it is tried again", "stream", g.cfg.Stream, "consumer", g.cfg.Name,
 				"err", err)
@@ -123,7 +149,8 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	g.mu.Lock()
 	stored := g.m.LastView().Partitions
 	g.mu.Unlock()
-	var lock, untouched []int
+	var lock []int
+	var untouched []grp.Cursor
 	for _, c := range cur {
 		switch p := c.Partition; {
 		case touched[p]:
@@ -132,24 +159,46 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 			lock = append(lock, p)
 			fallthrough
 		default:
-			untouched = append(untouched, p)
+			untouched = append(untouched, c)
 		}
 	}
 	slices.Sort(lock)
 	var run []grp.Cursor
 	var applied int
+	if len(lock) > 0 && g.anyFailing(lock) {
+		// A partition's failing position is due: each partition on its
+		// own, so that another attempt at it holds back no other.
+		if err := g.isolate(ctx, cur[0].Seeks, lock, rows, parts, after, next); err != nil {
+			return err
+		}
+		lock = nil
+	}
 	if len(lock) > 0 {
+		// Each transaction first holds the group's row (fence): a pause
+		// or seek waits for it, and one before it stops it.
+		seeks := cur[0].Seeks
 		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-			var err error
-			run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+			err := g.fence(ctx, tx, seeks)
+			if err == nil {
+				run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+			}
 			return err
 		})
 		if errors.Is(err, errFenceMoved) {
 			err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-				var err error
-				run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				err := g.fence(ctx, tx, seeks)
+				if err == nil {
+					run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
+				}
 				return err
 			})
+		}
+		var ae *applyError
+		if errors.As(err, &ae) {
+			// The function failed: each partition on its own, so that
+			// only the failing one waits.
+			err = g.isolate(ctx, seeks, lock, rows, parts, after, next)
+			run = nil
 		}
 		if err != nil {
 			return err
@@ -157,9 +206,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	}
 	g.mu.Lock()
 	g.m.Committed(run, next)
-	for _, p := range untouched {
-		g.m.Advanced(p, next)
-	}
+	g.m.Committed(untouched, next) // none of the rows read fell in them
 	g.mu.Unlock()
 	g.rows.Add(float64(applied))
 	return nil
@@ -186,7 +233,7 @@ func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock
 	}
 	if len(rows) > 0 {
 		if err := g.cfg.Apply(ctx, tx, rows); err != nil {
-			return nil, 0, fmt.Errorf("apply rows %d..%d: %w", rows[0].Pos, rows[len(rows)-1].Pos, err)
+			return nil, 0, &applyError{from: rows[0].Pos, to: rows[len(rows)-1].Pos, err: err}
 		}
 	}
 	parts := make([]int, len(run))
@@ -202,6 +249,9 @@ func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock
 		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", parts, next, err)
 	case tag.RowsAffected() != int64(len(lock)):
 		return nil, 0, errFenceMoved
+	}
+	if err := g.clearAttempts(ctx, tx, parts, next); err != nil {
+		return nil, 0, err
 	}
 	return run, len(rows), nil
 }
@@ -254,12 +304,15 @@ func (g *group) apply(ctx context.Context, tx pgx.Tx, lock []int, rows []Row, pa
 	}
 	if len(batch) > 0 {
 		if err := g.cfg.Apply(ctx, tx, batch); err != nil {
-			return nil, 0, fmt.Errorf("apply rows %d..%d: %w", batch[0].Pos, batch[len(batch)-1].Pos, err)
+			return nil, 0, &applyError{from: batch[0].Pos, to: batch[len(batch)-1].Pos, err: err}
 		}
 	}
 	if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = greatest(pos, $4), updated_at = now()
 		WHERE stream = $1 AND name = $2 AND partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, ran, next); err != nil {
 		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", ran, next, err)
+	}
+	if err := g.clearAttempts(ctx, tx, ran, next); err != nil {
+		return nil, 0, err
 	}
 	return run, len(batch), nil
 }

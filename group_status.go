@@ -33,6 +33,15 @@ type GroupStatus struct {
 	// LagSeconds is how long the oldest row this member has not applied
 	// has been waiting, 0 when caught up.
 	LagSeconds float64 `json:"lag_seconds"`
+	// Paused: an operator paused the group (PauseConsumer); its members
+	// apply nothing until it is resumed.
+	Paused bool `json:"paused"`
+	// HeldBack are this member's partitions whose function failed and
+	// which wait for the next attempt (the others go on).
+	HeldBack []int `json:"held_back,omitempty"`
+	// DeadLetters is how many dead letters the group has, as this member
+	// last read (about every AnnounceInterval).
+	DeadLetters int64 `json:"dead_letters,omitempty"`
 }
 
 // GroupMember is one member of a group and what it owns.
@@ -57,8 +66,10 @@ func (g *group) status() GroupStatus {
 			v.Partitions[p].Pos = max(v.Partitions[p].Pos, g.m.Pos(p))
 		}
 	}
+	held := g.m.HeldBack(time.Now())
 	g.mu.Unlock()
-	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id}
+	s := GroupStatus{Stream: g.cfg.Stream, Name: g.cfg.Name, Key: g.cfg.Key, Partitions: g.parts, Member: g.id, HeldBack: held,
+		DeadLetters: g.deadLetters.Load(), Paused: g.paused.Load()}
 	s.summarise(v, g.st.gen.ComputedUpto())
 	if since := g.behind.Load(); since != 0 {
 		s.LagSeconds = time.Since(time.Unix(0, since)).Seconds()
@@ -123,7 +134,7 @@ func ReadGroups(ctx context.Context, db *pgxpool.Pool) ([]GroupStatus, error) {
 	for _, h := range heads {
 		var v grp.View
 		b := &pgx.Batch{}
-		queueView(b, h.Stream, h.Name, &v)
+		queueView(b, h.Stream, h.Name, &v, &h.Paused)
 		if err := db.SendBatch(ctx, b).Close(); err != nil {
 			return nil, fmt.Errorf("weft: read group %s of %s: %w", h.Name, h.Stream, err)
 		}
@@ -159,4 +170,6 @@ func (g *group) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(max(g.st.gen.ComputedUpto()-pos, 0)), g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, lag, g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(ownedDesc, prometheus.GaugeValue, float64(owned), g.cfg.Stream, g.cfg.Name)
+	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(g.deadLetters.Load()), g.cfg.Stream, g.cfg.Name)
+	ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(g.paused.Load()), g.cfg.Stream, g.cfg.Name)
 }

@@ -84,6 +84,17 @@ type ConsumerStatus struct {
 	// LagSeconds is how long the oldest row not applied yet has been
 	// waiting, 0 when caught up.
 	LagSeconds float64 `json:"lag_seconds"`
+	// Paused: an operator paused the consumer (PauseConsumer); it
+	// applies nothing until it is resumed.
+	Paused bool `json:"paused"`
+	// FailingPos is the position the consumer's function fails on and
+	// which waits for its next attempt (0: none), and Attempts how many
+	// failed so far.
+	FailingPos int64 `json:"failing_pos,omitempty"`
+	Attempts   int   `json:"attempts,omitempty"`
+	// DeadLetters is how many dead letters the consumer has, as last
+	// read (about every AnnounceInterval).
+	DeadLetters int64 `json:"dead_letters,omitempty"`
 }
 
 // Status summarises the process now.

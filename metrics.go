@@ -12,6 +12,8 @@ type metrics struct {
 	rows      *prometheus.CounterVec
 	fails     *prometheus.CounterVec
 	handovers *prometheus.CounterVec
+	attempts  *prometheus.CounterVec
+	dead      *prometheus.CounterVec
 	lag       *lagCollector
 }
 
@@ -24,9 +26,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "group", Name: "handovers_total",
 			Help: "Partitions of a consumer group this member took, released, or lost (taken over after its lease ran out), by stream, consumer and event."},
 			[]string{"stream", "consumer", "event"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "attempts_total",
+			Help: "Failed attempts of a consumer's function at a position (each is retried, or dead-lettered after the last), by stream and consumer."},
+			[]string{"stream", "consumer"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "dead_letters_total",
+			Help: "Positions a consumer dead-lettered (its retry policy gave up, or a permanent error), by stream and consumer."},
+			[]string{"stream", "consumer"}),
 		lag: &lagCollector{},
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.lag} {
+	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.attempts, m.dead, m.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -42,6 +50,8 @@ var (
 	lagPosDesc  = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
 	lagSecsDesc = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
 	ownedDesc   = prometheus.NewDesc("weft_group_partitions_owned", "How many partitions of a consumer group this member owns and runs.", []string{"stream", "consumer"}, nil)
+	deadDesc    = prometheus.NewDesc("weft_consumer_dead_letters", "A consumer's dead letters stored now (a group's, as each member last read them, about every announce interval).", []string{"stream", "consumer"}, nil)
+	pausedDesc  = prometheus.NewDesc("weft_consumer_paused", "1 while a consumer or group is paused (PauseConsumer, `master consumers pause`), as this process last read it; else 0.", []string{"stream", "consumer"}, nil)
 )
 
 func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -49,6 +59,8 @@ func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lagPosDesc
 	ch <- lagSecsDesc
 	ch <- ownedDesc
+	ch <- deadDesc
+	ch <- pausedDesc
 }
 
 func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
@@ -61,8 +73,18 @@ func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(posDesc, prometheus.GaugeValue, float64(s.Pos), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagPosDesc, prometheus.GaugeValue, float64(s.LagPositions), s.Stream, s.Name)
 		ch <- prometheus.MustNewConstMetric(lagSecsDesc, prometheus.GaugeValue, s.LagSeconds, s.Stream, s.Name)
+		ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(s.DeadLetters), s.Stream, s.Name)
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(s.Paused), s.Stream, s.Name)
 	}
 	for _, g := range n.groups {
 		g.collect(ch)
 	}
+}
+
+// gauge is a boolean as a gauge's value.
+func gauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -35,6 +35,11 @@ func (n *Node) NotReady() string {
 	if why := n.doubtWhy(time.Now()); why != "" {
 		return why
 	}
+	for _, w := range n.writers {
+		if why := w.gen.SequenceBehind(); why != "" {
+			return fmt.Sprintf("writer %s of %s: %s", w.name, w.Stream(), why)
+		}
+	}
 	stalled := n.stalledAt.Load()
 	fresh := n.freshAt.Load()
 	why := ""
@@ -114,4 +119,21 @@ func (n *Node) deaf(now time.Duration) bool {
 	}
 	good := time.Duration(n.lastOpened.Load())
 	return good == 0 || now-good > window
+}
+
+// logSequenceBehind says once, at ERROR, that a writer refuses writes
+// because its sequence was set back, and again when it writes again: an
+// operator must act (the reason names the repair), and every write until
+// then fails. Run by the status loop.
+func (n *Node) logSequenceBehind() {
+	for _, w := range n.writers {
+		why := w.gen.SequenceBehind()
+		switch {
+		case why != "" && !w.seqLogged:
+			n.log.Error("fabric: a writer refuses every write: its sequence was set back", "stream", w.Stream(), "writer", w.name, "why", why)
+		case why == "" && w.seqLogged:
+			n.log.Info("fabric: the writer's sequence is past the stream's IDs again; it writes", "stream", w.Stream(), "writer", w.name)
+		}
+		w.seqLogged = why != ""
+	}
 }

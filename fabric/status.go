@@ -52,6 +52,7 @@ func (n *Node) Status() Status {
 }
 
 func (n *Node) publishStatus() {
+	n.logSequenceBehind()
 	why := n.NotReady()
 	s := &Status{Instance: n.cfg.Instance, Established: n.core.IsEstablished(), Ready: why == "", NotReady: why, Degraded: n.degraded(),
 		Deaf:  n.deaf(time.Since(n.born)),

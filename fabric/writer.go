@@ -35,6 +35,8 @@ type Writer struct {
 	node  atomic.Pointer[Node]
 	group committer
 	doubt atomic.Pointer[doubtState] // a write in doubt (doubt.go), nil if none
+	// seqLogged: the sequence set back was logged (the status loop's).
+	seqLogged bool
 }
 
 // WriterConfig configures OpenWriter. Zero values mean the documented

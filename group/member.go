@@ -2,6 +2,7 @@ package group
 
 import (
 	"slices"
+	"time"
 )
 
 // PartitionState is a partition's row in the database.
@@ -19,10 +20,15 @@ type PartitionState struct {
 
 // View is one read of a group: the members whose lease has not expired
 // (by the database clock) and every partition's row, indexed by
-// partition.
+// partition, with the group's seek count read in the same snapshot as
+// the partitions.
 type View struct {
 	Live       []string
 	Partitions []PartitionState
+	// Seeks counts the operator's seeks of the group (weft_consumers.seeks):
+	// each one set every partition's cursor, maybe below where the member
+	// knows it is.
+	Seeks int64
 }
 
 // Locked is a partition's row as a batch read it, under the row's lock.
@@ -32,11 +38,13 @@ type Locked struct {
 }
 
 // Cursor is a partition a batch runs: the epoch its member holds it at
-// and the position its rows start after.
+// and the position its rows start after, as the member knew it after
+// Seeks seeks.
 type Cursor struct {
 	Partition int
 	Epoch     int64
 	Pos       int64
+	Seeks     int64
 }
 
 // Member is one member's state (see the package doc). The zero value is
@@ -47,7 +55,9 @@ type Member struct {
 	live        []string // sorted
 	assigned    []string // Assign over live
 	owned       map[int]int64
-	pos         []int64 // the highest cursor seen of each partition
+	held        map[int]time.Time // partitions held back from batches until then
+	pos         []int64           // the highest cursor seen of each partition since the last seek
+	seeks       int64             // the group's seek count the member knows
 	view        View
 
 	// broken is a deliberately broken member the simulation must catch.
@@ -68,7 +78,7 @@ const (
 // (the assignment's salt: groups with the same members split differently)
 // with n partitions. It owns nothing and knows no view yet.
 func NewMember(self, label string, n int) *Member {
-	return &Member{self: self, label: label, n: n, owned: map[int]int64{}, pos: make([]int64, n)}
+	return &Member{self: self, label: label, n: n, owned: map[int]int64{}, held: map[int]time.Time{}, pos: make([]int64, n)}
 }
 
 // Self is the member's ID.
@@ -80,21 +90,30 @@ func (m *Member) Self() string { return m.self }
 // this member holding but which it does not know it holds (a take whose
 // answer was lost) is adopted. Views must be read after the member's own
 // takes and releases were answered: an older one may lose what it just
-// took, which the next take repairs.
+// took, which the next take repairs. A view of a seek the member does not
+// know yet is a [Member.Seeked]; one older than the last seek it knows
+// raises no cursor.
 func (m *Member) Observe(v View) (lost []int) {
 	live := slices.Compact(slices.Sorted(slices.Values(v.Live)))
 	if m.assigned == nil || !slices.Equal(live, m.live) {
 		m.live, m.assigned = live, Assign(m.label, m.n, live)
 	}
 	parts := v.Partitions[:min(len(v.Partitions), m.n)]
+	if v.Seeks > m.seeks && len(parts) == m.n {
+		pos := make([]int64, m.n)
+		for p, ps := range parts {
+			pos[p] = ps.Pos
+		}
+		m.Seeked(v.Seeks, pos)
+	}
 	for p, ps := range parts {
-		if m.broken != cursorFromMemory {
+		if m.broken != cursorFromMemory && v.Seeks == m.seeks {
 			m.pos[p] = max(m.pos[p], ps.Pos)
 		}
 		e, held := m.owned[p]
 		switch {
 		case held && (ps.Epoch > e || ps.Epoch == e && ps.Owner != m.self):
-			delete(m.owned, p)
+			m.drop(p)
 			lost = append(lost, p)
 		case !held && ps.Owner == m.self:
 			m.owned[p] = ps.Epoch
@@ -135,15 +154,85 @@ func (m *Member) isLive(member string) bool {
 }
 
 // Took records that the member took partition p: its take wrote epoch
-// and read the cursor pos.
-func (m *Member) Took(p int, epoch, pos int64) {
+// and read the cursor pos, with the group's seek count seeks (a cursor
+// read before the last seek the member knows is not raised to).
+func (m *Member) Took(p int, epoch, pos, seeks int64) {
 	m.owned[p] = epoch
-	m.pos[p] = max(m.pos[p], pos)
+	if seeks == m.seeks {
+		m.pos[p] = max(m.pos[p], pos)
+	}
 }
+
+// Seeked records that the group was seeked (its seek count is now seeks)
+// and every partition's cursor was then pos (indexed by partition, read
+// after the seek): the member forgets the cursors it knew, which may be
+// above the seek's, and starts from these. A seek count not above the
+// one the member knows changes nothing. The member's batch in flight
+// commits nothing after the seek (its transaction checks the seek count
+// under the lock the seek takes) and Committed ignores it.
+func (m *Member) Seeked(seeks int64, pos []int64) {
+	if seeks <= m.seeks || len(pos) != m.n {
+		return
+	}
+	m.seeks = seeks
+	copy(m.pos, pos)
+	clear(m.held) // the positions they wait to retry may be behind the seek, or far ahead
+}
+
+// Seeks is the group's seek count the member knows.
+func (m *Member) Seeks() int64 { return m.seeks }
 
 // Released records that the member no longer holds p (it released it,
 // or found it was not its own).
-func (m *Member) Released(p int) { delete(m.owned, p) }
+func (m *Member) Released(p int) { m.drop(p) }
+
+// drop forgets partition p: not held, nor held back.
+func (m *Member) drop(p int) {
+	delete(m.owned, p)
+	delete(m.held, p)
+}
+
+// Hold holds partition p back from batches until until: its rows failed
+// and wait for their next attempt. The member's other partitions go on.
+// A partition the member does not hold is ignored; one it loses or
+// releases is no longer held back.
+func (m *Member) Hold(p int, until time.Time) {
+	if _, ok := m.owned[p]; ok {
+		m.held[p] = until
+	}
+}
+
+// BatchAt is Batch at time now, without the partitions held back until
+// after now (Hold); wake is the earliest time one of those is free again
+// (zero when none is held back).
+func (m *Member) BatchAt(now time.Time) (cur []Cursor, wake time.Time) {
+	for _, c := range m.Batch() {
+		until, ok := m.held[c.Partition]
+		switch {
+		case ok && until.After(now):
+			if wake.IsZero() || until.Before(wake) {
+				wake = until
+			}
+		case ok:
+			delete(m.held, c.Partition)
+			fallthrough
+		default:
+			cur = append(cur, c)
+		}
+	}
+	return cur, wake
+}
+
+// HeldBack is the partitions held back at time now, ascending.
+func (m *Member) HeldBack(now time.Time) []int {
+	var out []int
+	for p := range m.n {
+		if until, ok := m.held[p]; ok && until.After(now) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // Batch is what the next batch asks for, by partition: the partitions
 // the member holds and is still assigned, at the epoch it holds them at,
@@ -155,7 +244,7 @@ func (m *Member) Batch() []Cursor {
 	}
 	for p := range m.n {
 		if e, held := m.owned[p]; held && m.assigned[p] == m.self {
-			out = append(out, Cursor{Partition: p, Epoch: e, Pos: m.pos[p]})
+			out = append(out, Cursor{Partition: p, Epoch: e, Pos: m.pos[p], Seeks: m.seeks})
 		}
 	}
 	return out
@@ -169,7 +258,8 @@ func (m *Member) Batch() []Cursor {
 // (returned) and dropped; one the member took after the batch began is
 // left for the next batch. While the batch holds the locks no take or
 // release of them can commit, so a batch that runs a partition commits
-// for it only while the member holds it.
+// for it only while the member holds it. locked must be read with the
+// group's seek count the member knows (under the lock a seek takes).
 func (m *Member) Fence(locked []Locked) (run []Cursor, lost []int) {
 	for _, l := range locked {
 		p := l.Partition
@@ -182,9 +272,9 @@ func (m *Member) Fence(locked []Locked) (run []Cursor, lost []int) {
 			} else {
 				m.pos[p] = max(m.pos[p], l.Pos)
 			}
-			run = append(run, Cursor{Partition: p, Epoch: l.Epoch, Pos: pos})
+			run = append(run, Cursor{Partition: p, Epoch: l.Epoch, Pos: pos, Seeks: m.seeks})
 		case held && (l.Epoch > e || l.Owner != m.self):
-			delete(m.owned, p)
+			m.drop(p)
 			lost = append(lost, p)
 		}
 	}
@@ -192,10 +282,15 @@ func (m *Member) Fence(locked []Locked) (run []Cursor, lost []int) {
 }
 
 // Committed records that a batch that ran run committed with every
-// cursor moved to at least next.
+// cursor moved to at least next (or, for a partition none of its rows
+// fell in, that every row of it up to next is applied). Cursors of an
+// older seek count than the member knows are ignored: a seek after the
+// batch read them set the cursors anew.
 func (m *Member) Committed(run []Cursor, next int64) {
 	for _, c := range run {
-		m.pos[c.Partition] = max(m.pos[c.Partition], next)
+		if c.Seeks == m.seeks {
+			m.pos[c.Partition] = max(m.pos[c.Partition], next)
+		}
 	}
 }
 

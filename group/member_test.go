@@ -3,6 +3,7 @@ package group
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // view is a view of n partitions owned as owners says ("" none), each at
@@ -26,7 +27,7 @@ func TestMemberTakesAndReleases(t *testing.T) {
 		t.Fatalf("a alone: take %v release %v", take, release)
 	}
 	for _, p := range take {
-		a.Took(p, 2, 10)
+		a.Took(p, 2, 10, 0)
 	}
 	both := []string{"a", "b"}
 	assigned := Assign("s/g", 4, both)
@@ -77,7 +78,7 @@ func TestMemberFence(t *testing.T) {
 	m := NewMember("a", "s/g", 4)
 	m.Observe(view([]string{"a"}, "", "", "", ""))
 	for p := range 3 {
-		m.Took(p, 2, 10)
+		m.Took(p, 2, 10, 0)
 	}
 	run, lost := m.Fence([]Locked{
 		{0, PartitionState{Owner: "a", Epoch: 2, Pos: 15}}, // still held; a lost COMMIT answer moved it
@@ -103,7 +104,7 @@ func TestMemberFence(t *testing.T) {
 func TestMemberObserveEpochs(t *testing.T) {
 	m := NewMember("a", "s/g", 2)
 	m.Observe(view([]string{"a"}, "", ""))
-	m.Took(0, 5, 10)
+	m.Took(0, 5, 10, 0)
 	v := view([]string{"a"}, "b", "a")
 	v.Partitions[0].Epoch = 4
 	if lost := m.Observe(v); len(lost) != 0 {
@@ -124,13 +125,99 @@ func TestMemberObserveEpochs(t *testing.T) {
 func TestMemberNotLiveReleases(t *testing.T) {
 	m := NewMember("a", "s/g", 2)
 	m.Observe(view([]string{"a"}, "", ""))
-	m.Took(0, 2, 0)
-	m.Took(1, 2, 0)
+	m.Took(0, 2, 0, 0)
+	m.Took(1, 2, 0, 0)
 	m.Observe(view([]string{"b"}, "a", "a"))
 	if take, release := m.Plan(); len(take) != 0 || !slices.Equal(release, []int{0, 1}) {
 		t.Fatalf("take %v release %v", take, release)
 	}
 	if len(m.Batch()) != 0 {
 		t.Fatalf("a member assigned nothing batches %v", m.Batch())
+	}
+}
+
+// A seek sets the cursors below (or above) what the member knows: a view
+// of a newer seek count replaces them, exactly; nothing read before the
+// seek (an older view, a take's answer, a batch that read its rows
+// before) raises them again.
+func TestMemberSeek(t *testing.T) {
+	m := NewMember("a", "s/g", 2)
+	m.Observe(view([]string{"a"}, "", ""))
+	m.Took(0, 2, 10, 0)
+	m.Took(1, 2, 10, 0)
+	before := m.Batch() // a batch read its rows before the seek
+	m.Committed(before, 50)
+	if b := m.Batch(); b[0].Pos != 50 || b[1].Pos != 50 || b[0].Seeks != 0 {
+		t.Fatalf("before the seek: %v", b)
+	}
+	seeked := view([]string{"a"}, "a", "a")
+	seeked.Seeks = 1
+	seeked.Partitions[0].Pos, seeked.Partitions[1].Pos = 0, 3
+	m.Observe(seeked)
+	if b := m.Batch(); b[0].Pos != 0 || b[1].Pos != 3 || b[0].Seeks != 1 || m.Seeks() != 1 {
+		t.Fatalf("after the seek: %v (seeks %d); want cursors 0 and 3 at seek 1", b, m.Seeks())
+	}
+	m.Committed(before, 60)                  // the batch in flight's answer
+	m.Observe(view([]string{"a"}, "a", "a")) // a view read before the seek: cursors at 10
+	m.Took(1, 3, 40, 0)                      // a take answered before the seek
+	m.Seeked(1, []int64{99, 99})             // the same seek, read again
+	if b := m.Batch(); b[0].Pos != 0 || b[1].Pos != 3 {
+		t.Fatalf("stale news raised the cursors: %v", b)
+	}
+	run, _ := m.Fence([]Locked{{0, PartitionState{Owner: "a", Epoch: 2, Pos: 0}}})
+	m.Committed(run, 20)
+	m.Took(1, 4, 8, 1)
+	if b := m.Batch(); b[0].Pos != 20 || b[1].Pos != 8 {
+		t.Fatalf("after the seek, a commit and a take: %v; want 20 and 8", b)
+	}
+	// A seek forward: the cursors move up to it.
+	m.Seeked(2, []int64{100, 100})
+	if b := m.Batch(); b[0].Pos != 100 || b[1].Pos != 100 || b[0].Seeks != 2 {
+		t.Fatalf("after a seek forward: %v", b)
+	}
+}
+
+// A partition held back (its rows failed, waiting for their next attempt)
+// is left out of batches until its time, the others are not, and the
+// earliest time one is free again is the batch loop's wake-up; losing or
+// releasing a partition forgets its hold.
+func TestMemberHoldsBackAPartition(t *testing.T) {
+	m := NewMember("a", "s/g", 3)
+	m.Observe(view([]string{"a"}, "", "", ""))
+	for p := range 3 {
+		m.Took(p, 2, 10, 0)
+	}
+	t0 := time.Unix(1000, 0)
+	parts := func(cur []Cursor) []int {
+		var out []int
+		for _, c := range cur {
+			out = append(out, c.Partition)
+		}
+		return out
+	}
+	m.Hold(1, t0.Add(2*time.Second))
+	m.Hold(2, t0.Add(time.Second))
+	cur, wake := m.BatchAt(t0)
+	if !slices.Equal(parts(cur), []int{0}) || !wake.Equal(t0.Add(time.Second)) {
+		t.Fatalf("at t0: batch %v wake %v; want [0] and t0+1s", parts(cur), wake)
+	}
+	if got := m.HeldBack(t0); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("held back %v, want [1 2]", got)
+	}
+	cur, wake = m.BatchAt(t0.Add(time.Second))
+	if !slices.Equal(parts(cur), []int{0, 2}) || !wake.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("at t0+1s: batch %v wake %v; want [0 2] and t0+2s", parts(cur), wake)
+	}
+	if len(m.Batch()) != 3 {
+		t.Fatalf("Batch (every partition, held back or not): %v", m.Batch())
+	}
+	m.Released(1)
+	m.Took(1, 3, 10, 0)
+	if cur, wake = m.BatchAt(t0.Add(time.Second)); !slices.Equal(parts(cur), []int{0, 1, 2}) || !wake.IsZero() {
+		t.Fatalf("after a release and a take of 1: batch %v wake %v; want [0 1 2], no wake-up", parts(cur), wake)
+	}
+	m.Hold(7, t0.Add(time.Hour)) // not the member's: ignored
+	if got := m.HeldBack(t0); len(got) != 0 {
+		t.Fatalf("held back %v, want none", got)
 	}
 }

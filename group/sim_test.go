@@ -478,7 +478,7 @@ func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
 		}
 		answer(func() {
 			for _, t := range took {
-				m.node.Took(t.Partition, t.Epoch, t.Pos)
+				m.node.Took(t.Partition, t.Epoch, t.Pos, 0)
 			}
 			for _, p := range dropped {
 				m.node.Released(p)

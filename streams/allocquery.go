@@ -188,6 +188,9 @@ func (g *Generator) endAllocs(ctx context.Context, q DB, stmts []Statement, tks 
 		short = short || len(ids[i]) == 0 || (s.Rows > 0 && len(ids[i]) < s.Rows)
 	}
 	slices.Sort(returned)
+	g.mu.Lock()
+	floor := g.tr.tickets[tks[0].id]
+	g.mu.Unlock()
 	if err == nil {
 		g.mu.Lock()
 		for i := range stmts {
@@ -200,6 +203,11 @@ func (g *Generator) endAllocs(ctx context.Context, q DB, stmts []Statement, tks 
 			err = fmt.Errorf("%w: an id returned by two statements", ErrNotFromSequence)
 		}
 	}
+	if err != nil {
+		err = g.checkSequence(ctx, err, floor)
+	} else {
+		g.sequenceSound()
+	}
 	var unreturned []int64
 	unsure := false // the statements ran, but what they wrote is not known
 	if err == nil && short {
@@ -208,9 +216,6 @@ func (g *Generator) endAllocs(ctx context.Context, q DB, stmts []Statement, tks 
 		if q == nil {
 			err, unsure = errors.New("fewer IDs than rows and no way to read the table back"), true
 		} else {
-			g.mu.Lock()
-			floor := g.tr.tickets[tks[0].id]
-			g.mu.Unlock()
 			var found []int64
 			if found, err = g.committedAbove(ctx, q, floor); err != nil {
 				unsure = true

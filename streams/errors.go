@@ -19,7 +19,13 @@ var (
 	// allocate on it.
 	ErrNotWriter = errors.New("streams: not a writer of this stream")
 	// ErrSequenceBehind: the sequence would hand out IDs at or below rows
-	// already stored (startup check a).
+	// already stored (startup check a), or, at runtime, handed out an ID
+	// at or below one the writer knew of or a row holds (it was set back:
+	// setval, a restore of the sequence without its tables). A row there
+	// could commit below a position readers passed and never be seen, so
+	// the write is refused before it commits, and so is every write until
+	// the sequence is past the stream's IDs again (the binaries' `master
+	// check --repair`); Generator.SequenceBehind says so meanwhile.
 	ErrSequenceBehind = errors.New("streams: sequence behind table")
 	// ErrPositionAhead: a stored writer position is above the sequence
 	// (startup check b).

@@ -38,6 +38,10 @@ type Generator struct {
 	capMu    sync.Mutex    // serialises RaiseCap
 	lease    atomic.Pointer[Lease]
 	reg      Registry // every writer with a stored position, and the cap
+	marks    marks    // when this instance last wrote and pruned the stream's marks; under mu
+	// seqBehind says why writes are refused: the sequence was set back
+	// (SequenceBehind); nil while its last allocation was sound.
+	seqBehind atomic.Pointer[string]
 }
 
 // Open loads a stream's positions and runs its startup checks. self is the
@@ -478,6 +482,15 @@ func (g *Generator) alloc(ctx context.Context, q DB, n int) (*Allocation, error)
 		slices.Sort(ids)
 	}
 	g.mu.Lock()
+	floor := g.tr.tickets[tk.id]
+	if err == nil {
+		// The sequence itself handed these out: one at or below what was
+		// known before it was asked means it was set back, and a row there
+		// could commit below a position readers passed.
+		if cerr := g.tr.CheckAllocated(tk, ids); cerr != nil {
+			err = g.sequenceBehind(ids, floor, nil)
+		}
+	}
 	if err != nil {
 		g.tr.AbortAlloc(tk)
 	} else {
@@ -487,6 +500,7 @@ func (g *Generator) alloc(ctx context.Context, q DB, n int) (*Allocation, error)
 	if err != nil {
 		return nil, fmt.Errorf("streams: stream %s: allocate %d IDs from %s: %w", g.cfg.Name, n, g.cfg.Sequence, err)
 	}
+	g.sequenceSound()
 	return &Allocation{g: g, ids: ids}, nil
 }
 
@@ -565,7 +579,7 @@ func (g *Generator) InTx(ctx context.Context, n int, fn func(tx pgx.Tx, ids []in
 	defer a.Finish()
 	if err := fn(tx, a.ids); err != nil {
 		_ = tx.Rollback(ctx)
-		return err
+		return g.checkSequence(ctx, err, a.ids[0]-1)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		err = fmt.Errorf("streams: stream %s: commit: %w", g.cfg.Name, err)

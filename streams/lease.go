@@ -183,7 +183,7 @@ func takeOver(ctx context.Context, db DB, id WriterID, name, instance, url strin
 		var sealed, live bool
 		var until *time.Time
 		err := tx.QueryRow(ctx, `
-			SELECT instance, sealed, epoch, lease_until, COALESCE(lease_until > now(), false)
+			SELECT instance, sealed, epoch, lease_until, `+leaseLiveSQL+`
 			FROM weft_writers WHERE id = $1 FOR UPDATE`, id).Scan(&holder, &sealed, &h.epoch, &until, &live)
 		if err != nil {
 			return err

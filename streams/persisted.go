@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -61,16 +62,24 @@ func (g *Generator) StorePersisted(ctx context.Context) error {
 	g.mu.Lock()
 	upto, stored := g.tr.PersistedUpto(), g.tr.StoredUpto()
 	g.mu.Unlock()
-	if upto <= stored {
-		return nil
-	}
-	_, err := g.db.Exec(ctx, `UPDATE stream_persisted SET upto = $2 WHERE stream = $1 AND upto < $2`, g.cfg.Name, upto)
-	if err != nil {
-		return fmt.Errorf("streams: stream %s: store persisted-upto %d: %w", g.cfg.Name, upto, err)
+	if upto > stored {
+		tag, err := g.db.Exec(ctx, `UPDATE stream_persisted SET upto = $2 WHERE stream = $1 AND upto < $2`, g.cfg.Name, upto)
+		if err != nil {
+			return fmt.Errorf("streams: stream %s: store persisted-upto %d: %w", g.cfg.Name, upto, err)
+		}
+		g.mu.Lock()
+		g.tr.Stored(upto) // the row is at or above it now
+		if tag.RowsAffected() == 1 {
+			g.marks.raised(upto)
+		}
+		g.mu.Unlock()
 	}
 	g.mu.Lock()
-	g.tr.Stored(upto) // the row is at or above it now
+	mark, prune := g.marks.due(time.Now())
 	g.mu.Unlock()
+	if mark != 0 {
+		g.mark(ctx, mark, prune)
+	}
 	return nil
 }
 

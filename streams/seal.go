@@ -28,8 +28,11 @@ type WriterRow struct {
 	// LeaseUntil is when the holder's lease runs out (database clock);
 	// zero when there is no lease (sealed, or never claimed).
 	LeaseUntil time.Time
-	Sealed     bool
-	Epoch      int64
+	// TTL is the lease's time to live as its holder renews it (zero
+	// without a lease).
+	TTL    time.Duration
+	Sealed bool
+	Epoch  int64
 	// URL is where the holder serves, as it recorded when it took the
 	// name; "" if it recorded none.
 	URL string
@@ -73,7 +76,7 @@ func seal(ctx context.Context, db DB, name, instance string, epoch int64, stream
 		var ep int64
 		var until *time.Time
 		err := tx.QueryRow(ctx, `
-			SELECT id, instance, sealed, epoch, lease_until, COALESCE(lease_until > now(), false)
+			SELECT id, instance, sealed, epoch, lease_until, `+leaseLiveSQL+`
 			FROM weft_writers WHERE name = $1 FOR UPDATE`, name).Scan(&id, &holder, &sealed, &ep, &until, &live)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("no writer named %s", name)
@@ -155,10 +158,20 @@ func streamHead(ctx context.Context, q DB, c Config) (int64, error) {
 	return head, nil
 }
 
-// Expired lists the writers whose lease ran out (by the database clock)
-// and that are not sealed: what a survivor's sealing loop seals.
+// leaseLiveSQL is true while a holding's lease is live: by the database
+// clock, or within one TTL (lease_until - heartbeat_at: each renewal sets
+// both) of the database server's start. Nobody can renew a lease while
+// the server is down, so a lease that lapsed during a restart is not
+// taken from a holder that is alive until it has had a TTL to renew
+// (issue 48: an 18 s outage with a 10 s lease sealed a writer that had
+// already committed again after the return).
+const leaseLiveSQL = `COALESCE(lease_until > now() OR pg_postmaster_start_time() + (lease_until - heartbeat_at) > now(), false)`
+
+// Expired lists the writers whose lease ran out (by the database clock,
+// and not within a TTL of the server's start: leaseLiveSQL) and that are
+// not sealed: what a survivor's sealing loop seals.
 func Expired(ctx context.Context, db DB) ([]WriterRow, error) {
-	return writers(ctx, db, `WHERE instance IS NOT NULL AND NOT sealed AND lease_until <= now()`)
+	return writers(ctx, db, `WHERE instance IS NOT NULL AND NOT sealed AND lease_until IS NOT NULL AND NOT `+leaseLiveSQL)
 }
 
 // Writers lists every registered writer, by name, for status pages.
@@ -167,7 +180,8 @@ func Writers(ctx context.Context, db DB) ([]WriterRow, error) {
 }
 
 func writers(ctx context.Context, db DB, where string) ([]WriterRow, error) {
-	rows, err := db.Query(ctx, `SELECT id, name, instance, lease_until, sealed, epoch, COALESCE(url, '') FROM weft_writers `+where+` ORDER BY name`)
+	rows, err := db.Query(ctx, `SELECT id, name, instance, lease_until, sealed, epoch, COALESCE(url, ''),
+		COALESCE(extract(epoch FROM lease_until - heartbeat_at), 0)::float8 FROM weft_writers `+where+` ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("streams: list writers: %w", err)
 	}
@@ -175,8 +189,10 @@ func writers(ctx context.Context, db DB, where string) ([]WriterRow, error) {
 	var w WriterRow
 	var instance *string
 	var until *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&w.ID, &w.Name, &instance, &until, &w.Sealed, &w.Epoch, &w.URL}, func() error {
+	var ttl float64
+	_, err = pgx.ForEachRow(rows, []any{&w.ID, &w.Name, &instance, &until, &w.Sealed, &w.Epoch, &w.URL, &ttl}, func() error {
 		r := w
+		r.TTL = time.Duration(ttl * float64(time.Second))
 		if instance != nil {
 			r.Instance = *instance
 		}
@@ -208,13 +224,28 @@ func SealLoop(ctx context.Context, db DB, streams []Config, every time.Duration,
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	// A lease that ran out while this loop could not reach the database
+	// (cut off from everyone, not restarted) may have lapsed only because
+	// its holder could not reach it either: it is sealed only once its
+	// holder has had a TTL to renew since the loop reached the database
+	// again (issue 48).
+	var recovered time.Time // zero: every check so far reached it
+	failing := false
 	for {
-		if expired, err := Expired(ctx, db); err == nil {
-			for _, w := range expired {
-				s, err := Seal(ctx, db, w.Name, w.Instance, streams, false)
-				if err == nil && onSealed != nil {
-					onSealed(s)
-				}
+		expired, err := Expired(ctx, db)
+		switch {
+		case err != nil:
+			failing = true
+		case failing:
+			failing, recovered = false, time.Now()
+		}
+		for _, w := range expired {
+			if !recovered.IsZero() && time.Since(recovered) < w.TTL {
+				continue
+			}
+			s, err := Seal(ctx, db, w.Name, w.Instance, streams, false)
+			if err == nil && onSealed != nil {
+				onSealed(s)
 			}
 		}
 		select {

@@ -171,7 +171,7 @@ func (t *Tracker) CheckAllocated(tk Ticket, ids []int64) error {
 	for i, id := range ids {
 		switch {
 		case id <= floor:
-			return fmt.Errorf("%w: id %d is at or below %d, known before the IDs were asked for", ErrNotFromSequence, id, floor)
+			return fmt.Errorf("%w: id %d is %w %d, known before the IDs were asked for", ErrNotFromSequence, id, errBelowFloor, floor)
 		case i > 0 && id <= ids[i-1]:
 			return fmt.Errorf("%w: id %d returned twice (or IDs not sorted)", ErrNotFromSequence, id)
 		}

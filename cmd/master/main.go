@@ -10,6 +10,11 @@
 //	master writers add NAME | remove NAME
 //	                        change a shard map's writers: a new epoch
 //	master groups           consumer groups: members, what each owns, lag
+//	master consumers [list] every consumer and group: cursor, lag, paused
+//	master consumers pause STREAM NAME | resume STREAM NAME
+//	                        stop or restart applying (every process, ~1 s)
+//	master consumers seek STREAM NAME --to start|end|POS|RFC3339-TIME
+//	                        move the cursor (a group's, every partition's)
 //
 // Each command takes only the flags it uses. Exit status: 0 on success and
 // after SIGTERM or SIGINT, 1 after a runtime failure, 2 for a bad flag,
@@ -32,12 +37,13 @@ import (
 type cli struct {
 	Version kong.VersionFlag `help:"Print the version and exit."`
 
-	Run     server.ServeFlags `cmd:"" default:"withargs" help:"Run the master (the default): migrate, seal writers whose lease expired, write typing, serve clients."`
-	Migrate migrateCmd        `cmd:"" help:"Apply schema migrations and exit."`
-	Check   checkCmd          `cmd:"" help:"Run the startup consistency checks of every stream."`
-	Status  statusCmd         `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
-	Writers writersCmd        `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
-	Groups  groupsCmd         `cmd:"" help:"Show the consumer groups: their members, the partitions each owns and its lag (from the database)."`
+	Run       server.ServeFlags `cmd:"" default:"withargs" help:"Run the master (the default): migrate, seal writers whose lease expired, write typing, serve clients."`
+	Migrate   migrateCmd        `cmd:"" help:"Apply schema migrations and exit."`
+	Check     checkCmd          `cmd:"" help:"Run the startup consistency checks of every stream."`
+	Status    statusCmd         `cmd:"" help:"Show live instances, writers, positions and lag (of a running instance's /status)."`
+	Writers   writersCmd        `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
+	Groups    groupsCmd         `cmd:"" help:"Show the consumer groups: their members, the partitions each owns and its lag (from the database)."`
+	Consumers consumersCmd      `cmd:"" help:"List, pause, resume or seek consumers and groups (stored in the database; running ones follow within a second)."`
 }
 
 // out is where the commands write.
@@ -82,6 +88,23 @@ func run(args []string, o out) int {
 		err = c.Writers.Add.add(ctx, o)
 	case "groups":
 		err = c.Groups.run(ctx, o)
+	case "consumers", "consumers list":
+		err = c.Consumers.List.run(ctx, o)
+	case "consumers pause <stream> <name>", "consumers resume <stream> <name>":
+		cmd, pause := c.Consumers.Resume, kctx.Command() == "consumers pause <stream> <name>"
+		if pause {
+			cmd = c.Consumers.Pause
+		}
+		if err = cmd.validate(); err != nil {
+			return server.UsageError(o.stderr, "master consumers", err)
+		}
+		err = cmd.change(ctx, o, pause)
+	case "consumers seek <stream> <name>":
+		to, verr := c.Consumers.Seek.target()
+		if verr != nil {
+			return server.UsageError(o.stderr, "master consumers seek", verr)
+		}
+		err = c.Consumers.Seek.seek(ctx, o, to)
 	case "writers remove <name>":
 		if err = c.Writers.Remove.validate(); err != nil {
 			return server.UsageError(o.stderr, "master writers remove", err)
