@@ -315,14 +315,32 @@ func positionEnd(rows []Row) int {
 	return i
 }
 
-// lockCursorSQL locks a single consumer's cursor and reads it, with the
-// lowest position it has failed on above it, if any, how long until
-// that one's next attempt, and whether the consumer is paused.
-const lockCursorSQL = `SELECT c.pos, a.pos, extract(epoch FROM a.next_at - now())::float8, c.paused
-	FROM weft_consumers c LEFT JOIN LATERAL (
-		SELECT pos, next_at FROM weft_consumer_attempts a WHERE a.stream = c.stream AND a.name = c.name AND a.partition = -1
-		ORDER BY pos LIMIT 1) a ON true
-	WHERE c.stream = $1 AND c.name = $2 FOR UPDATE OF c`
+// lockCursor locks a single consumer's cursor and reads it and whether
+// the consumer is paused, with the lowest position it has failed on above
+// it, if any, and how long until that one's next attempt (nil when none).
+// One round trip, two statements: the attempts are read after the lock is
+// granted (a statement's snapshot is taken when it starts), so they are
+// those the previous holder of the lock committed.
+func (c *consumer) lockCursor(ctx context.Context, tx pgx.Tx) (pos int64, paused bool, failing *int64, wait *float64, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pos, paused FROM weft_consumers WHERE stream = $1 AND name = $2 FOR UPDATE`, c.cfg.Stream, c.cfg.Name).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&pos, &paused)
+	})
+	b.Queue(`SELECT pos, extract(epoch FROM next_at - clock_timestamp())::float8 FROM weft_consumer_attempts
+		WHERE stream = $1 AND name = $2 AND partition = -1 ORDER BY pos LIMIT 1`, c.cfg.Stream, c.cfg.Name).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var p int64
+			var w float64
+			if err := rows.Scan(&p, &w); err != nil {
+				return err
+			}
+			failing, wait = &p, &w
+		}
+		return rows.Err()
+	})
+	err = tx.SendBatch(ctx, b).Close()
+	return pos, paused, failing, wait, err
+}
 
 // commit applies rows (read after the cursor after, up to next, whole
 // positions) and moves the cursor to next, in one transaction that locks
@@ -333,15 +351,14 @@ const lockCursorSQL = `SELECT c.pos, a.pos, extract(epoch FROM a.next_at - now()
 func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int64) error {
 	var applied int
 	var hold time.Duration
+	var fail *failure
+	var fnErr error
 	err := pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
 		// The row lock makes processes that run the same consumer take
 		// turns, each from the cursor the previous one committed; and a
 		// pause or seek waits for it (control.go).
-		var pos int64
-		var paused bool
-		var failing *int64
-		var wait *float64
-		if err := tx.QueryRow(ctx, lockCursorSQL, c.cfg.Stream, c.cfg.Name).Scan(&pos, &failing, &wait, &paused); err != nil {
+		pos, paused, failing, wait, err := c.lockCursor(ctx, tx)
+		if err != nil {
 			return fmt.Errorf("lock the cursor: %w", err)
 		}
 		switch {
@@ -359,12 +376,14 @@ func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int
 		i, _ := slices.BinarySearchFunc(rows, pos+1, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
 		rows = rows[i:]
 		clear := failing != nil && *failing <= next
+		due := false
 		if failing != nil && *failing > pos && *failing <= next {
 			cut := *failing // its attempt is due: the batch ends with it
+			due = true
 			if *wait > 0 {
 				// Not due yet (another process's attempt, or one before
 				// a restart): up to it, then wait.
-				hold, clear, cut = time.Duration(*wait*float64(time.Second)), false, *failing-1
+				hold, clear, cut, due = time.Duration(*wait*float64(time.Second)), false, *failing-1, false
 			}
 			j, _ := slices.BinarySearchFunc(rows, cut+1, func(r Row, p int64) int { return cmp.Compare(r.Pos, p) })
 			rows, next = rows[:j], cut
@@ -374,8 +393,38 @@ func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int
 			}
 		}
 		if len(rows) > 0 {
-			if err := c.cfg.Apply(ctx, tx, rows); err != nil {
-				return &applyError{from: rows[0].Pos, to: rows[len(rows)-1].Pos, err: err}
+			atx := tx
+			if due && rows[0].Pos == *failing {
+				// Another attempt at a failing position alone: in a
+				// savepoint, so that its failure is recorded under the
+				// lock it ran under, with the next attempt's time; no
+				// other process sees the position due in between.
+				var err error
+				if atx, err = tx.Begin(ctx); err != nil {
+					return fmt.Errorf("savepoint: %w", err)
+				}
+			}
+			if err := c.cfg.Apply(ctx, atx, rows); err != nil {
+				if atx == tx {
+					return &applyError{from: rows[0].Pos, to: rows[len(rows)-1].Pos, err: err}
+				}
+				if rerr := atx.Rollback(ctx); rerr != nil {
+					return fmt.Errorf("roll back to the savepoint: %w", rerr)
+				}
+				f, rerr := c.recordFailure(ctx, tx, rows, err)
+				if rerr != nil {
+					return rerr
+				}
+				fail, fnErr = &f, err
+				if next = pos; f.dead {
+					next = f.pos
+				}
+				return nil
+			}
+			if atx != tx {
+				if err := atx.Commit(ctx); err != nil {
+					return fmt.Errorf("release the savepoint: %w", err)
+				}
 			}
 		}
 		if clear { // applied now (or before: a stale count)
@@ -395,6 +444,10 @@ func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int
 		return err
 	}
 	c.pos.Store(next)
+	if fail != nil {
+		c.afterFailure(*fail, fnErr)
+		return nil
+	}
 	c.rows.Add(float64(applied))
 	if hold > 0 {
 		c.holdUntil = time.Now().Add(hold)
@@ -412,7 +465,6 @@ func (c *consumer) commit(ctx context.Context, after int64, rows []Row, next int
 // past it in that transaction.
 func (c *consumer) failed(ctx context.Context, rows []Row, fnErr error) error {
 	var f failure
-	pos := rows[0].Pos
 	err := pgx.BeginFunc(ctx, c.n.pool, func(tx pgx.Tx) error {
 		var cur int64
 		var paused bool
@@ -423,37 +475,54 @@ func (c *consumer) failed(ctx context.Context, rows []Row, fnErr error) error {
 		switch {
 		case paused: // since the attempt: it counts after the resume
 			return errPaused
-		case cur >= pos: // another process applied it meanwhile
+		case cur >= rows[0].Pos: // another process applied it meanwhile
 			return nil
 		case cur < c.pos.Load(): // a seek back since: the rows are read again
 			return nil
 		}
 		var err error
-		if f, err = recordAttempt(ctx, tx, c.cfg, -1, rows, fnErr); err != nil || !f.dead {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE weft_consumers SET pos = $3, updated_at = now() WHERE stream = $1 AND name = $2`,
-			c.cfg.Stream, c.cfg.Name, pos); err != nil {
-			return fmt.Errorf("move the cursor past dead letter %d: %w", pos, err)
-		}
-		return nil
+		f, err = c.recordFailure(ctx, tx, rows, fnErr)
+		return err
 	})
 	if err != nil || f.attempts == 0 {
 		return err
 	}
+	if f.dead {
+		c.pos.Store(f.pos)
+	}
+	c.afterFailure(f, fnErr)
+	return nil
+}
+
+// recordFailure records, in tx, which holds the cursor's lock, a failed
+// attempt at rows (one position), and when it is dead-lettered moves the
+// cursor past it.
+func (c *consumer) recordFailure(ctx context.Context, tx pgx.Tx, rows []Row, fnErr error) (failure, error) {
+	f, err := recordAttempt(ctx, tx, c.cfg, -1, rows, fnErr)
+	if err != nil || !f.dead {
+		return f, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE weft_consumers SET pos = $3, updated_at = now() WHERE stream = $1 AND name = $2`,
+		c.cfg.Stream, c.cfg.Name, f.pos); err != nil {
+		return f, fmt.Errorf("move the cursor past dead letter %d: %w", f.pos, err)
+	}
+	return f, nil
+}
+
+// afterFailure is what the consumer does once a failed attempt is
+// recorded: it waits for the next one, or goes on past a dead letter.
+func (c *consumer) afterFailure(f failure, fnErr error) {
 	c.attempts.Inc()
 	c.n.logFailure(c.cfg, -1, f, fnErr)
 	if f.dead {
 		c.dead.Inc()
-		c.pos.Store(pos)
 		c.failingPos.Store(0)
 		c.failingAttempts.Store(0)
-		return nil
+		return
 	}
-	c.failingPos.Store(pos)
+	c.failingPos.Store(f.pos)
 	c.failingAttempts.Store(int64(f.attempts))
 	c.holdUntil = time.Now().Add(f.delay)
-	return nil
 }
 
 // redriveRequested applies the consumer's dead letters a retry was asked

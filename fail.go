@@ -29,15 +29,15 @@ type failure struct {
 func recordAttempt(ctx context.Context, tx pgx.Tx, c Consumer, part int, rows []Row, err error) (failure, error) {
 	f := failure{pos: rows[0].Pos}
 	text := err.Error()
-	if err := tx.QueryRow(ctx, `INSERT INTO weft_consumer_attempts AS a (stream, name, pos, partition, attempts, last_error)
-		VALUES ($1, $2, $3, $4, 1, $5)
-		ON CONFLICT (stream, name, pos, partition) DO UPDATE SET attempts = a.attempts + 1, last_failed_at = now(), last_error = EXCLUDED.last_error
+	if err := tx.QueryRow(ctx, `INSERT INTO weft_consumer_attempts AS a (stream, name, pos, partition, attempts, last_error, first_failed_at, last_failed_at)
+		VALUES ($1, $2, $3, $4, 1, $5, clock_timestamp(), clock_timestamp())
+		ON CONFLICT (stream, name, pos, partition) DO UPDATE SET attempts = a.attempts + 1, last_failed_at = clock_timestamp(), last_error = EXCLUDED.last_error
 		RETURNING attempts`, c.Stream, c.Name, f.pos, part, text).Scan(&f.attempts); err != nil {
 		return f, fmt.Errorf("count the attempt at %d: %w", f.pos, err)
 	}
 	f.dead, f.delay = c.Retry.nextAttempt(err, f.attempts)
 	if !f.dead {
-		if _, err := tx.Exec(ctx, `UPDATE weft_consumer_attempts SET next_at = now() + $5 * interval '1 microsecond'
+		if _, err := tx.Exec(ctx, `UPDATE weft_consumer_attempts SET next_at = clock_timestamp() + $5 * interval '1 microsecond'
 			WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4`, c.Stream, c.Name, f.pos, part, f.delay.Microseconds()); err != nil {
 			return f, fmt.Errorf("store the next attempt at %d: %w", f.pos, err)
 		}
@@ -58,11 +58,11 @@ func recordAttempt(ctx context.Context, tx pgx.Tx, c Consumer, part int, rows []
 	if _, err := tx.Exec(ctx, `WITH a AS (
 			DELETE FROM weft_consumer_attempts WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4 RETURNING *
 		)
-		INSERT INTO weft_dead_letters (stream, name, pos, partition, key, writer, rows, error, attempts, first_failed_at, last_failed_at)
+		INSERT INTO weft_dead_letters (stream, name, pos, partition, key, writer, rows, error, attempts, first_failed_at, last_failed_at, dead_at)
 		SELECT stream, name, pos, partition, CASE WHEN $7::text IS NULL THEN NULL ELSE coalesce($6::jsonb -> 0 ->> $7, '') END,
-			$5, $6::jsonb, last_error, attempts, first_failed_at, last_failed_at FROM a
+			$5, $6::jsonb, last_error, attempts, first_failed_at, last_failed_at, clock_timestamp() FROM a
 		ON CONFLICT (stream, name, pos, partition) DO UPDATE SET error = EXCLUDED.error, attempts = weft_dead_letters.attempts + EXCLUDED.attempts,
-			last_failed_at = EXCLUDED.last_failed_at, dead_at = now(), retry_requested_at = NULL`,
+			last_failed_at = EXCLUDED.last_failed_at, dead_at = EXCLUDED.dead_at, retry_requested_at = NULL`,
 		c.Stream, c.Name, f.pos, part, rows[0].Writer, string(all), key); err != nil {
 		return f, fmt.Errorf("dead-letter %d: %w", f.pos, err)
 	}

@@ -28,8 +28,10 @@ func TestRedisOutageDegraded(t *testing.T) {
 		maxRSS   = 64 << 20               // growth allowed per instance over the outage
 		baseline = 5 * time.Second        // the load measured with Redis up
 		// stallBound is the most any write may take to reach a sync:
-		// without degraded mode, a write of the outage waits for Redis.
-		stallBound = 5 * time.Second
+		// without degraded mode, a write of the outage waits for Redis
+		// (the whole outage, 20 s or more), so a generous bound still
+		// tells the two apart on a starved host.
+		stallBound = 10 * time.Second
 	)
 	outage := pick(20*time.Second, 120*time.Second)
 	ch := newChaos(t, chaosOpts{})
@@ -77,11 +79,13 @@ func TestRedisOutageDegraded(t *testing.T) {
 				t.Errorf("%s: resident memory grew %.0f MiB over the outage, want <= %d MiB", p.name, grew/(1<<20), maxRSS>>20)
 			}
 		}
-		// Every instance returned what was acknowledged within an announce
-		// interval and a second, and was ready all along (the first
-		// interval after the kill is when the links notice).
+		// Every instance returned what was acknowledged within a few
+		// announce intervals (degraded mode polls PostgreSQL at that pace;
+		// without it a write waits out the outage), and was ready all along
+		// (the first interval after the kill is when the links notice).
+		// The bound allows a starved host: at load 30, 1.14 s.
 		lags, n := ch.o.visibilityLags(ch.w, start, end)
-		bound := announce + time.Second
+		bound := announce + 3*time.Second
 		for name, l := range lags {
 			p99, worst := l[len(l)*99/100], l[len(l)-1]
 			t.Logf("%s: of %d writes during the outage, 99%% returned by its sync within %v of acknowledgement, all within %v",
