@@ -1,13 +1,16 @@
 package rooms
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
 
+	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -30,11 +33,24 @@ func TestSyncPagesKeepEachRoomsOrder(t *testing.T) {
 	for p := int64(816); p <= 848; p += 4 {
 		table = append(table, tableRow{pos: p + 1, writer: 2, room: "!r0:x"})
 	}
-	checkPaging(t, "report", table, 10)
+	checkPaging(t, "report", table, 10, nil)
 
 	for seed := range uint64(300) {
 		r := rand.New(rand.NewPCG(seed, 1))
-		checkPaging(t, "seed "+strconv.FormatUint(seed, 10), randomHistory(r), 1+r.IntN(12))
+		checkPaging(t, "seed "+strconv.FormatUint(seed, 10), randomHistory(r), 1+r.IntN(12), nil)
+	}
+}
+
+// TestLiveSyncWaitsForTheOldOwnersRows: live, this instance's view of
+// each writer lags the table by its own amount (a Redis message lost, one
+// writer heard before another), so a room's new owner may be seen before
+// its old owner's last rows. Answers must still give each room in stream
+// order: they stop below a row of an answered room that a lagging writer
+// committed and this instance has not seen (mergeSeen).
+func TestLiveSyncWaitsForTheOldOwnersRows(t *testing.T) {
+	for seed := range uint64(300) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		checkPaging(t, "seed "+strconv.FormatUint(seed, 10), randomHistory(r), 1+r.IntN(12), r)
 	}
 }
 
@@ -70,8 +86,9 @@ func randomHistory(r *rand.Rand) []tableRow {
 
 // checkPaging syncs table from the start in pages of page rows per
 // writer until nothing is left, and compares each room's events with the
-// table's.
-func checkPaging(t *testing.T, name string, table []tableRow, page int) {
+// table's. With lag set, each writer's view (what a read may reach)
+// rises at its own random pace to the table's end, as views do live.
+func checkPaging(t *testing.T, name string, table []tableRow, page int, lag *rand.Rand) {
 	t.Helper()
 	writers := map[streams.WriterID]bool{}
 	for _, row := range table {
@@ -89,14 +106,24 @@ func checkPaging(t *testing.T, name string, table []tableRow, page int) {
 		upto = max(upto, row.pos)
 	}
 	since := map[streams.WriterID]int64{}
+	view := map[streams.WriterID]int64{}
+	for _, w := range ids {
+		view[w] = upto
+		if lag != nil {
+			view[w] = lag.Int64N(upto + 1)
+		}
+	}
 	got := map[string][]int64{}
 	for round := 0; ; round++ {
-		if round > len(table)+1 {
+		if round > 4*len(table)+10 {
 			t.Fatalf("%s: paging does not move on: %v", name, since)
 		}
 		var pages []writerPage
 		for _, w := range ids {
-			pg := writerPage{id: w, from: since[w], to: upto}
+			if lag != nil && lag.IntN(3) == 0 {
+				view[w] = min(upto, view[w]+1+lag.Int64N(20))
+			}
+			pg := writerPage{id: w, from: since[w], to: view[w]}
 			for _, row := range table {
 				if row.writer == w && row.pos > pg.from && row.pos <= pg.to && len(pg.rows) < page {
 					ev, _ := json.Marshal(row.pos)
@@ -107,7 +134,21 @@ func checkPaging(t *testing.T, name string, table []tableRow, page int) {
 			pg.full = len(pg.rows) == page
 			pages = append(pages, pg)
 		}
-		out, held := mergePages(pages)
+		// Every row of the table has committed: what a lagging view
+		// has not reached is there to find.
+		unseen := func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
+			var q int64
+			for _, row := range table {
+				if h, ok := held[row.writer]; ok && h < hi && row.pos > h && row.pos <= hi && slices.Contains(rooms, row.room) && (q == 0 || row.pos < q) {
+					q = row.pos
+				}
+			}
+			return q, nil
+		}
+		out, held, err := mergeSeen(pages, pageCut(pages), unseen)
+		if err != nil {
+			t.Fatal(err)
+		}
 		for room, evs := range out {
 			for _, ev := range evs {
 				var p int64
@@ -125,7 +166,11 @@ func checkPaging(t *testing.T, name string, table []tableRow, page int) {
 			moved = moved || h > since[w]
 			since[w] = h
 		}
-		if !moved {
+		caughtUp := true
+		for _, w := range ids {
+			caughtUp = caughtUp && view[w] == upto
+		}
+		if !moved && caughtUp {
 			break
 		}
 	}
@@ -137,6 +182,43 @@ func checkPaging(t *testing.T, name string, table []tableRow, page int) {
 		slices.Sort(ps)
 		if !slices.Equal(got[room], ps) {
 			t.Fatalf("%s, pages of %d: room %s came back as %v, want %v (stream order, each once)", name, page, room, got[room], ps)
+		}
+	}
+}
+
+// firstUnseen's statement against the table: the lowest row above each
+// lagging writer's held position, up to hi, in the rooms asked about.
+func TestFirstUnseenReadsTheTable(t *testing.T) {
+	pool, _ := testenv.NewPool(t)
+	ctx := context.Background()
+	if err := Migrate(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []struct {
+		pos          int64
+		writer, room string
+	}{{10, "a", "!moved:x"}, {12, "a", "!other:x"}, {14, "a", "!moved:x"}, {20, "b", "!moved:x"}, {30, "a", "!moved:x"}} {
+		if _, err := pool.Exec(ctx, `INSERT INTO events (stream_id, writer, room, event_id, sender, txn_id, kind, content, rows)
+			VALUES ($1, $2, $3, $4, '@u:x', $4, 'message', '{}', '[{}]')`, e.pos, e.writer, e.room, fmt.Sprint("$e", e.pos)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &Service{pool: pool}
+	pages := []writerPage{{id: 1, name: "a"}, {id: 2, name: "b"}}
+	for _, c := range []struct {
+		heldA, hi int64
+		rooms     []string
+		want      int64
+	}{
+		{heldA: 10, hi: 20, rooms: []string{"!moved:x"}, want: 14}, // a's 14 not seen: b's 20 must wait
+		{heldA: 14, hi: 20, rooms: []string{"!moved:x"}, want: 0},  // seen up to 14: nothing between
+		{heldA: 10, hi: 13, rooms: []string{"!other:x"}, want: 12},
+		{heldA: 10, hi: 20, rooms: []string{"!other:x", "!moved:x"}, want: 12},
+		{heldA: 20, hi: 20, rooms: []string{"!moved:x"}, want: 0}, // a not lagging
+	} {
+		got, err := s.firstUnseen(ctx, pages, map[streams.WriterID]int64{1: c.heldA, 2: c.hi}, c.hi, c.rooms)
+		if err != nil || got != c.want {
+			t.Errorf("held a %d, hi %d, rooms %v: %d, %v; want %d", c.heldA, c.hi, c.rooms, got, err, c.want)
 		}
 	}
 }

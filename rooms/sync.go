@@ -301,7 +301,7 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 	pages := make([]writerPage, 0, reg.Len())
 	for w := range reg.All() {
 		id, wname := w.ID, w.Name
-		pg := writerPage{id: id, from: since.Get(id), to: upto.Get(id)}
+		pg := writerPage{id: id, name: wname, from: since.Get(id), to: upto.Get(id)}
 		if pg.to > pg.from {
 			var err error
 			read := func(q catchup.Querier, from, to int64) (more bool, err error) {
@@ -339,8 +339,69 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 		}
 		pages = append(pages, pg)
 	}
-	out, held := mergePages(pages)
+	out, held, err := mergeSeen(pages, pageCut(pages), func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
+		return s.firstUnseen(ctx, pages, held, hi, rooms)
+	})
+	if err != nil {
+		return nil, streams.Token{}, err
+	}
 	return out, streams.Merge(since, reg.Token(held)), nil
+}
+
+// unseenFunc returns the lowest position above held[w] and at most hi of
+// a committed row of a writer w of rooms that this instance's views have
+// not reached (held[w] < hi), or 0 when there is none.
+type unseenFunc func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error)
+
+// mergeSeen is mergePages at cut, lowered below any row of a room in the
+// answer that another writer committed and this instance has not seen
+// yet: a room that moved from writer A to B holds A's rows below B's, and
+// if A's last ones have not reached this instance's view (a Redis
+// message lost and not repaired yet, say) the answer must not carry B's.
+// It waits for them instead (the view moves on within a gap repair, and
+// every row applied wakes the long-polls of its room). One statement, on
+// the rooms of the answer only; it finds nothing unless a room moved.
+func mergeSeen(pages []writerPage, cut int64, unseen unseenFunc) (map[string][]json.RawMessage, map[streams.WriterID]int64, error) {
+	out, held, hi, rooms := mergePages(pages, cut)
+	if len(rooms) == 0 {
+		return out, held, nil
+	}
+	lagging := false
+	for _, h := range held {
+		lagging = lagging || h < hi
+	}
+	if !lagging {
+		return out, held, nil
+	}
+	q, err := unseen(held, hi, rooms)
+	if err != nil || q == 0 {
+		return out, held, err
+	}
+	out, held, _, _ = mergePages(pages, q-1)
+	return out, held, nil
+}
+
+// firstUnseen is the unseenFunc of a sync read: from the primary, where
+// rows commit.
+func (s *Service) firstUnseen(ctx context.Context, pages []writerPage, held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
+	var names []string
+	var after []int64
+	for _, pg := range pages {
+		if h := held[pg.id]; h < hi {
+			names, after = append(names, pg.name), append(after, h)
+		}
+	}
+	var q *int64
+	err := s.pool.QueryRow(ctx, `SELECT min(e.stream_id) FROM unnest($1::text[], $2::bigint[]) AS u(writer, after)
+		JOIN events e ON e.writer = u.writer AND e.stream_id > u.after AND e.stream_id <= $3 WHERE e.room = ANY($4)`,
+		names, after, hi, rooms).Scan(&q)
+	if err != nil {
+		return 0, fmt.Errorf("rooms: sync read: rows not seen yet below %d: %w", hi, err)
+	}
+	if q == nil {
+		return 0, nil
+	}
+	return *q, nil
 }
 
 // writerPage is what a sync read of one writer's range (from, to] found:
@@ -348,28 +409,35 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 // follow).
 type writerPage struct {
 	id       streams.WriterID
+	name     string
 	from, to int64
 	rows     []roomEvent
 	full     bool
 }
 
-// mergePages makes one answer of the writers' pages: each room's events in
-// stream order, and where each writer's token goes. A room that moved
-// between writers holds rows of several of them; positions come from one
-// sequence and a room's new owner writes only after its old one finished,
-// so stream order is the room's write order. The answer ends at cut, the
-// lowest last position of the pages that filled up: a writer read further
-// gives back its rows above cut for the next page, so no page carries a
-// room's later event while an earlier one of another writer waits for a
-// later page. Every writer still reaches past its from, or the page that
-// set cut does, so paging always moves on.
-func mergePages(pages []writerPage) (map[string][]json.RawMessage, map[streams.WriterID]int64) {
+// pageCut is where an answer of pages ends: the lowest last position of
+// the pages that filled up (more may follow them), or MaxInt64.
+func pageCut(pages []writerPage) int64 {
 	cut := int64(math.MaxInt64)
 	for _, pg := range pages {
 		if pg.full {
 			cut = min(cut, pg.rows[len(pg.rows)-1].pos)
 		}
 	}
+	return cut
+}
+
+// mergePages makes one answer of the writers' pages, up to cut: each
+// room's events in stream order, where each writer's token goes, the
+// highest position answered and the rooms answered. A room that moved
+// between writers holds rows of several of them; positions come from one
+// sequence and a room's new owner writes only after its old one
+// finished, so stream order is the room's write order. Cut at pageCut, a
+// writer read further gives back its rows above cut for the next page, so
+// no page carries a room's later event while an earlier one of another
+// writer waits for a later page. Every writer still reaches past its
+// from, or the page that set cut does, so paging always moves on.
+func mergePages(pages []writerPage, cut int64) (map[string][]json.RawMessage, map[streams.WriterID]int64, int64, []string) {
 	held := make(map[streams.WriterID]int64, len(pages))
 	var kept []roomEvent
 	for _, pg := range pages {
@@ -383,10 +451,16 @@ func mergePages(pages []writerPage) (map[string][]json.RawMessage, map[streams.W
 	}
 	slices.SortFunc(kept, func(a, b roomEvent) int { return cmp.Compare(a.pos, b.pos) })
 	out := map[string][]json.RawMessage{}
+	var hi int64
+	var rooms []string
 	for _, e := range kept {
+		if _, ok := out[e.room]; !ok {
+			rooms = append(rooms, e.room)
+		}
 		out[e.room] = append(out[e.room], e.ev)
+		hi = e.pos
 	}
-	return out, held
+	return out, held, hi, rooms
 }
 
 // beyondStream says why a token ahead of this instance cannot have come
