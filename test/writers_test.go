@@ -172,7 +172,7 @@ func writerUnderLoad(t *testing.T) loadedCluster {
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
 	l := runLoad(ctx, []*proc{master, p2, sync1}, 4)
-	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	testenv.Eventually(t, 60*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
 	return loadedCluster{c: c, master: master, p1: p1, p2: p2, sync1: sync1, l: l, stop: stop}
 }
 
@@ -224,7 +224,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	c.launch(p1)
 	c.waitReady(p1)
 	restarted := l.ackedCount()
-	testenv.Eventually(t, 20*time.Second, func() bool { return l.ackedCount() > restarted+200 },
+	testenv.Eventually(t, 60*time.Second, func() bool { return l.ackedCount() > restarted+200 },
 		"load stalled after the restart")
 	lc.stop()
 	checkAll(t, l, lc.procs()...)
@@ -239,7 +239,9 @@ func TestWriterRollingRestart(t *testing.T) {
 	c.stop(p1, syscall.SIGTERM)
 	c.launch(p1)
 	c.waitReady(p1)
-	testenv.Eventually(t, 10*time.Second, func() bool { return l.ackedCount() > 600 }, "load stalled after the restart")
+	// A liveness check, as loadFor's: side by side with other E2E tests
+	// on 2 cores (CI, load 20) 10 s was not enough for the load to go on.
+	testenv.Eventually(t, 60*time.Second, func() bool { return l.ackedCount() > 600 }, "load stalled after the restart")
 	lc.stop()
 	checkAll(t, l, lc.procs()...)
 }
