@@ -27,7 +27,7 @@ BENCHTIME ?= 1s
 # the machine is, so they may share it (docs/TESTING.md, "Flaky tests").
 E2E       ?= ./test
 TEST_P    ?= 4
-E2E_PARALLEL ?= 3
+E2E_PARALLEL ?= 1
 NORACE    ?= 1
 GOTEST    = GO='$(GO)' PKGS='$(PKGS)' E2E='$(E2E)' TESTFLAGS='$(TESTFLAGS)' TEST_P='$(TEST_P)' E2E_PARALLEL='$(E2E_PARALLEL)' NORACE='$(NORACE)'
 test:
