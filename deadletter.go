@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -55,36 +54,56 @@ type DeadLetter struct {
 	RetryRequestedAt time.Time `json:"retry_requested_at,omitzero"`
 }
 
+// Bounds of one ReadDeadLetters answer: a dead letter holds its rows,
+// and an operator's listing must not take a process's memory.
+const (
+	// MaxDeadLettersRead is the most dead letters one read returns.
+	MaxDeadLettersRead = 1000
+	// MaxDeadLetterBytesRead bounds the rows' data one read returns: it
+	// stops before the letter that would pass it (but returns at least
+	// one).
+	MaxDeadLetterBytesRead = 8 << 20
+)
+
 // ReadDeadLetters reads the dead letters stored in db: those of consumer
 // (single or group) of stream, or of every consumer of stream when
 // consumer is "", or every one when stream is "" too; by stream,
-// consumer, position and partition. It is for operators' tools (`master
+// consumer, position and partition, the first MaxDeadLettersRead of them
+// and at most MaxDeadLetterBytesRead of their rows' data (discard or
+// retry those to see the rest). It is for operators' tools (`master
 // consumers dead-letters`); Node.DeadLetters is the same on a node's
 // pool.
 func ReadDeadLetters(ctx context.Context, db *pgxpool.Pool, stream, consumer string) ([]DeadLetter, error) {
 	rows, err := db.Query(ctx, `SELECT stream, name, pos, partition, coalesce(key, ''), writer, rows::text, error, attempts,
 			first_failed_at, last_failed_at, dead_at, retry_requested_at
 		FROM weft_dead_letters WHERE ($1 = '' OR stream = $1) AND ($2 = '' OR name = $2)
-		ORDER BY stream, name, pos, partition`, stream, consumer)
+		ORDER BY stream, name, pos, partition LIMIT $3`, stream, consumer, MaxDeadLettersRead)
 	if err != nil {
 		return nil, fmt.Errorf("weft: read dead letters: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+	defer rows.Close()
+	var out []DeadLetter
+	size := 0
+	for rows.Next() {
 		var d DeadLetter
 		var data string
 		var retry *time.Time
-		if err := r.Scan(&d.Stream, &d.Consumer, &d.Pos, &d.Partition, &d.Key, &d.Writer, &data, &d.Error, &d.Attempts,
+		if err := rows.Scan(&d.Stream, &d.Consumer, &d.Pos, &d.Partition, &d.Key, &d.Writer, &data, &d.Error, &d.Attempts,
 			&d.FirstFailedAt, &d.LastFailedAt, &d.DeadAt, &retry); err != nil {
-			return d, err
+			return nil, fmt.Errorf("weft: read dead letters: %w", err)
+		}
+		if size += len(data); size > MaxDeadLetterBytesRead && len(out) > 0 {
+			break
 		}
 		if retry != nil {
 			d.RetryRequestedAt = *retry
 		}
-		var err error
-		d.Rows, err = deadRows(d.Stream, d.Writer, d.Pos, data)
-		return d, err
-	})
-	if err != nil {
+		if d.Rows, err = deadRows(d.Stream, d.Writer, d.Pos, data); err != nil {
+			return nil, fmt.Errorf("weft: read dead letters: %w", err)
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("weft: read dead letters: %w", err)
 	}
 	return out, nil
