@@ -96,6 +96,7 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 	if c.StartAtEnd {
 		start = st.gen.PersistedUpto()
 	}
+	start = max(start, st.pruned) // a new one starts at the first row kept
 	var pos int64
 	err := n.pool.QueryRow(ctx, `
 		WITH ins AS (

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/streams"
 )
 
@@ -132,24 +133,33 @@ func SeekConsumer(ctx context.Context, db *pgxpool.Pool, stream, name string, to
 		if err != nil {
 			return err
 		}
-		var upto int64
-		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT upto FROM stream_persisted WHERE stream = $1), 0)`, stream).Scan(&upto); err != nil {
+		// The stream's retention may not prune below the new cursor: a
+		// pruning pass works out its bound under this lock, exclusively.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+retentionLock+`)`, stream); err != nil {
+			return err
+		}
+		var upto, pruned int64
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT upto FROM stream_persisted WHERE stream = $1), 0),
+			coalesce((SELECT pruned FROM weft_stream_retention WHERE stream = $1), 0)`, stream).Scan(&upto, &pruned); err != nil {
 			return err
 		}
 		switch to.kind {
 		case seekStart:
-			pos = 0
+			pos = pruned
 		case seekEnd:
 			pos = upto
 		case seekPos:
 			if pos = to.pos; pos < 0 || pos > upto {
 				return fmt.Errorf("position %d is not between 0 and the stream's persisted-upto, %d (seek to end to skip every row written so far)", pos, upto)
 			}
+			if pos < pruned {
+				return &catchup.PrunedError{Stream: stream, From: pos, Pruned: pruned}
+			}
 		case seekTime:
 			if pos, err = streams.MarkedUpto(ctx, tx, stream, to.at); err != nil {
 				return err
 			}
-			pos = min(pos, upto)
+			pos = max(min(pos, upto), pruned)
 		}
 		if group {
 			if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = $3, updated_at = now() WHERE stream = $1 AND name = $2`,
@@ -188,7 +198,8 @@ const (
 	seekTime
 )
 
-// SeekStart is the stream's start: every row is applied again.
+// SeekStart is the stream's start: every row is applied again (every
+// row kept, for a stream with a Retention).
 func SeekStart() SeekTarget { return SeekTarget{kind: seekStart} }
 
 // SeekEnd is the stream's stored persisted-upto at the seek: every row

@@ -80,6 +80,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 	if c.StartAtEnd {
 		start = st.gen.PersistedUpto()
 	}
+	start = max(start, st.pruned) // a new one starts at the first row kept
 	parts := c.Partitions
 	if parts == 0 {
 		parts = DefaultPartitions

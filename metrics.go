@@ -14,6 +14,7 @@ type metrics struct {
 	handovers *prometheus.CounterVec
 	attempts  *prometheus.CounterVec
 	dead      *prometheus.CounterVec
+	pruned    *prometheus.CounterVec
 	lag       *lagCollector
 }
 
@@ -32,9 +33,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "dead_letters_total",
 			Help: "Positions a consumer dead-lettered (its retry policy gave up, or a permanent error), by stream and consumer."},
 			[]string{"stream", "consumer"}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "stream", Name: "pruned_rows_total",
+			Help: "Table rows this process deleted by a stream's Retention, by stream."}, []string{"stream"}),
 		lag: &lagCollector{},
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.attempts, m.dead, m.lag} {
+	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.attempts, m.dead, m.pruned, m.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

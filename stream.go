@@ -38,6 +38,9 @@ type Stream struct {
 	// through Node.Writer). Followers and consumers get one Row per
 	// position, its Data the array; Append takes arrays.
 	Arrays bool
+	// Retention bounds how long rows are kept (see Retention). The zero
+	// value keeps them all. Not for an ephemeral stream.
+	Retention Retention
 	// Ephemeral: the stream lives in its writers' memory, not in a table
 	// (leave the table's fields unset). A process that writes it (Writes)
 	// does so with Node.Ephemeral; one that restarts writes it again from
@@ -67,6 +70,9 @@ func (s Stream) validate() error {
 		if s.Table != "" || s.Sequence != "" || s.IDColumn != "" || s.WriterColumn != "" || s.DataColumn != "" || s.Arrays {
 			return errors.New("an ephemeral stream has no table: leave Table, Sequence, the columns and Arrays unset")
 		}
+		if s.Retention.set() {
+			return errors.New("Retention: an ephemeral stream keeps no rows to prune")
+		}
 		if !wire.ValidName(s.Name) {
 			return fmt.Errorf("name %q: want 1-128 of [A-Za-z0-9_.:-]", s.Name)
 		}
@@ -74,6 +80,9 @@ func (s Stream) validate() error {
 	}
 	s.setDefaults()
 	if err := s.config().Validate(); err != nil {
+		return err
+	}
+	if err := s.Retention.validate(); err != nil {
 		return err
 	}
 	for field, v := range map[string]string{"Table": s.Table, "Sequence": s.Sequence, "IDColumn": s.IDColumn, "WriterColumn": s.WriterColumn, "DataColumn": s.DataColumn} {
@@ -94,7 +103,7 @@ func (s Stream) config() streams.Config {
 // row is one row of its position, or with Arrays all of them.
 func (s Stream) source(pool *pgxpool.Pool, reads *catchup.ReadRouter) *catchup.SQLSource {
 	return &catchup.SQLSource{Pool: pool, Reads: reads, Stream: s.Name, Table: s.Table, IDColumn: s.IDColumn,
-		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: !s.Arrays}
+		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: !s.Arrays, Retention: s.Retention.set()}
 }
 
 // batchSQL reads a consumer's batch: the rows after $1 up to $2, in

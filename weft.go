@@ -120,6 +120,7 @@ type stream struct {
 	insertSQL string
 	followers []Handler
 	fromStart bool
+	pruned    int64 // the retention's pruned mark at Open
 }
 
 // Open starts a process: it migrates weft's tables, creates (or checks)
@@ -172,7 +173,13 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		if err := s.prepare(ctx, n.pool); err != nil {
 			return nil, err
 		}
-		n.streams[s.Name] = &stream{Stream: s, appendSQL: s.appendSQL(), insertSQL: s.insertSQL()}
+		st := &stream{Stream: s, appendSQL: s.appendSQL(), insertSQL: s.insertSQL()}
+		if s.Retention.set() {
+			if st.pruned, err = prunedUpto(ctx, n.pool, s.Name); err != nil {
+				return nil, fmt.Errorf("weft: stream %s: read its pruned mark: %w", s.Name, err)
+			}
+		}
+		n.streams[s.Name] = st
 	}
 	for _, f := range cfg.Followers {
 		st := n.streams[f.Stream]
@@ -365,7 +372,7 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 		fallback[st.Name] = sources[st.Name]
 		start := st.gen.PersistedUpto()
 		if st.fromStart {
-			start = 0
+			start = st.pruned // the first row kept
 		}
 		specs = append(specs, core.StreamSpec{Name: st.Name, Start: start})
 		if st.w != nil {
@@ -407,6 +414,11 @@ func (n *Node) start() {
 	}
 	for _, g := range n.groups {
 		wg.Go(func() { g.run(ctx) })
+	}
+	for _, st := range n.sorted() {
+		if st.w != nil && st.Retention.set() {
+			wg.Go(func() { n.pruneLoop(ctx, st) })
+		}
 	}
 	fabDone := make(chan struct{})
 	go func() {

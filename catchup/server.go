@@ -300,7 +300,7 @@ func (s *Server) updates(w http.ResponseWriter, r *http.Request, stream string, 
 		s.log.Error("catch-up source broke its contract", "stream", stream, "writer", req.writer, "from", req.from, "to", req.to, "err", err)
 		writeError(w, http.StatusInternalServerError, "source returned a bad page: "+err.Error(), "")
 		return http.StatusInternalServerError
-	case errors.Is(err, fabric.ErrGone):
+	case errors.Is(err, fabric.ErrGone), errors.Is(err, ErrPruned):
 		writeError(w, http.StatusGone, fmt.Sprintf("range (%d, %d] of %s/%s is gone: %v", req.from, req.to, stream, req.writer, err), "")
 		return http.StatusGone
 	}

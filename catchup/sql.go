@@ -3,6 +3,7 @@ package catchup
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -60,7 +61,32 @@ type SQLSource struct {
 	// OrderColumn orders the rows of one position when Grouped. Empty
 	// means an unspecified order.
 	OrderColumn string
+	// Retention: the stream has a retention (weft's Stream.Retention) and
+	// may have lost the rows at or below its pruned mark in
+	// weft_stream_retention. A range that starts below the mark answers an
+	// error wrapping ErrPruned instead of a page with a hole. Requires
+	// Stream.
+	Retention bool
 }
+
+// ErrPruned: the range asked for starts below the stream's pruned mark,
+// so some of its rows were deleted by the stream's retention. The server
+// answers it 410 Gone with the mark in the reason.
+var ErrPruned = errors.New("rows pruned by the stream's retention")
+
+// PrunedError is what a range below the pruned mark answers: it wraps
+// ErrPruned and says how far the stream is pruned.
+type PrunedError struct {
+	Stream string
+	From   int64 // the range asked for started after From
+	Pruned int64 // rows at or below Pruned may be gone
+}
+
+func (e *PrunedError) Error() string {
+	return fmt.Sprintf("stream %s: rows after %d asked for, but rows up to %d were pruned by the stream's retention", e.Stream, e.From, e.Pruned)
+}
+
+func (e *PrunedError) Unwrap() error { return ErrPruned }
 
 // Validate names the first invalid field. Identifiers must be plain
 // lower-case SQL names; they are quoted as well.
@@ -81,6 +107,9 @@ func (s *SQLSource) Validate() error {
 		if !sqlident.Valid(f.v) {
 			return fmt.Errorf("catchup: SQLSource: %s %q is not a plain lower-case SQL identifier", f.name, f.v)
 		}
+	}
+	if s.Retention && s.Stream == "" {
+		return fmt.Errorf("catchup: SQLSource: Stream is empty but Retention is set: name the stream in weft_stream_retention")
 	}
 	if s.Reads != nil && s.Stream == "" {
 		return fmt.Errorf("catchup: SQLSource: Stream is empty but Reads is set: name the stream in stream_positions")
@@ -165,6 +194,13 @@ func (s *SQLSource) StreamUpdates(ctx context.Context, writer string, from, to i
 	if from >= to {
 		return to, nil
 	}
+	// A range below the pruned mark is refused before a row is read, and
+	// checked again after: a pass that pruned it while the rows were read
+	// may have taken some of them (the mark is raised with the first
+	// delete, so the check after sees it if the read missed a row).
+	if err := s.checkPruned(ctx, from); err != nil {
+		return 0, err
+	}
 	var upto int64
 	read := func(q Querier, from, to int64) (more bool, err error) {
 		args := make([]any, 0, 4)
@@ -190,7 +226,27 @@ func (s *SQLSource) StreamUpdates(ctx context.Context, writer string, from, to i
 	if err != nil {
 		return 0, fmt.Errorf("catchup: SQLSource %s: writer %s (%d, %d]: %w", s.Table, writer, from, to, err)
 	}
+	if err := s.checkPruned(ctx, from); err != nil {
+		return 0, err
+	}
 	return upto, nil
+}
+
+// checkPruned answers a *PrunedError if the stream's pruned mark is above
+// from. The mark is read on the primary: a replica may lag behind it.
+func (s *SQLSource) checkPruned(ctx context.Context, from int64) error {
+	if !s.Retention {
+		return nil
+	}
+	var pruned int64
+	err := s.Pool.QueryRow(ctx, `SELECT coalesce(max(pruned), 0) FROM weft_stream_retention WHERE stream = $1`, s.Stream).Scan(&pruned)
+	switch {
+	case err != nil:
+		return fmt.Errorf("catchup: SQLSource %s: read the pruned mark: %w", s.Table, err)
+	case pruned > from:
+		return &PrunedError{Stream: s.Stream, From: from, Pruned: pruned}
+	}
+	return nil
 }
 
 // streamRows hands (int8, text) rows to emit, decoding the raw values

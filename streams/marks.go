@@ -23,7 +23,8 @@ const markEvery = time.Second
 
 // pruneEvery is how often an instance that writes marks prunes them, in
 // one bounded statement: marks older than markFine are thinned to the
-// first of each minute, and those older than markKeep dropped.
+// first of each minute, and those older than markKeep to the first of
+// each day (a stream's Retention by age reads them, however long it is).
 const (
 	pruneEvery = time.Minute
 	markFine   = time.Hour
@@ -90,14 +91,14 @@ func (g *Generator) mark(ctx context.Context, upto int64, prune bool) {
 }
 
 // pruneMarks thins the stream's marks older than markFine to the first
-// of each minute and drops those older than markKeep, at most pruneBatch
+// of each minute and those older than markKeep to the first of each day, at most pruneBatch
 // of them (oldest first; the index on (stream, at) finds each one's
 // minute), and returns how many it deleted.
 func pruneMarks(ctx context.Context, db DB, stream string) (int64, error) {
 	tag, err := db.Exec(ctx, `DELETE FROM weft_stream_marks WHERE stream = $1 AND at IN (
 		SELECT m.at FROM weft_stream_marks m WHERE m.stream = $1 AND m.at < now() - $2 * interval '1 millisecond'
-			AND (m.at < now() - $3 * interval '1 millisecond' OR EXISTS (
-				SELECT 1 FROM weft_stream_marks o WHERE o.stream = $1 AND o.at >= date_trunc('minute', m.at) AND o.at < m.at))
+			AND EXISTS (SELECT 1 FROM weft_stream_marks o WHERE o.stream = $1 AND o.at < m.at AND o.at >= date_trunc(
+				CASE WHEN m.at < now() - $3 * interval '1 millisecond' THEN 'day' ELSE 'minute' END, m.at))
 		ORDER BY m.at LIMIT $4)`, stream, markFine.Milliseconds(), markKeep.Milliseconds(), pruneBatch)
 	return tag.RowsAffected(), err
 }

@@ -59,18 +59,21 @@ func TestPruneMarks(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 90 s of marks a second ending two hours ago, 10 of the last minute,
-	// one 31 days ago; and another stream's old mark.
+	// three 31 days ago (kept: the day's first); and another stream's old
+	// mark.
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO weft_stream_marks (stream, at, upto)
 			SELECT 's', date_trunc('minute', now() - interval '2 hours') + i * interval '1 second', i FROM generate_series(0, 89) AS i;
 		INSERT INTO weft_stream_marks (stream, at, upto)
 			SELECT 's', now() - i * interval '1 second', 1000 - i FROM generate_series(1, 10) AS i;
-		INSERT INTO weft_stream_marks (stream, at, upto) VALUES ('s', now() - interval '31 days', 0), ('t', now() - interval '2 hours', 5);`); err != nil {
+		INSERT INTO weft_stream_marks (stream, at, upto) VALUES ('s', date_trunc('day', now() - interval '31 days') + interval '1 hour', 1),
+			('s', date_trunc('day', now() - interval '31 days') + interval '2 hours', 2),
+			('s', date_trunc('day', now() - interval '31 days') + interval '3 hours', 3), ('t', now() - interval '2 hours', 5);`); err != nil {
 		t.Fatal(err)
 	}
 	n, err := pruneMarks(ctx, pool, "s")
-	if err != nil || n != 89 { // 88 thinned (two minutes, their first kept) and the 31-day-old one
-		t.Fatalf("pruned %d (%v); want 89", n, err)
+	if err != nil || n != 90 { // 88 thinned (two minutes, their first kept) and two of the 31-day-old day
+		t.Fatalf("pruned %d (%v); want 90", n, err)
 	}
 	rows, err := pool.Query(ctx, `SELECT upto FROM weft_stream_marks WHERE stream = 's' ORDER BY at`)
 	if err != nil {
@@ -80,7 +83,7 @@ func TestPruneMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []int64{0, 60, 990, 991, 992, 993, 994, 995, 996, 997, 998, 999}
+	want := []int64{1, 0, 60, 990, 991, 992, 993, 994, 995, 996, 997, 998, 999}
 	if !slices.Equal(left, want) {
 		t.Fatalf("marks left %v, want %v", left, want)
 	}
