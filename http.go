@@ -66,7 +66,10 @@ type Status struct {
 type StreamStatus struct {
 	Name string `json:"name"`
 	// PersistedUpto: every position at or below it is committed or
-	// rolled back, on every writer (0 for an ephemeral stream).
+	// rolled back, on every writer (0 for an ephemeral stream). It is the
+	// value stored and handed out (Generator.PersistedUpto), which never
+	// goes backwards, across restarts too; the stream's consumers may
+	// read a little past it (Generator.ComputedUpto).
 	PersistedUpto int64 `json:"persisted_upto"`
 	// Writes: this process writes the stream.
 	Writes bool `json:"writes"`
@@ -108,7 +111,7 @@ func (n *Node) Status() Status {
 	for _, st := range n.sorted() {
 		ss := StreamStatus{Name: st.Name, Writes: st.w != nil || st.eph != nil}
 		if st.gen != nil {
-			ss.PersistedUpto = st.gen.ComputedUpto()
+			ss.PersistedUpto = st.gen.PersistedUpto()
 		}
 		s.Streams = append(s.Streams, ss)
 	}
