@@ -8,29 +8,32 @@ import (
 	"time"
 )
 
+// step is the time between two looks in these tests; the grace is two.
+const step = 250 * time.Millisecond
+
 // Scenarios for deathWatch, one holding each: per look, "H" its lock
 // held, "-" absent, "R" absent at a look right after a server restart,
 // "r" held right after one; want marks the looks that find it dead.
 func TestDeathWatchScenarios(t *testing.T) {
 	for _, tc := range []struct{ name, looks, want string }{
-		{"dies", "HH--", "...x"},
-		{"stays dead until sealed", "H----", "..xxx"},
+		{"dies", "HH---", "....x"},
+		{"stays dead until sealed", "H-----", "...xxx"},
 		{"never seen: left to the lease", "------", "......"},
-		{"a reset taken again within a look", "H-H-H-H", "......."},
-		{"restart ends every session", "HHR--", "....."},
-		{"seen again after the restart", "HHR-r--", "......x"},
-		{"restart between two absent looks", "H-R-", "...."},
+		{"a reset taken again within the grace", "H--H--H-H", "........."},
+		{"restart ends every session", "HHR---", "......"},
+		{"seen again after the restart", "HHR-r---", ".......x"},
+		{"restart between absent looks", "H--R--", "......"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := holdingRef{id: 1, name: "w", instance: "i", epoch: 3}
-			var w deathWatch
+			w := deathWatch{grace: 2 * step}
 			server := time.Unix(1000, 0)
 			var got strings.Builder
-			for _, c := range tc.looks {
+			for i, c := range tc.looks {
 				if c == 'R' || c == 'r' {
 					server = server.Add(time.Minute)
 				}
-				dead := w.observe(livenessLook{server: server, holdings: []lookedHolding{{h, c == 'H' || c == 'r'}}})
+				dead := w.observe(livenessLook{at: time.Unix(0, 0).Add(time.Duration(i) * step), server: server, holdings: []lookedHolding{{h, c == 'H' || c == 'r'}}})
 				switch {
 				case len(dead) == 1 && dead[0] == h:
 					got.WriteByte('x')
@@ -51,39 +54,40 @@ func TestDeathWatchScenarios(t *testing.T) {
 // seen says nothing of the new one, which is left to its lease until its
 // own lock is seen.
 func TestDeathWatchEpochs(t *testing.T) {
-	var w deathWatch
+	w := deathWatch{grace: 2 * step}
 	server := time.Unix(1000, 0)
 	old := holdingRef{id: 1, name: "w", instance: "a", epoch: 1}
 	succ := holdingRef{id: 1, name: "w", instance: "b", epoch: 2}
-	w.observe(livenessLook{server, []lookedHolding{{old, true}}})
-	for range 3 {
-		if dead := w.observe(livenessLook{server, []lookedHolding{{succ, false}}}); len(dead) != 0 {
+	w.observe(livenessLook{time.Unix(0, 0), server, []lookedHolding{{old, true}}})
+	for i := range 5 {
+		if dead := w.observe(livenessLook{time.Unix(0, 0).Add(time.Duration(i+1) * step), server, []lookedHolding{{succ, false}}}); len(dead) != 0 {
 			t.Fatalf("successor never seen holding its lock found dead: %v", dead)
 		}
 	}
 }
 
 // Against a naive model, over random looks of several holdings with
-// restarts: a holding is found dead exactly when its lock was absent at
-// this look and the one before, both of the current server, and held at
-// some look of that server before them.
+// restarts, at random intervals: a holding is found dead exactly when its
+// lock was absent at every look of the current server for at least the
+// grace, and held at some look of that server before them.
 func TestDeathWatchModel(t *testing.T) {
 	for seed := range uint64(2000) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		var w deathWatch
+		w := deathWatch{grace: 2 * step}
 		server := time.Unix(1000, 0)
+		now := time.Unix(0, 0)
 		holdings := []holdingRef{{1, "a", "a1", 1}, {2, "b", "b1", 1}, {3, "c", "c1", 4}}
 		type past struct {
-			server time.Time
-			held   bool
+			at, server time.Time
+			held       bool
 		}
 		history := map[holdingRef][]past{}
 		for look := range 30 {
 			if rng.IntN(10) == 0 {
 				server = server.Add(time.Second)
 			}
-			var l livenessLook
-			l.server = server
+			now = now.Add(time.Duration(rng.IntN(int(2 * step))))
+			l := livenessLook{at: now, server: server}
 			for _, h := range holdings {
 				if rng.IntN(5) == 0 { // not listed at this look (sealed, or not yet claimed): forgotten
 					delete(history, h)
@@ -91,17 +95,21 @@ func TestDeathWatchModel(t *testing.T) {
 				}
 				held := rng.IntN(3) != 0
 				l.holdings = append(l.holdings, lookedHolding{h, held})
-				history[h] = append(history[h], past{server, held})
+				history[h] = append(history[h], past{now, server, held})
 			}
 			got := w.observe(l)
 			var want []holdingRef
 			for _, lh := range l.holdings {
 				hs := history[lh.holdingRef]
-				n := len(hs)
-				if n < 3 || hs[n-1].held || hs[n-2].held || hs[n-2].server != server {
-					continue
+				// The absence: the looks since the last that found it held.
+				i := len(hs)
+				for i > 0 && !hs[i-1].held {
+					i--
 				}
-				if slices.ContainsFunc(hs[:n-2], func(p past) bool { return p.held && p.server == server }) {
+				if i == 0 || i == len(hs) || hs[i-1].server != server || hs[i].server != server {
+					continue // never held, held now, or held or first absent before a restart
+				}
+				if now.Sub(hs[i].at) >= 2*step {
 					want = append(want, lh.holdingRef)
 				}
 			}

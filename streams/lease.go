@@ -312,7 +312,7 @@ func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 // (one of ours the server has not yet ended), and after a failure to
 // connect, doubling up to the cap.
 const (
-	livenessLockRetry  = 100 * time.Millisecond
+	livenessLockRetry  = 20 * time.Millisecond
 	livenessRetryFirst = 50 * time.Millisecond
 	livenessRetryCap   = time.Second
 )
@@ -326,7 +326,8 @@ type beater struct {
 	c      *pgx.Conn
 	locked bool          // c holds the liveness lock
 	retry  time.Duration // the next wait after a failure to connect or lock
-	lost   time.Time     // when a session that held the lock last ended
+	lost     time.Time     // when a session that held the lock last ended
+	relocked time.Time     // when the lock was last taken again after that
 }
 
 func newBeater(l *Lease) *beater {
@@ -380,6 +381,12 @@ func (b *beater) keep(ctx context.Context, until time.Time) {
 			if !b.locked {
 				wait = min(wait, livenessLockRetry)
 			}
+		}
+		if b.locked && b.lost.After(b.relocked) {
+			// Taken again after a session that ended: heartbeat at once, to
+			// learn whether a survivor sealed the holding meanwhile.
+			b.relocked = time.Now()
+			return
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		err := b.c.PgConn().WaitForNotification(wctx) // nothing is listened to: returns at the deadline or when the session ends

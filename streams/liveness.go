@@ -13,7 +13,7 @@ import (
 // session-level advisory lock keyed by its holding (writer ID and epoch)
 // on its heartbeat connection. A process that dies closes its sockets, and
 // PostgreSQL ends its sessions and drops their locks at once, so a
-// survivor (SealDead) sees the death within a look or two instead of
+// survivor (SealDead) sees the death within half a second or so instead of
 // waiting for the lease to run out. A process frozen (SIGSTOP) or cut off
 // by the network keeps its session and its lock: the lease still bounds
 // those (SealLoop).
@@ -48,6 +48,7 @@ type holdingRef struct {
 // livenessLook is one look at the holdings under a lease: the server's
 // start time and whether each holding's liveness lock was held.
 type livenessLook struct {
+	at       time.Time // when the look was taken, by the looker's clock
 	server   time.Time
 	holdings []lookedHolding
 }
@@ -64,11 +65,13 @@ type lookedHolding struct {
 // server started (a holder that never takes one, such as an older
 // version or one without a connection of its own, is left to its lease;
 // and after a restart every lock is gone until its holder takes it again)
-// and then found absent at two looks in a row (a holder whose session was
-// reset takes its lock again within one look, and is not sealed for it).
+// and then found absent at every look for at least grace (a holder whose
+// session was reset takes its lock again within a few tens of
+// milliseconds, and is not sealed for it).
 type deathWatch struct {
+	grace  time.Duration
 	server time.Time
-	seen   map[holdingRef]bool // lock seen held; true: absent at the last look
+	seen   map[holdingRef]time.Time // lock seen held; non-zero: absent at every look since
 }
 
 // observe records a look and returns the holdings found dead by it.
@@ -78,18 +81,20 @@ func (w *deathWatch) observe(l livenessLook) []holdingRef {
 		w.server, w.seen = l.server, nil
 	}
 	var dead []holdingRef
-	next := make(map[holdingRef]bool, len(l.holdings))
+	next := make(map[holdingRef]time.Time, len(l.holdings))
 	for _, h := range l.holdings {
-		absent, seen := w.seen[h.holdingRef]
+		since, seen := w.seen[h.holdingRef]
 		switch {
 		case h.held:
-			next[h.holdingRef] = false
+			next[h.holdingRef] = time.Time{}
 		case !seen: // never seen holding its lock: the lease's
-		case !absent:
-			next[h.holdingRef] = true
+		case since.IsZero():
+			next[h.holdingRef] = l.at
 		default:
-			dead = append(dead, h.holdingRef)
-			next[h.holdingRef] = true // looked at again if the seal fails
+			if l.at.Sub(since) >= w.grace {
+				dead = append(dead, h.holdingRef)
+			}
+			next[h.holdingRef] = since // looked at again if the seal fails
 		}
 	}
 	w.seen = next // a holding gone from the looks (sealed) is forgotten
@@ -100,7 +105,7 @@ func (w *deathWatch) observe(l livenessLook) []holdingRef {
 // whether its liveness lock is held: a shared try of the lock, released
 // with the statement, fails only while someone holds it exclusively.
 func lookLiveness(ctx context.Context, db DB) (livenessLook, error) {
-	var look livenessLook
+	look := livenessLook{at: time.Now()}
 	rows, err := db.Query(ctx, `
 		SELECT pg_postmaster_start_time(), id, name, instance, epoch,
 			NOT pg_try_advisory_xact_lock_shared(`+livenessKeySQL("id", "epoch")+`)
@@ -124,8 +129,10 @@ func lookLiveness(ctx context.Context, db DB) (livenessLook, error) {
 // error), and passes each seal to onSealed (if not nil) to announce.
 //
 // A holder is taken for dead when its liveness lock (held by Lease.Run on
-// a connection of its own) was seen held and then is gone at two looks in
-// a row, without a server restart in between; the seal then takes the
+// a connection of its own) was seen held and then is gone at every look
+// for two intervals, without a server restart in between (a holder whose
+// session was reset takes its lock again well within that); the seal
+// then takes the
 // row lock, checks again that the lock is gone and keeps it from being
 // taken until the seal commits, and seals that epoch only, whatever its
 // lease says (see Seal). A holder that takes no lock, or that froze with
@@ -136,7 +143,7 @@ func SealDead(ctx context.Context, db DB, streams []Config, every time.Duration,
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var w deathWatch
+	w := deathWatch{grace: 2 * every}
 	for {
 		if look, err := lookLiveness(ctx, db); err == nil {
 			for _, h := range w.observe(look) {
