@@ -321,11 +321,11 @@ const (
 // its own when the lease's database is a pool, else the database itself
 // (and no liveness lock).
 type beater struct {
-	l      *Lease
-	cfg    *pgx.ConnConfig // nil: not a pool; heartbeat on l.db
-	c      *pgx.Conn
-	locked bool          // c holds the liveness lock
-	retry  time.Duration // the next wait after a failure to connect or lock
+	l        *Lease
+	cfg      *pgx.ConnConfig // nil: not a pool; heartbeat on l.db
+	c        *pgx.Conn
+	locked   bool          // c holds the liveness lock
+	retry    time.Duration // the next wait after a failure to connect or lock
 	lost     time.Time     // when a session that held the lock last ended
 	relocked time.Time     // when the lock was last taken again after that
 }
