@@ -82,6 +82,7 @@ func TestKilledWriterIsSealedWithoutWaitingForTheLease(t *testing.T) {
 		return nil
 	})
 	resumed := time.Since(killed)
+	t.Logf("persisted-upto passed the kill-time head %d %v after kill -9 (lease %v)", head, resumed.Round(time.Millisecond), ttl)
 	s := recvWithin(t, dead, time.Second, "persisted-upto moved on, but SealDead sealed nothing")
 	if s.Name != "persister1" || s.Instance != "child-killed" || s.Final["ledger"] < head {
 		t.Fatalf("sealed %+v, want persister1 of child-killed at or above the head %d", s, head)
@@ -91,7 +92,6 @@ func TestKilledWriterIsSealedWithoutWaitingForTheLease(t *testing.T) {
 		t.Fatalf("the lease's loop sealed %+v too", s)
 	default:
 	}
-	t.Logf("persisted-upto passed the kill-time head %d %v after kill -9 (lease %v)", head, resumed.Round(time.Millisecond), ttl)
 	// Far below the lease, however loaded the host: the lease path takes
 	// at least TTL - TTL/3 after the kill.
 	if resumed > ttl/2 {
