@@ -2,7 +2,10 @@ package test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,6 +60,15 @@ func TestWriterKilledWithTheDefaultLease(t *testing.T) {
 		}
 		return len(passed) == len(readers)
 	}, "persisted-upto did not pass the kill-time head %d on every reader: %v", head, passed)
+	// And the master sealed it for its process ending, not its lease (an
+	// idle writer's position may already stand at the head).
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		log, err := os.ReadFile(filepath.Join(c.dir, master.name+".log"))
+		return err == nil && strings.Contains(string(log), "sealed a writer whose process ended")
+	}, "the master never sealed persister1 for its process ending")
+	if sealed := time.Since(killed); sealed > 5*time.Second {
+		t.Errorf("the master sealed persister1 %v after the kill, want well inside the 10 s lease", sealed)
+	}
 	var slowest time.Duration
 	for _, d := range passed {
 		slowest = max(slowest, d)
