@@ -85,6 +85,11 @@ type Config struct {
 	// moves on. Any number of instances may; one is enough (the binaries'
 	// master, at a quarter of the lease). Zero: never.
 	SealExpired time.Duration
+	// SealDead: how often a sealer (SealExpired > 0) also looks for
+	// writers whose process died (their liveness session ended, see
+	// streams.SealDead) and seals them at once, without waiting for their
+	// lease [250 ms; at least 50ms]. Negative: never (the lease only).
+	SealDead time.Duration
 	// SealTimeout bounds the seal of each Writer on a graceful stop
 	// [2 s]; past it the seal is skipped and the name's lease lapses.
 	SealTimeout time.Duration
@@ -142,6 +147,9 @@ func (c *Config) Validate() error {
 	// (µs for ms) would have it query in a tight loop.
 	if c.SealExpired < 0 || (c.SealExpired > 0 && c.SealExpired < 50*time.Millisecond) {
 		return fmt.Errorf("fabric: config: SealExpired %v: want 0 (not a sealer) or at least 50ms", c.SealExpired)
+	}
+	if c.SealDead > 0 && c.SealDead < 50*time.Millisecond {
+		return fmt.Errorf("fabric: config: SealDead %v: want 0 (250ms), negative (never) or at least 50ms", c.SealDead)
 	}
 	// Stream names travel in every line: one the wire cannot carry would
 	// be accepted here and every line of it dropped at publish.

@@ -363,6 +363,10 @@ func (n *Node) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	linkErr := make(chan error, 1)
 	wg.Go(func() { linkErr <- n.link.run(linkCtx, nodeEvents{n, runCtx}) })
+	// The leases run until the writers are sealed on a graceful stop: a
+	// holder whose liveness lock went before it is sealed as dead.
+	leaseCtx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLeases()
 	renewed := map[*streams.Lease]bool{} // a lease several writers share runs once
 	for _, w := range n.writers {
 		wg.Go(func() { n.forwardPositions(runCtx, w.gen) })
@@ -371,7 +375,7 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		renewed[w.lease] = true
 		wg.Go(func() {
-			if err := w.lease.Run(runCtx, 0); errors.Is(err, streams.ErrSealed) {
+			if err := w.lease.Run(leaseCtx, 0); errors.Is(err, streams.ErrSealed) {
 				err = fmt.Errorf("fabric: writer %s lost its lease: %w", w.name, err)
 				n.fail(err)
 				endRun(err)
@@ -396,6 +400,14 @@ func (n *Node) Run(ctx context.Context) error {
 				n.announce(runCtx, s)
 			})
 		})
+		if n.cfg.SealDead >= 0 {
+			wg.Go(func() {
+				_ = streams.SealDead(runCtx, db, cfgs, n.cfg.SealDead, func(s *streams.Sealed) {
+					n.log.Warn("fabric: sealed a writer whose process ended (its liveness session is gone)", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
+					n.announce(runCtx, s)
+				})
+			})
+		}
 	}
 	loopDone := make(chan struct{})
 	go func() {
@@ -413,6 +425,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if lost == nil {
 		n.sealWriters()
 	}
+	stopLeases()
 	close(loopStop)
 	<-loopDone
 	stopLink()

@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/weft-dev/weft/internal/loop"
 )
 
 // Lease defaults: the zero LeaseConfig means these.
@@ -133,7 +131,7 @@ func Claim(ctx context.Context, db DB, name, instance string, cfg LeaseConfig) (
 			// Seal in its own transaction, so the seal is committed (and
 			// visible, and announceable) even if the takeover then loses a
 			// race with another claimant.
-			s, err := seal(ctx, db, name, st.holder, st.epoch, cfg.Streams, st.holder == instance)
+			s, err := seal(ctx, db, name, st.holder, st.epoch, cfg.Streams, sealModeOf(st.holder == instance))
 			switch {
 			case err == nil:
 				prev = s
@@ -277,58 +275,79 @@ func (l *Lease) heartbeatOn(ctx context.Context, db DB) error {
 // opened again after a failure), never on one of the pool's: application
 // work that holds every connection of the pool (a consumer's long batch)
 // cannot starve the lease. A process with a lease uses one more
-// connection than its pool's.
+// connection than its pool's. On that connection, named "weft liveness
+// <name>" (application_name), Run also holds the holding's liveness lock
+// for as long as it runs (see SealDead): it watches the session between
+// heartbeats and, when the session ends, takes the lock again on a new
+// one at once. Hold the lease's Run until the holding is released: a
+// holder whose Run returned looks dead to SealDead.
 func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = l.ttl / 3
 	}
-	hb := newBeater(l.db)
+	hb := newBeater(l)
 	defer hb.close()
-	return loop.Every(ctx, interval, func(ctx context.Context) error {
+	for {
+		hb.keep(ctx, time.Now().Add(interval))
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		hctx, cancel := context.WithTimeout(ctx, l.ttl)
-		defer cancel()
 		db, err := hb.conn(hctx)
 		if err == nil {
 			err = l.heartbeatOn(hctx, db)
 		}
+		cancel()
 		switch {
 		case err == nil:
-			return nil
 		case errors.Is(err, ErrSealed):
-			l.mu.Lock()
-			since := time.Since(l.renewed)
-			l.mu.Unlock()
-			if since >= l.ttl {
-				return fmt.Errorf("%w: writer %s: no heartbeat renewed it for %v: %w", ErrLeaseExpired, l.name, since.Round(time.Millisecond), err)
-			}
-			return err
+			return hb.sealedErr(err)
+		default:
+			hb.reset() // a connection that failed is opened again
 		}
-		hb.reset() // a connection that failed is opened again at the next tick
-		return nil // retried at the next tick
-	})
+	}
 }
 
-// beater is the heartbeat's connection: its own when the lease's database
-// is a pool, else the database itself.
+// Liveness connection retries: while the lock is held by another session
+// (one of ours the server has not yet ended), and after a failure to
+// connect, doubling up to the cap.
+const (
+	livenessLockRetry  = 20 * time.Millisecond
+	livenessRetryFirst = 50 * time.Millisecond
+	livenessRetryCap   = time.Second
+)
+
+// beater is the heartbeat's connection, which holds the liveness lock:
+// its own when the lease's database is a pool, else the database itself
+// (and no liveness lock).
 type beater struct {
-	db  DB
-	cfg *pgx.ConnConfig // nil: not a pool; heartbeat on db
-	c   *pgx.Conn
+	l        *Lease
+	cfg      *pgx.ConnConfig // nil: not a pool; heartbeat on l.db
+	c        *pgx.Conn
+	locked   bool          // c holds the liveness lock
+	retry    time.Duration // the next wait after a failure to connect or lock
+	lost     time.Time     // when a session that held the lock last ended
+	relocked time.Time     // when the lock was last taken again after that
 }
 
-func newBeater(db DB) *beater {
-	b := &beater{db: db}
-	if p, ok := db.(*pgxpool.Pool); ok {
-		b.cfg = p.Config().ConnConfig
+func newBeater(l *Lease) *beater {
+	b := &beater{l: l, retry: livenessRetryFirst}
+	if p, ok := l.db.(*pgxpool.Pool); ok {
+		b.cfg = p.Config().ConnConfig.Copy()
+		if b.cfg.RuntimeParams == nil {
+			b.cfg.RuntimeParams = map[string]string{}
+		}
+		b.cfg.RuntimeParams["application_name"] = "weft liveness " + l.name
 	}
 	return b
 }
 
 func (b *beater) conn(ctx context.Context) (DB, error) {
 	if b.cfg == nil {
-		return b.db, nil
+		return b.l.db, nil
 	}
 	if b.c == nil || b.c.IsClosed() {
+		b.reset()
 		c, err := pgx.ConnectConfig(ctx, b.cfg)
 		if err != nil {
 			return nil, fmt.Errorf("streams: heartbeat: connect: %w", err)
@@ -338,7 +357,88 @@ func (b *beater) conn(ctx context.Context) (DB, error) {
 	return b.c, nil
 }
 
-// reset closes the connection, if any, to open a new one next time.
+// keep holds the liveness lock until the time given or ctx is done:
+// it takes the lock (connecting first if need be), then waits on the
+// session, which returns at once if the server ends it, and starts again.
+func (b *beater) keep(ctx context.Context, until time.Time) {
+	for {
+		wait := time.Until(until)
+		if wait <= 0 || ctx.Err() != nil {
+			return
+		}
+		if b.cfg == nil {
+			sleep(ctx, wait)
+			return
+		}
+		if !b.locked {
+			if err := b.lock(ctx); err != nil {
+				b.reset()
+				sleep(ctx, min(wait, b.retry))
+				b.retry = min(2*b.retry, livenessRetryCap)
+				continue
+			}
+			b.retry = livenessRetryFirst
+			if !b.locked {
+				wait = min(wait, livenessLockRetry)
+			}
+		}
+		if b.locked && b.lost.After(b.relocked) {
+			// Taken again after a session that ended: heartbeat at once, to
+			// learn whether a survivor sealed the holding meanwhile.
+			b.relocked = time.Now()
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		err := b.c.PgConn().WaitForNotification(wctx) // nothing is listened to: returns at the deadline or when the session ends
+		timedOut := wctx.Err() != nil
+		cancel()
+		if err != nil && !timedOut {
+			if b.locked {
+				b.lost = time.Now()
+			}
+			b.reset()
+		}
+	}
+}
+
+// lock tries the liveness lock on the connection, connecting first if need
+// be; b.locked says whether it holds it.
+func (b *beater) lock(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.l.ttl)
+	defer cancel()
+	if _, err := b.conn(ctx); err != nil {
+		return err
+	}
+	err := b.c.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+livenessKeySQL("$1::int", "$2::bigint")+`)`, b.l.id, b.l.epoch).Scan(&b.locked)
+	if err != nil {
+		return fmt.Errorf("streams: writer %s: take liveness lock: %w", b.l.name, err)
+	}
+	return nil
+}
+
+// sealedErr is why Run stops on a heartbeat refused as sealed.
+func (b *beater) sealedErr(err error) error {
+	l := b.l
+	l.mu.Lock()
+	since := time.Since(l.renewed)
+	l.mu.Unlock()
+	if !b.lost.IsZero() && time.Since(b.lost) < l.ttl {
+		// The likely cause: a survivor took the holder for dead.
+		back := "not back yet"
+		if b.locked {
+			back = "back since"
+		}
+		err = fmt.Errorf("%w: its liveness session ended %v ago (%s), and survivors seal a holder whose session is gone as dead",
+			err, time.Since(b.lost).Round(time.Millisecond), back)
+	}
+	if since >= l.ttl {
+		return fmt.Errorf("%w: writer %s: no heartbeat renewed it for %v: %w", ErrLeaseExpired, l.name, since.Round(time.Millisecond), err)
+	}
+	return err
+}
+
+// reset closes the connection, if any, to open a new one next time; the
+// liveness lock goes with it.
 func (b *beater) reset() {
 	if b.c != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -346,9 +446,20 @@ func (b *beater) reset() {
 		cancel()
 		b.c = nil
 	}
+	b.locked = false
 }
 
 func (b *beater) close() { b.reset() }
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
 
 // Fence share-locks this holding's writer row inside tx, and fails with an
 // error wrapping ErrSealed if the name was sealed or taken over. Call it
@@ -380,7 +491,7 @@ func (l *Lease) Fence(ctx context.Context, tx pgx.Tx) error {
 // each of streams, so that successors and readers need not wait for the
 // lease to run out. Released returns what it set, to announce.
 func (l *Lease) Release(ctx context.Context, streams []Config) error {
-	s, err := seal(ctx, l.db, l.name, l.instance, l.epoch, streams, true)
+	s, err := seal(ctx, l.db, l.name, l.instance, l.epoch, streams, sealForce)
 	if err != nil {
 		return err
 	}

@@ -58,11 +58,27 @@ type WriterRow struct {
 // the name has a new holder (there is nothing left to fence), and one
 // wrapping ErrNameHeld if the lease is live and force is false.
 func Seal(ctx context.Context, db DB, name, instance string, streams []Config, force bool) (*Sealed, error) {
-	return seal(ctx, db, name, instance, -1, streams, force)
+	return seal(ctx, db, name, instance, -1, streams, sealModeOf(force))
+}
+
+// sealMode says which holders a seal may fence out.
+type sealMode int
+
+const (
+	sealIfExpired sealMode = iota // only a lease that ran out
+	sealForce                     // whatever its lease
+	sealIfDead                    // whatever its lease, if its liveness lock is gone (checkDead)
+)
+
+func sealModeOf(force bool) sealMode {
+	if force {
+		return sealForce
+	}
+	return sealIfExpired
 }
 
 // seal is Seal restricted to one epoch of the holder when epoch >= 0.
-func seal(ctx context.Context, db DB, name, instance string, epoch int64, streams []Config, force bool) (*Sealed, error) {
+func seal(ctx context.Context, db DB, name, instance string, epoch int64, streams []Config, mode sealMode) (*Sealed, error) {
 	for _, c := range streams {
 		if err := c.Validate(); err != nil {
 			return nil, fmt.Errorf("streams: seal writer %s: %w", name, err)
@@ -96,8 +112,12 @@ func seal(ctx context.Context, db DB, name, instance string, epoch int64, stream
 			return fmt.Errorf("%w: %s no longer holds the name: held by %s (epoch %d)", ErrSealed, want, h, ep)
 		case sealed:
 			return fmt.Errorf("%w: instance %s (epoch %d) already sealed", ErrSealed, instance, ep)
-		case live && !force:
+		case live && mode == sealIfExpired:
 			return fmt.Errorf("%w: by instance %s (epoch %d), lease until %s", ErrNameHeld, instance, ep, until.UTC().Format(time.RFC3339Nano))
+		case mode == sealIfDead:
+			if err := checkDead(ctx, tx, id, ep); err != nil {
+				return fmt.Errorf("%w: by instance %s (epoch %d): %w", ErrNameHeld, instance, ep, err)
+			}
 		}
 		// The row lock is held: no write of the writer is in flight, and
 		// none can start. Only now is the head an upper bound of its IDs.

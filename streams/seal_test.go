@@ -188,7 +188,8 @@ func leaseChildRun(instance, url, ttl string) int {
 		return 1
 	}
 	g.SetLease(l)
-	go l.Run(ctx, 0) //nolint:errcheck // the process ends by exit
+	ran := make(chan error, 1)
+	go func() { ran <- l.Run(ctx, 0) }()
 	fmt.Println("claimed", instance, "epoch", l.Epoch())
 	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 1))
 	for failures := 0; failures < 100; {
@@ -198,6 +199,12 @@ func leaseChildRun(instance, url, ttl string) int {
 			failures = 0
 		case errors.Is(err, streams.ErrSealed):
 			fmt.Println("sealed:", err)
+			// Run says why, at its next heartbeat.
+			select {
+			case err := <-ran:
+				fmt.Println("lease:", err)
+			case <-time.After(lease):
+			}
 			return 3
 		default:
 			// E.g. the session ended while the process was stopped.

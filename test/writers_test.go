@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -178,8 +181,8 @@ func writerUnderLoad(t *testing.T) loadedCluster {
 
 func (lc loadedCluster) procs() []*proc { return []*proc{lc.master, lc.p1, lc.p2, lc.sync1} }
 
-// A writer killed with SIGKILL mid-load is sealed by the master once its
-// lease expires; the rows it committed are all visible; it restarts as a
+// A writer killed with SIGKILL mid-load is sealed by the master as soon as
+// its liveness session ends, without waiting for its lease; the rows it committed are all visible; it restarts as a
 // new instance and the cluster converges with nothing lost or duplicated.
 func TestWriterKilledMidLoad(t *testing.T) {
 	t.Parallel()
@@ -208,6 +211,10 @@ func TestWriterKilledMidLoad(t *testing.T) {
 		return false
 	}, "persister1 never sealed")
 	sealedAfter := time.Since(killed)
+	// By its liveness session, not its lease (issue 44).
+	if log, err := os.ReadFile(filepath.Join(c.dir, master.name+".log")); err != nil || !strings.Contains(string(log), "sealed a writer whose process ended") {
+		t.Errorf("the master's log (%v) does not say it sealed persister1 for its process ending (sealed %v after the kill, lease 3 s)", err, sealedAfter)
+	}
 	var before struct {
 		PersistedUpto int64 `json:"persisted_upto"`
 	}

@@ -1,0 +1,88 @@
+package test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/weft-dev/weft/internal/roomsapi"
+	"github.com/weft-dev/weft/internal/testenv"
+)
+
+// kill -9 of a writer under load with the default 10 s lease (issue 44):
+// persisted-upto on every reader passes the head the events stream had
+// at the kill within about a second, not the lease (9.1 s before); the
+// restarted writer takes over, and every acknowledged write is visible
+// everywhere exactly once.
+func TestWriterKilledWithTheDefaultLease(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, testenv.StartRedis(t).URL(), testenv.NewDatabase(t), "WEFT_LEASE_TTL=10s")
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1, p2, sync1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
+	c.waitReady(p1, p2, sync1)
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	readers := []*proc{master, p2, sync1}
+	l := runLoad(ctx, readers, 4)
+	testenv.Eventually(t, 60*time.Second, func() bool { return l.ackedCount() > 200 }, "no load")
+	conn, err := pgx.Connect(context.Background(), c.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+
+	c.stop(p1, syscall.SIGKILL)
+	killed := time.Now()
+	var head int64
+	if err := conn.QueryRow(context.Background(), `SELECT last_value FROM events_seq`).Scan(&head); err != nil {
+		t.Fatal(err)
+	}
+	passed := map[string]time.Duration{}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, r := range readers {
+			if _, ok := passed[r.name]; ok {
+				continue
+			}
+			var st struct {
+				PersistedUpto int64 `json:"persisted_upto"`
+			}
+			if _, err := roomsapi.Call(context.Background(), "GET", r.url+"/status", nil, &st); err == nil && st.PersistedUpto >= head {
+				passed[r.name] = time.Since(killed)
+			}
+		}
+		return len(passed) == len(readers)
+	}, "persisted-upto did not pass the kill-time head %d on every reader: %v", head, passed)
+	// And the master sealed it for its process ending, not its lease (an
+	// idle writer's position may already stand at the head).
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		log, err := os.ReadFile(filepath.Join(c.dir, master.name+".log"))
+		return err == nil && strings.Contains(string(log), "sealed a writer whose process ended")
+	}, "the master never sealed persister1 for its process ending")
+	if sealed := time.Since(killed); sealed > 5*time.Second {
+		t.Errorf("the master sealed persister1 %v after the kill, want well inside the 10 s lease", sealed)
+	}
+	var slowest time.Duration
+	for _, d := range passed {
+		slowest = max(slowest, d)
+	}
+	t.Logf("persisted-upto passed the kill-time head %d on every reader %v after kill -9 (lease 10 s): %v", head, slowest.Round(time.Millisecond), passed)
+	// The lease path takes at least 2/3 of the lease (6.7 s); a loaded
+	// host stretches the liveness path (0.5-1 s) but not that far.
+	if slowest > 5*time.Second {
+		t.Errorf("persisted-upto passed the head %v after the kill, want well inside the 10 s lease", slowest)
+	}
+	c.launch(p1)
+	c.waitReady(p1)
+	restarted := l.ackedCount()
+	testenv.Eventually(t, 60*time.Second, func() bool { return l.ackedCount() > restarted+200 }, "load stalled after the restart")
+	stop()
+	checkAll(t, l, slices.Concat(readers, []*proc{p1})...)
+}
