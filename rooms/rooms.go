@@ -99,7 +99,12 @@ type waiter struct {
 	// reads again: the rows that woke it.
 	needs  []viewNeed
 	typing bool // typing changed in its rooms
-	wakes  int
+	// changed are the rooms whose typing changed, for a long-poll on
+	// every room: it answers their typing only, never the whole table.
+	// At most MaxSyncRooms; past that, changedLimited.
+	changed        map[string]struct{}
+	changedLimited bool
+	wakes          int
 }
 
 type viewNeed struct {
@@ -134,7 +139,6 @@ func (l *Live) Handle(_ context.Context, r weft.Row) error {
 		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		changed := false
 		for _, r := range rs {
 			if slices.Equal(l.typing[r.Room], r.Users) {
 				continue // a refresh: nothing a client sees
@@ -145,17 +149,14 @@ func (l *Live) Handle(_ context.Context, r weft.Row) error {
 				l.typing[r.Room] = r.Users
 			}
 			l.wakeRoomLocked(r.Room, nil, true)
-			changed = true
-		}
-		if changed {
-			l.wakeAllLocked(nil, true)
+			l.wakeAllLocked(nil, r.Room)
 		}
 		return nil
 	}
 	need := &viewNeed{k, pos}
 	l.mu.Lock()
 	l.applied[k] = max(l.applied[k], pos)
-	l.wakeAllLocked(need, false)
+	l.wakeAllLocked(need, "")
 	anyRoom := len(l.byRoom) > 0
 	l.mu.Unlock()
 	if !anyRoom {
@@ -199,7 +200,12 @@ func (l *Live) Reset(stream, _ string) {
 			l.signalLocked(w, nil, typing)
 		}
 	}
-	l.wakeAllLocked(nil, len(had) > 0)
+	if len(had) == 0 {
+		l.wakeAllLocked(nil, "")
+	}
+	for room := range had {
+		l.wakeAllLocked(nil, room)
+	}
 }
 
 func (l *Live) wakeRoomLocked(room string, need *viewNeed, typing bool) {
@@ -208,9 +214,23 @@ func (l *Live) wakeRoomLocked(room string, need *viewNeed, typing bool) {
 	}
 }
 
-func (l *Live) wakeAllLocked(need *viewNeed, typing bool) {
+// wakeAllLocked wakes the long-polls on every room: for need, or because
+// the typing of typingRoom changed (when not "").
+func (l *Live) wakeAllLocked(need *viewNeed, typingRoom string) {
 	for w := range l.all {
-		l.signalLocked(w, need, typing)
+		if typingRoom != "" {
+			switch _, ok := w.changed[typingRoom]; {
+			case ok:
+			case len(w.changed) >= MaxSyncRooms:
+				w.changedLimited = true
+			default:
+				if w.changed == nil {
+					w.changed = map[string]struct{}{}
+				}
+				w.changed[typingRoom] = struct{}{}
+			}
+		}
+		l.signalLocked(w, need, typingRoom != "")
 	}
 }
 
@@ -276,11 +296,43 @@ func (l *Live) unwatch(w *waiter) {
 
 // take returns and clears what woke w since the last take.
 func (l *Live) take(w *waiter) (needs []viewNeed, typing bool) {
+	needs, tw := l.takeAll(w)
+	return needs, tw.any
+}
+
+// typingWake is what a long-poll learnt of typing since its last take:
+// whether it changed in its rooms, and for a long-poll on every room in
+// which rooms (limited: more than MaxSyncRooms did).
+type typingWake struct {
+	any     bool
+	rooms   []string
+	limited bool
+}
+
+func (t *typingWake) add(o typingWake) {
+	t.any = t.any || o.any
+	t.limited = t.limited || o.limited
+	for _, r := range o.rooms {
+		if len(t.rooms) >= MaxSyncRooms {
+			t.limited = true
+			break
+		}
+		if !slices.Contains(t.rooms, r) {
+			t.rooms = append(t.rooms, r)
+		}
+	}
+}
+
+// takeAll is take, with the rooms whose typing changed.
+func (l *Live) takeAll(w *waiter) ([]viewNeed, typingWake) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	needs, typing = w.needs, w.typing
-	w.needs, w.typing = nil, false
-	return needs, typing
+	needs, tw := w.needs, typingWake{any: w.typing, limited: w.changedLimited}
+	for r := range w.changed {
+		tw.rooms = append(tw.rooms, r)
+	}
+	w.needs, w.typing, w.changed, w.changedLimited = nil, false, nil, false
+	return needs, tw
 }
 
 // waiting counts the long-polls registered and the rooms indexed.
@@ -295,18 +347,6 @@ func (l *Live) waiting() (polls, rooms int) {
 		}
 	}
 	return polls + len(seen), len(l.byRoom)
-}
-
-func (l *Live) typingIn(rooms []string) map[string][]string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[string][]string{}
-	for _, r := range rooms {
-		if u, ok := l.typing[r]; ok {
-			out[r] = append([]string(nil), u...)
-		}
-	}
-	return out
 }
 
 func (l *Live) typingAll() map[string][]string {

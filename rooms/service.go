@@ -1,6 +1,7 @@
 package rooms
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -44,6 +45,9 @@ type Service struct {
 	closeCtx     context.Context // done after Close: long-polls answer now
 	close        context.CancelFunc
 	polls        pollGate
+	answers      answerGate
+	maxBytes     int
+	writeTimeout time.Duration
 }
 
 // apiError is the JSON error body of every 4xx/5xx.
@@ -52,10 +56,15 @@ type apiError struct {
 	Field string `json:"field,omitempty"`
 }
 
+// writeJSON writes v as a JSON answer, not HTML-escaped: it is never
+// served as HTML (nosniff), and escaping makes each "<" six bytes.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 func badRequest(w http.ResponseWriter, field, format string, args ...any) {
@@ -87,10 +96,19 @@ type Config struct {
 	// VisibleTimeout bounds read-your-writes [5 s].
 	VisibleTimeout time.Duration
 	Logger         *slog.Logger
-	// MaxLongPolls caps the syncs waiting at once (since given, timeout_ms
-	// > 0); beyond it a sync answers 503 with Retry-After
+	// MaxLongPolls caps the syncs and state reads in progress at once,
+	// waiting or not; beyond it one answers 503 with Retry-After
 	// [DefaultMaxLongPolls].
 	MaxLongPolls int
+	// MaxAnswerBytes bounds a sync answer or state page, as written: it
+	// stops there with a token to go on [DefaultMaxAnswerBytes].
+	MaxAnswerBytes int
+	// MaxAnswers caps the answers read from the database and written at
+	// once; more wait for a slot [DefaultMaxAnswers].
+	MaxAnswers int
+	// WriteTimeout bounds writing one answer of a read route: a client
+	// that does not read it by then is disconnected [DefaultWriteTimeout].
+	WriteTimeout time.Duration
 }
 
 // NewService builds the client API.
@@ -106,6 +124,9 @@ func NewService(cfg Config) *Service {
 		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())
 	s.polls.max = int64(cfg.MaxLongPolls)
+	s.answers = answerGate{slots: make(chan struct{}, cmp.Or(max(cfg.MaxAnswers, 0), DefaultMaxAnswers))}
+	s.maxBytes = cmp.Or(max(cfg.MaxAnswerBytes, 0), DefaultMaxAnswerBytes)
+	s.writeTimeout = cmp.Or(max(cfg.WriteTimeout, 0), DefaultWriteTimeout)
 	return s
 }
 
@@ -408,24 +429,81 @@ func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// maxStatePage bounds the keys of one state page, besides its bytes.
+const maxStatePage = 1000
+
+// stateEnvelope bounds a state page without its keys:
+// `{"room":"","state":{},"next":""}`, a room and a key of 255 bytes.
+const stateEnvelope = 600
+
+type stateResp struct {
+	Room  string                     `json:"room"`
+	State map[string]json.RawMessage `json:"state"`
+	// Next is set when more keys follow: the next page is ?after=Next.
+	Next *string `json:"next,omitempty"`
+}
+
+// getState answers a page of the room's state: its keys in order after
+// ?after= (from the first without it), up to maxStatePage keys and the
+// answer's byte budget (at least one key), and next when more follow.
+// Pages are read one at a time: a key written between two pages shows
+// its value at the time of the page that holds it.
 func (s *Service) getState(w http.ResponseWriter, r *http.Request) {
 	room, ok := s.room(w, r)
 	if !ok {
 		return
 	}
-	rows, err := s.pool.Query(r.Context(), `SELECT key, value FROM room_state WHERE room = $1 ORDER BY key`, room)
+	q := r.URL.Query()
+	if len(q["after"]) > 1 {
+		badRequest(w, "after", "given more than once")
+		return
+	}
+	after, hasAfter := q.Get("after"), q.Has("after")
+	if !keyRE.MatchString(after) {
+		badRequest(w, "after", "after %.64q: want a state key, 0-255 of [A-Za-z0-9:._-]", after)
+		return
+	}
+	if !s.polls.acquire() {
+		s.busy(w)
+		return
+	}
+	defer s.polls.release()
+	if !s.answers.acquire(r.Context()) {
+		return // the client left
+	}
+	defer s.answers.release()
+	var rows pgx.Rows
+	var err error
+	if hasAfter {
+		rows, err = s.pool.Query(r.Context(), `SELECT key, value FROM room_state WHERE room = $1 AND key > $2 ORDER BY key LIMIT $3`, room, after, maxStatePage+1)
+	} else {
+		rows, err = s.pool.Query(r.Context(), `SELECT key, value FROM room_state WHERE room = $1 ORDER BY key LIMIT $2`, room, maxStatePage+1)
+	}
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 		return
 	}
-	state := map[string]json.RawMessage{}
-	var k string
+	resp := stateResp{Room: room, State: map[string]json.RawMessage{}}
+	var k, last string
 	var v json.RawMessage
-	if _, err := pgx.ForEachRow(rows, []any{&k, &v}, func() error { state[k] = append(json.RawMessage(nil), v...); return nil }); err != nil {
+	size := stateEnvelope
+	_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
+		ev := compactEvent(v)
+		n := len(k) + 4 + len(ev) // "key":value,
+		if len(resp.State) == maxStatePage || (len(resp.State) > 0 && size+n > s.maxBytes) {
+			next := last
+			resp.Next = &next
+			return errPageFull
+		}
+		size += n
+		resp.State[k], last = ev, k
+		return nil
+	})
+	if err != nil && !errors.Is(err, errPageFull) {
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"room": room, "state": state})
+	s.writeAnswer(w, resp)
 }
 
 type typingBody struct {

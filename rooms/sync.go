@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -24,9 +25,22 @@ import (
 const syncPage = 500
 
 type syncResp struct {
-	Rooms     map[string]roomEvents `json:"rooms"`
-	Typing    map[string][]string   `json:"typing"`
-	NextBatch string                `json:"next_batch"`
+	Rooms  map[string]roomEvents `json:"rooms"`
+	Typing map[string][]string   `json:"typing"`
+	// TypingLimited: the typing of some rooms did not fit the answer.
+	TypingLimited bool `json:"typing_limited,omitempty"`
+	// Limited: the answer stopped at its byte budget or page, and more
+	// events may follow next_batch: sync again at once.
+	Limited   bool   `json:"limited,omitempty"`
+	NextBatch string `json:"next_batch"`
+}
+
+// syncAnswer is a sync answer before it is written.
+type syncAnswer struct {
+	events  map[string][]json.RawMessage
+	next    streams.Token
+	limited bool
+	typing  typingAnswer
 }
 
 type roomEvents struct {
@@ -120,25 +134,27 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, bad.field, "%s", bad.reason)
 		return
 	}
-	if p.hasSince && p.timeout > 0 {
-		// Only a sync that may wait takes a slot: an initial sync or one
-		// with timeout_ms=0 answers at once.
-		if !s.polls.acquire() {
-			w.Header().Set("Retry-After", "1")
-			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: fmt.Sprintf(
-				"%d long-polls wait on this instance already: retry later, on another instance, or with timeout_ms=0", s.polls.max)})
-			return
-		}
-		defer s.polls.release()
-	}
-	rooms := p.rooms
-	ctx := r.Context()
-	cur, _ := s.currentToken()
-	if !p.hasSince {
-		// An initial sync returns the current token and typing at once.
-		s.writeSync(w, rooms, nil, cur)
+	// Every sync holds a slot while it lasts, whether it waits or not:
+	// one that answers at once reads and writes as much as one that
+	// waited.
+	if !s.polls.acquire() {
+		s.busy(w)
 		return
 	}
+	defer s.polls.release()
+	rooms := p.rooms
+	ctx := r.Context()
+	if !p.hasSince {
+		// An initial sync returns the current token and typing at once.
+		if !s.answers.acquire(ctx) {
+			return // the client left
+		}
+		defer s.answers.release()
+		cur, _ := s.currentToken()
+		s.writeSync(w, syncAnswer{next: cur, typing: s.syncTyping(rooms, typingWake{}, true)})
+		return
+	}
+	cur, _ := s.currentToken()
 	// A token may be ahead of this instance: a client behind a load
 	// balancer got it from an instance further along. It is used as it is:
 	// eventsBetween returns nothing for a writer this instance has not
@@ -170,30 +186,38 @@ func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []strin
 	deadline := time.Now().Add(timeout)
 	var wt *waiter
 	var needs []viewNeed
-	typing := false
+	var typing typingWake
 	if timeout > 0 {
 		wt = s.live.watch(rooms)
 		defer s.live.unwatch(wt)
 		// Rows applied but perhaps not in the views yet, and whatever
 		// changed since watch.
-		needs, typing = s.live.take(wt)
+		needs, typing = s.live.takeAll(wt)
 	}
 	for {
 		if !s.waitViews(ctx, deadline, needs) {
 			return // the client left
 		}
+		if !s.answers.acquire(ctx) {
+			return
+		}
+		ty := s.syncTyping(rooms, typing, false)
 		cur, reg := s.currentToken()
-		events, next, err := s.eventsBetween(ctx, since, cur, reg, rooms)
+		ans, err := s.eventsBetween(ctx, since, cur, reg, rooms, s.maxBytes-ty.bytes-syncEnvelopeBytes(since, reg.Len()))
 		if err != nil {
+			s.answers.release()
 			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 			return
 		}
 		wait := time.Until(deadline)
-		if len(events) > 0 || typing || wait <= 0 || s.closed() {
-			s.writeSync(w, rooms, events, next)
+		if len(ans.events) > 0 || typing.any || wait <= 0 || s.closed() {
+			ans.typing = ty
+			s.writeSync(w, ans)
+			s.answers.release()
 			return
 		}
-		since = next
+		s.answers.release()
+		since = ans.next
 		timer := time.NewTimer(wait)
 		select {
 		case <-wt.ch:
@@ -204,10 +228,14 @@ func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []strin
 			return
 		}
 		timer.Stop()
-		needs, typing = s.live.take(wt)
-		if typing && len(needs) == 0 {
+		needs, typing = s.live.takeAll(wt)
+		if typing.any && len(needs) == 0 {
 			// Only typing changed: the read above still holds.
-			s.writeSync(w, rooms, nil, since)
+			if !s.answers.acquire(ctx) {
+				return
+			}
+			defer s.answers.release()
+			s.writeSync(w, syncAnswer{next: since, typing: s.syncTyping(rooms, typing, false)})
 			return
 		}
 	}
@@ -238,7 +266,8 @@ func (s *Service) waitViews(ctx context.Context, deadline time.Time, needs []vie
 // DefaultMaxLongPolls is Config.MaxLongPolls' default.
 const DefaultMaxLongPolls = 10000
 
-// pollGate caps the long-polls waiting at once on an instance.
+// pollGate caps the syncs and state reads in progress at once on an
+// instance, waiting or not.
 type pollGate struct {
 	max      int64
 	active   atomic.Int64
@@ -258,7 +287,7 @@ func (g *pollGate) release() { g.active.Add(-1) }
 
 // LongPollStats is what Service.LongPolls reports.
 type LongPollStats struct {
-	Active   int64  // long-polls waiting now
+	Active   int64  // syncs and state reads in progress now
 	Max      int64  // the cap (Config.MaxLongPolls)
 	Rejected uint64 // answered 503 for the cap since the start
 }
@@ -268,17 +297,39 @@ func (s *Service) LongPolls() LongPollStats {
 	return LongPollStats{Active: s.polls.active.Load(), Max: s.polls.max, Rejected: s.polls.rejected.Load()}
 }
 
-func (s *Service) writeSync(w http.ResponseWriter, rooms []string, events map[string][]json.RawMessage, next streams.Token) {
-	resp := syncResp{Rooms: map[string]roomEvents{}, NextBatch: next.String()}
-	for room, evs := range events {
+// busy answers 503: the instance serves as many syncs and state reads
+// as it may at once.
+func (s *Service) busy(w http.ResponseWriter) {
+	unavailable(w, fmt.Sprintf("%d syncs and state reads are in progress on this instance, the most it serves at once: retry later or on another instance", s.polls.max))
+}
+
+// syncTyping is the typing part of a sync answer: for named rooms their
+// typing now, for a sync of every room the typing of the rooms whose
+// typing changed while it waited (an initial one: of any rooms), never
+// the whole table; at most half the answer's budget.
+func (s *Service) syncTyping(rooms []string, changed typingWake, initial bool) typingAnswer {
+	budget := s.maxBytes / 2
+	switch {
+	case rooms != nil:
+		return s.live.typingOf(rooms, false, budget)
+	case initial:
+		return s.live.typingAny(budget)
+	}
+	t := s.live.typingOf(changed.rooms, true, budget)
+	t.limited = t.limited || changed.limited
+	return t
+}
+
+func (s *Service) writeSync(w http.ResponseWriter, a syncAnswer) {
+	resp := syncResp{Rooms: map[string]roomEvents{}, Typing: a.typing.rooms, TypingLimited: a.typing.limited,
+		Limited: a.limited, NextBatch: a.next.String()}
+	if resp.Typing == nil {
+		resp.Typing = map[string][]string{}
+	}
+	for room, evs := range a.events {
 		resp.Rooms[room] = roomEvents{Events: evs}
 	}
-	if rooms == nil {
-		resp.Typing = s.live.typingAll()
-	} else {
-		resp.Typing = s.live.typingIn(rooms)
-	}
-	writeJSON(w, http.StatusOK, resp)
+	s.writeAnswer(w, resp)
 }
 
 // roomEvent is one event row read by sync.
@@ -290,14 +341,16 @@ type roomEvent struct {
 
 // eventsBetween reads every event in (since, upto] per writer of reg, for
 // the rooms (all when nil); upto is reg's token of this instance's views,
-// so every row in it has committed. A writer with more than a page stops
-// at its last event returned, and the answer stops there for every writer
-// (mergePages): next says where to go on. next holds since, so it never
+// so every row in it has committed. A writer with more than a page (of
+// rows, or of budget bytes as the answer writes them) stops at its last
+// event returned, and the answer stops there for every writer
+// (mergePages), or lower to fit budget (byteCut, never below one event):
+// next says where to go on. next holds since, so it never
 // goes backwards, and a writer reg does not list stays at since's position
 // or below reg's cap, under any row it holds. With a read replica, a
 // writer's range is read there as far as the replica holds it and the
 // rest on the primary (catchup.ReadRouter).
-func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, reg streams.Registry, rooms []string) (map[string][]json.RawMessage, streams.Token, error) {
+func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, reg streams.Registry, rooms []string, budget int) (syncAnswer, error) {
 	pages := make([]writerPage, 0, reg.Len())
 	for w := range reg.All() {
 		id, wname := w.ID, w.Name
@@ -318,9 +371,17 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 				}
 				var e roomEvent
 				_, err = pgx.ForEachRow(rows, []any{&e.pos, &e.room, &e.ev}, func() error {
-					pg.rows = append(pg.rows, roomEvent{pos: e.pos, room: e.room, ev: append(json.RawMessage(nil), e.ev...)})
+					ev := compactEvent(e.ev)
+					pg.rows = append(pg.rows, roomEvent{pos: e.pos, room: e.room, ev: ev})
+					// An upper bound: as if each event were its room's first.
+					if pg.bytes += eventBytes(ev) + roomBytes(e.room); pg.bytes >= budget {
+						return errPageFull
+					}
 					return nil
 				})
+				if errors.Is(err, errPageFull) {
+					return false, nil
+				}
 				// Short of a page: the rest of the range, from the primary
 				// if the replica held only part of it. A long-poll must not
 				// stop at the replica's bound: nothing would wake it for
@@ -333,19 +394,57 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 				_, err = read(s.pool, pg.from, pg.to)
 			}
 			if err != nil {
-				return nil, streams.Token{}, fmt.Errorf("rooms: sync read: writer %s (%d, %d]: %w", wname, pg.from, pg.to, err)
+				return syncAnswer{}, fmt.Errorf("rooms: sync read: writer %s (%d, %d]: %w", wname, pg.from, pg.to, err)
 			}
-			pg.full = len(pg.rows) == syncPage
+			pg.full = len(pg.rows) == syncPage || pg.bytes >= budget
 		}
 		pages = append(pages, pg)
 	}
-	out, held, err := mergeSeen(pages, pageCut(pages), func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
+	out, held, err := mergeSeen(pages, byteCut(pages, pageCut(pages), budget), func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
 		return s.firstUnseen(ctx, pages, held, hi, rooms)
 	})
 	if err != nil {
-		return nil, streams.Token{}, err
+		return syncAnswer{}, err
 	}
-	return out, streams.Merge(since, reg.Token(held)), nil
+	limited := false
+	for _, pg := range pages {
+		limited = limited || held[pg.id] < pg.to
+	}
+	return syncAnswer{events: out, next: streams.Merge(since, reg.Token(held)), limited: limited}, nil
+}
+
+// errPageFull stops a writer's read at its byte budget.
+var errPageFull = errors.New("rooms: sync read: page full")
+
+// byteCut lowers cut (pageCut's) so that the events at or below it, in
+// stream order, fit in budget bytes as an answer writes them; it never
+// goes below the first event, so paging always moves on, and never above
+// cut.
+func byteCut(pages []writerPage, cut int64, budget int) int64 {
+	var rows []roomEvent
+	for _, pg := range pages {
+		for _, e := range pg.rows {
+			if e.pos > cut {
+				break
+			}
+			rows = append(rows, e)
+		}
+	}
+	slices.SortFunc(rows, func(a, b roomEvent) int { return cmp.Compare(a.pos, b.pos) })
+	seen := map[string]bool{}
+	total := 0
+	for i, e := range rows {
+		n := eventBytes(e.ev)
+		if !seen[e.room] {
+			n += roomBytes(e.room)
+		}
+		if i > 0 && total+n > budget {
+			return rows[i-1].pos
+		}
+		seen[e.room] = true
+		total += n
+	}
+	return cut
 }
 
 // unseenFunc returns the lowest position above held[w] and at most hi of
@@ -412,6 +511,7 @@ type writerPage struct {
 	name     string
 	from, to int64
 	rows     []roomEvent
+	bytes    int // the rows' size in an answer, at most
 	full     bool
 }
 

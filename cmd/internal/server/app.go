@@ -235,12 +235,12 @@ func (r *runner) run(ctx context.Context) error {
 	events := node.Generator(rooms.EventsStream)
 	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: node.Reads(), Events: events, Node: node.Fabric(), Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, TypingWriter: cfg.TypingWriter,
-		MaxLongPolls: cfg.MaxLongPolls, Logger: log})
+		MaxLongPolls: cfg.MaxLongPolls, MaxAnswerBytes: cfg.MaxAnswerBytes, MaxAnswers: cfg.MaxAnswers, WriteTimeout: cfg.WriteTimeout, Logger: log})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls",
-			Help: "Syncs waiting for news on this instance now."}, func() float64 { return float64(svc.LongPolls().Active) }),
+			Help: "Syncs and room state reads in progress on this instance now, waiting or not."}, func() float64 { return float64(svc.LongPolls().Active) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls_rejected_total",
-			Help: "Syncs answered 503 because --max-long-polls were waiting already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
+			Help: "Syncs and state reads answered 503 because --max-long-polls were in progress already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
 
 	status := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: node.Fabric(), pool: pool, gen: events,
 		queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}

@@ -41,8 +41,19 @@ type Config struct {
 	HeartbeatInterval time.Duration `name:"heartbeat-interval" help:"Every instance announces itself this often; one not heard from for 3 heartbeats is forgotten." env:"WEFT_HEARTBEAT_INTERVAL" default:"5s"`
 	LogFormat         string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
 	LogLevel          string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
-	MaxLongPolls      int           `name:"max-long-polls" help:"Syncs waiting at once on this instance (1..1000000); beyond, a long-poll answers 503 with Retry-After." env:"WEFT_MAX_LONG_POLLS" default:"10000"`
+	MaxLongPolls      int           `name:"max-long-polls" help:"Syncs and room state reads in progress at once on this instance, waiting or not (1..1000000); beyond, one answers 503 with Retry-After." env:"WEFT_MAX_LONG_POLLS" default:"10000"`
+	MaxAnswerBytes    int           `name:"max-answer-bytes" help:"Bytes of one sync answer or room state page (65536..67108864); it stops there with a token to go on." env:"WEFT_MAX_ANSWER_BYTES" default:"1048576"`
+	MaxAnswers        int           `name:"max-answers" help:"Sync answers and state pages read and written at once (1..10000); more wait for a slot." env:"WEFT_MAX_ANSWERS" default:"64"`
+	WriteTimeout      time.Duration `name:"write-timeout" help:"How long a client may take to read a sync answer or state page before it is disconnected (1s..10m)." env:"WEFT_WRITE_TIMEOUT" default:"15s"`
 }
+
+// Bounds of the answer flags: an answer holds at least 64 KiB (a whole
+// event fits), and at most 64 MiB.
+const (
+	MinAnswerBytes  = 64 << 10
+	MaxAnswerBytes  = 64 << 20
+	MaxAnswersLimit = 10000
+)
 
 // MaxLongPollsLimit bounds --max-long-polls: each waiting sync holds a
 // connection and a goroutine.
@@ -127,6 +138,15 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxLongPolls < 1 || c.MaxLongPolls > MaxLongPollsLimit {
 		return bad("max-long-polls", "WEFT_MAX_LONG_POLLS", "%d: want 1..%d", c.MaxLongPolls, MaxLongPollsLimit)
+	}
+	if c.MaxAnswerBytes < MinAnswerBytes || c.MaxAnswerBytes > MaxAnswerBytes {
+		return bad("max-answer-bytes", "WEFT_MAX_ANSWER_BYTES", "%d: want %d..%d", c.MaxAnswerBytes, MinAnswerBytes, MaxAnswerBytes)
+	}
+	if c.MaxAnswers < 1 || c.MaxAnswers > MaxAnswersLimit {
+		return bad("max-answers", "WEFT_MAX_ANSWERS", "%d: want 1..%d", c.MaxAnswers, MaxAnswersLimit)
+	}
+	if c.WriteTimeout < time.Second || c.WriteTimeout > 10*time.Minute {
+		return bad("write-timeout", "WEFT_WRITE_TIMEOUT", "%v: want 1s to 10m", c.WriteTimeout)
 	}
 	return nil
 }

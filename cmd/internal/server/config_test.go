@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kong"
 )
@@ -43,6 +44,32 @@ func TestMaxLongPollsFlag(t *testing.T) {
 		var ce *ConfigError
 		if !errors.As(err, &ce) || ce.Flag != "max-long-polls" || ce.Env != "WEFT_MAX_LONG_POLLS" || !strings.Contains(err.Error(), v) {
 			t.Fatalf("--max-long-polls=%s: %v, want a ConfigError naming the flag, its variable and the value", v, err)
+		}
+	}
+}
+
+// The answer bounds default to 1 MiB, 64 answers at once and 15 s to
+// write one; a value out of range names its flag and variable.
+func TestAnswerFlags(t *testing.T) {
+	if c := parse(t); c.MaxAnswerBytes != 1<<20 || c.MaxAnswers != 64 || c.WriteTimeout != 15*time.Second || c.Validate() != nil {
+		t.Fatalf("defaults %d B, %d answers, %v (%v); want 1 MiB, 64, 15s and valid", c.MaxAnswerBytes, c.MaxAnswers, c.WriteTimeout, c.Validate())
+	}
+	t.Setenv("WEFT_MAX_ANSWER_BYTES", "65536")
+	if c := parse(t, "--max-answers=3", "--write-timeout=2s"); c.MaxAnswerBytes != 65536 || c.MaxAnswers != 3 || c.WriteTimeout != 2*time.Second || c.Validate() != nil {
+		t.Fatalf("set: %d B, %d answers, %v (%v)", c.MaxAnswerBytes, c.MaxAnswers, c.WriteTimeout, c.Validate())
+	}
+	for _, bad := range []struct{ arg, flag, env string }{
+		{"--max-answer-bytes=65535", "max-answer-bytes", "WEFT_MAX_ANSWER_BYTES"},
+		{"--max-answer-bytes=67108865", "max-answer-bytes", "WEFT_MAX_ANSWER_BYTES"},
+		{"--max-answers=0", "max-answers", "WEFT_MAX_ANSWERS"},
+		{"--max-answers=10001", "max-answers", "WEFT_MAX_ANSWERS"},
+		{"--write-timeout=999ms", "write-timeout", "WEFT_WRITE_TIMEOUT"},
+		{"--write-timeout=11m", "write-timeout", "WEFT_WRITE_TIMEOUT"},
+	} {
+		err := func() error { c := parse(t, bad.arg); return c.Validate() }()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != bad.flag || ce.Env != bad.env {
+			t.Errorf("%s: %v, want a ConfigError naming --%s and %s", bad.arg, err, bad.flag, bad.env)
 		}
 	}
 }

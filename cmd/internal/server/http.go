@@ -120,3 +120,7 @@ func (s *statusRecorder) Flush() {
 		f.Flush()
 	}
 }
+
+// Unwrap lets http.ResponseController reach the connection: the read
+// routes set a write deadline on their answers.
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
