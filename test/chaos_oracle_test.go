@@ -394,7 +394,7 @@ func (o *oracle) report(name string, w *workload, acked map[string]ack, tb table
 		d := tb.compare(n, v.byWriter, upto)
 		r.Lost += d.lost
 		r.Phantom += d.phantom
-		r.Reordered += v.Reorder + d.misordered
+		r.Reordered += v.Reorder + v.RoomReorder + d.misordered
 		r.Duplicated += v.Dup
 		r.TokenBack += v.TokenBack
 		r.PersistedBack += v.putoBack

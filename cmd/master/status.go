@@ -118,24 +118,27 @@ func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error
 	var st server.Status
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
+	// Errors name the URL redacted (it may carry credentials), and never
+	// wrap net/http's, which quote it as given.
+	shown := redact.URL(base)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/status", nil)
 	if err != nil {
-		return nil, st, err
+		return nil, st, fmt.Errorf("%s: not a URL", shown)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, st, fmt.Errorf("cannot reach %s/status: %s", base, shortError(err))
+		return nil, st, fmt.Errorf("cannot reach %s/status: %s", shown, shortError(err))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return nil, st, fmt.Errorf("ask %s: %w", base, err)
+		return nil, st, fmt.Errorf("ask %s: %s", shown, shortError(err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, st, fmt.Errorf("%s/status: %s", base, resp.Status)
+		return nil, st, fmt.Errorf("%s/status: %s", shown, resp.Status)
 	}
 	if err := json.Unmarshal(body, &st); err != nil {
-		return nil, st, fmt.Errorf("%s/status: %w", base, err)
+		return nil, st, fmt.Errorf("%s/status: %w", shown, err)
 	}
 	return body, st, nil
 }

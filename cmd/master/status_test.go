@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -82,5 +84,32 @@ func TestRunUsageErrors(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"--secret", "0123456789abcdef0123", "--check-config"}, out{&stdout, &stderr}); code != 0 || stdout.String() != "configuration ok\n" {
 		t.Errorf("master --check-config: %d %q %q", code, stdout.String(), stderr.String())
+	}
+}
+
+// master status never prints the credentials of --url (issue 45, case
+// 8): not when the instance cannot be reached, not when it answers an
+// error, whatever shape the password has.
+func TestStatusURLRedacted(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "no", http.StatusBadGateway) }))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	for _, u := range []string{
+		"http://ops:hunter2Secret@" + host,
+		"http://ops:hunter2Secret@127.0.0.1:1",
+		"http://ops:5432/hunter2Secret@127.0.0.1:1",
+		"http://ops:?hunter2Secret@" + host,
+		"http://ops:hunter2 Secret@127.0.0.1:1",
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"status", "--url", u}, out{&stdout, &stderr})
+		if code == 0 || stderr.Len() == 0 {
+			t.Errorf("master status --url %q: status %d, stderr %q; want a failure", u, code, stderr.String())
+		}
+		for _, part := range []string{"hunter2", "Secret"} {
+			if strings.Contains(stderr.String()+stdout.String(), part) {
+				t.Errorf("master status --url %q printed %q: %s%s", u, part, stdout.String(), stderr.String())
+			}
+		}
 	}
 }

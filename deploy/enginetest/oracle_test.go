@@ -180,7 +180,7 @@ func (o *oracle) verdict(acked, unknown []string, committed map[string]bool) ver
 			}
 		}
 		r.Duplicated += v.Dup
-		r.Reordered += v.Reorder
+		r.Reordered += v.Reorder + v.RoomReorder
 		r.TokenBack += v.TokenBack
 		r.Examples = append(r.Examples, v.Examples...)
 	}

@@ -23,10 +23,24 @@ const Unparsable = "[redacted: not a valid URL]"
 // one). Anything else (a URL that does not parse, has no
 // scheme or is opaque, or a keyword/value connection string) keeps only
 // its scheme: "postgres://" + Unparsable.
+//
+// Whatever parses, the userinfo is taken to end at the last '@': a
+// password may hold '/', '?' or '#' (net/url then ends the host before
+// it and reads the rest as path or query), so when the last '@' is not
+// where the parsed userinfo ends, all before it is masked whole.
 func URL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme == "" || u.Opaque != "" || !strings.HasPrefix(s[len(u.Scheme):], "://") {
 		return unparsable(s)
+	}
+	rest := s[len(u.Scheme)+len("://"):]
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	if at := strings.LastIndex(rest, "@"); at >= len(authority) {
+		tail := URL(u.Scheme + "://" + rest[at+1:])
+		return u.Scheme + "://" + Mask + "@" + strings.TrimPrefix(tail, u.Scheme+"://")
 	}
 	if u.User != nil {
 		if _, has := u.User.Password(); has {

@@ -19,6 +19,13 @@ func TestURL(t *testing.T) {
 		"redis://:" + pw + "@h:6379/0":        "redis://:xxxxx@h:6379/0",
 		"rediss://default:" + pw + "@h:6380":  "rediss://default:xxxxx@h:6380",
 		"postgres://u:" + pw + "@x@h:5432/db": "postgres://u:xxxxx@h:5432/db", // '@' in the password: the last one ends it
+		// A password that net/url reads as a port and a path, a query or
+		// an empty port (issue 45, case 7): all before the last '@' goes.
+		"redis://u:5432/" + pw + "@h:6379/0":           "redis://xxxxx@h:6379/0",
+		"redis://:/" + pw + "@h:6379":                  "redis://xxxxx@h:6379",
+		"redis://u:?" + pw + "@h:6379":                 "redis://xxxxx@h:6379",
+		"postgres://u:?" + pw + "@h/db?password=" + pw: "postgres://xxxxx@h/db?password=xxxxx",
+		"postgres://h/db?application_name=a@b":         "postgres://xxxxx@b", // an '@' of the query: more hidden, never less
 		// Query parameters.
 		"postgres://h/db?password=" + pw + "&sslmode=require":       "postgres://h/db?password=xxxxx&sslmode=require",
 		"postgres://h/db?sslmode=verify-full&sslpassword=" + pw:     "postgres://h/db?sslmode=verify-full&sslpassword=xxxxx",

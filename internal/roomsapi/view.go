@@ -12,17 +12,20 @@ import (
 // not rising (within a room of a response, or across responses), a token
 // going back.
 type View struct {
-	Seen   map[string]int   // txn -> times returned
-	MaxPos map[string]int64 // writer -> highest position in earlier responses
-	Token  streams.Token
+	Seen    map[string]int   // txn -> times returned
+	MaxPos  map[string]int64 // writer -> highest position in earlier responses
+	RoomPos map[string]int64 // room -> the stream position of its last event returned
+	Token   streams.Token
 
-	Dup, Reorder, TokenBack int
+	// RoomReorder counts a room's events returned out of stream order
+	// (across writers: a room that moved between writers included).
+	Dup, Reorder, RoomReorder, TokenBack int
 	Examples                []string // the first few violations
 }
 
 // NewView is the view of a client that has been returned nothing yet.
 func NewView() *View {
-	return &View{Seen: map[string]int{}, MaxPos: map[string]int64{}}
+	return &View{Seen: map[string]int{}, MaxPos: map[string]int64{}, RoomPos: map[string]int64{}}
 }
 
 // Violation records an example of a violation; the first five are kept.
@@ -35,7 +38,10 @@ func (v *View) Violation(format string, args ...any) {
 // Apply checks response r, which the client called name got for a sync
 // since since, against everything it was returned before. Within a
 // response events are grouped by room, in stream order per writer; across
-// responses every writer's positions increase. Events for which skip
+// responses every writer's positions increase; and each room's events,
+// whichever writer wrote them, come in stream order, within a response
+// and across responses (the room's write order: a room moves to another
+// writer only after its last event on the old one committed). Events for which skip
 // returns true are checked for order only; each other event is counted
 // as seen and passed to each with its transaction ID, in response order.
 func (v *View) Apply(name, since string, r SyncResponse, skip func(Event) bool, each func(e Event, txn string)) {
@@ -63,6 +69,11 @@ func (v *View) Apply(name, since string, r SyncResponse, skip func(Event) bool, 
 				v.Violation("%s: room %s: %s/%d after %d", name, room, e.Writer, e.StreamPos, last[e.Writer])
 			}
 			last[e.Writer] = e.StreamPos
+			if e.StreamPos <= v.RoomPos[room] {
+				v.RoomReorder++
+				v.Violation("%s: room %s: %s/%d returned after the room's event at %d (since %s)", name, room, e.Writer, e.StreamPos, v.RoomPos[room], since)
+			}
+			v.RoomPos[room] = max(v.RoomPos[room], e.StreamPos)
 			if l, ok := lo[e.Writer]; !ok || e.StreamPos < l {
 				lo[e.Writer] = e.StreamPos
 			}

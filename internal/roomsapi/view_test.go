@@ -32,10 +32,10 @@ func resp(t *testing.T, next string, rooms map[string][]string) SyncResponse {
 
 func TestViewApply(t *testing.T) {
 	for _, tc := range []struct {
-		name                    string
-		resps                   []SyncResponse
-		dup, reorder, tokenBack int
-		seen                    []string
+		name                                 string
+		resps                                []SyncResponse
+		dup, reorder, roomReorder, tokenBack int
+		seen                                 []string
 	}{
 		{name: "in order", resps: []SyncResponse{
 			resp(t, "m2", map[string][]string{"a": {"p/1/t1", "p/2/t2"}}),
@@ -48,10 +48,21 @@ func TestViewApply(t *testing.T) {
 		{name: "back across responses", resps: []SyncResponse{
 			resp(t, "m3", map[string][]string{"a": {"p/3/t3"}}),
 			resp(t, "m3", map[string][]string{"a": {"p/2/t2"}}),
-		}, reorder: 1, seen: []string{"t2", "t3"}},
+		}, reorder: 1, roomReorder: 1, seen: []string{"t2", "t3"}},
 		{name: "back within a room", resps: []SyncResponse{
 			resp(t, "m3", map[string][]string{"a": {"p/3/t3", "p/2/t2"}}),
-		}, reorder: 1, seen: []string{"t2", "t3"}},
+		}, reorder: 1, roomReorder: 1, seen: []string{"t2", "t3"}},
+		{name: "a room that moved, in order", resps: []SyncResponse{
+			resp(t, "m3", map[string][]string{"a": {"p/1/t1", "q/2/t2"}}),
+			resp(t, "m3", map[string][]string{"a": {"q/3/t3"}, "b": {"p/4/t4"}}),
+		}, seen: []string{"t1", "t2", "t3", "t4"}},
+		{name: "a room's writers out of stream order in a response", resps: []SyncResponse{
+			resp(t, "m5", map[string][]string{"a": {"q/5/t5", "p/3/t3"}}),
+		}, roomReorder: 1, seen: []string{"t3", "t5"}},
+		{name: "a room's old writer after its new one, across responses", resps: []SyncResponse{
+			resp(t, "m5", map[string][]string{"a": {"q/5/t5"}}),
+			resp(t, "m5", map[string][]string{"a": {"p/4/t4"}}),
+		}, roomReorder: 1, seen: []string{"t4", "t5"}},
 		{name: "token back", resps: []SyncResponse{
 			resp(t, "m5", nil),
 			resp(t, "m4", nil),
@@ -65,9 +76,9 @@ func TestViewApply(t *testing.T) {
 			for i, r := range tc.resps {
 				v.Apply("v", fmt.Sprint(i), r, nil, nil)
 			}
-			if v.Dup != tc.dup || v.Reorder != tc.reorder || v.TokenBack != tc.tokenBack {
-				t.Errorf("dup %d, reorder %d, token back %d; want %d, %d, %d (%q)",
-					v.Dup, v.Reorder, v.TokenBack, tc.dup, tc.reorder, tc.tokenBack, v.Examples)
+			if v.Dup != tc.dup || v.Reorder != tc.reorder || v.RoomReorder != tc.roomReorder || v.TokenBack != tc.tokenBack {
+				t.Errorf("dup %d, reorder %d, room reorder %d, token back %d; want %d, %d, %d, %d (%q)",
+					v.Dup, v.Reorder, v.RoomReorder, v.TokenBack, tc.dup, tc.reorder, tc.roomReorder, tc.tokenBack, v.Examples)
 			}
 			var seen []string
 			for txn := range v.Seen {
