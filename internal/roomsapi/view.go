@@ -20,7 +20,7 @@ type View struct {
 	// RoomReorder counts a room's events returned out of stream order
 	// (across writers: a room that moved between writers included).
 	Dup, Reorder, RoomReorder, TokenBack int
-	Examples                []string // the first few violations
+	Examples                             []string // the first few violations
 }
 
 // NewView is the view of a client that has been returned nothing yet.
