@@ -32,6 +32,7 @@ type Config struct {
 	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
+	SecretFile        string        `name:"secret-file" help:"Read --secret from this file (one line; a trailing newline is dropped), as Docker and Kubernetes secrets are mounted: it stays out of ps and the environment." env:"WEFT_SECRET_FILE" type:"path"`
 	Insecure          bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
 	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in any order: the shard map's first version (after that, master writers add/remove change it in the database)." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
 	EventWriter       bool          `name:"event-writer" help:"Hold an events writer under --name although the shard map does not list it (yet), so that master writers add can give it rooms at runtime." env:"WEFT_EVENT_WRITER"`
@@ -45,6 +46,8 @@ type Config struct {
 	MaxAnswerBytes    int           `name:"max-answer-bytes" help:"Bytes of one sync answer or room state page (65536..67108864); it stops there with a token to go on." env:"WEFT_MAX_ANSWER_BYTES" default:"1048576"`
 	MaxAnswers        int           `name:"max-answers" help:"Sync answers and state pages read and written at once (1..10000); more wait for a slot." env:"WEFT_MAX_ANSWERS" default:"64"`
 	WriteTimeout      time.Duration `name:"write-timeout" help:"How long a client may take to read a sync answer or state page before it is disconnected (1s..10m)." env:"WEFT_WRITE_TIMEOUT" default:"15s"`
+
+	secretFrom string // the SecretFile Secret was read from
 }
 
 // Bounds of the answer flags: an answer holds at least 64 KiB (a whole
@@ -70,6 +73,30 @@ func (e *ConfigError) Error() string {
 
 func bad(flag, env, format string, args ...any) error {
 	return &ConfigError{Flag: flag, Env: env, Problem: fmt.Sprintf(format, args...)}
+}
+
+// loadSecretFile sets Secret from SecretFile, once: Validate runs more
+// than once on one Config.
+func (c *Config) loadSecretFile() error {
+	if c.SecretFile == "" || c.secretFrom == c.SecretFile {
+		return nil
+	}
+	if c.Secret != "" {
+		return bad("secret-file", "WEFT_SECRET_FILE", "given with --secret (WEFT_SECRET): set one of them")
+	}
+	b, err := os.ReadFile(c.SecretFile)
+	if err != nil {
+		return bad("secret-file", "WEFT_SECRET_FILE", "%v", err)
+	}
+	s := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if s == "" {
+		return bad("secret-file", "WEFT_SECRET_FILE", "%s is empty", c.SecretFile)
+	}
+	if p := httpx.SecretProblem(s); p != "" {
+		return bad("secret-file", "WEFT_SECRET_FILE", "the secret in %s: %s", c.SecretFile, p)
+	}
+	c.Secret, c.secretFrom = s, c.SecretFile
+	return nil
 }
 
 // Validate checks every field and names the first bad one.
@@ -104,8 +131,11 @@ func (c *Config) Validate() error {
 	if err := instance.ValidName(c.Name); err != nil {
 		return bad("name", "WEFT_NAME", "%v", err)
 	}
+	if err := c.loadSecretFile(); err != nil {
+		return err
+	}
 	if c.Secret == "" && !c.Insecure {
-		return bad("secret", "WEFT_SECRET", "empty: set a shared secret, or --insecure for development")
+		return bad("secret", "WEFT_SECRET", "empty: set a shared secret (or --secret-file), or --insecure for development")
 	}
 	if p := httpx.SecretProblem(c.Secret); p != "" {
 		return bad("secret", "WEFT_SECRET", "%s", p)

@@ -2,6 +2,8 @@ package server
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +173,56 @@ func TestConfigErrorsHideURLPasswords(t *testing.T) {
 	c := parse(t, "--advertise-url=http://u:"+urlSecretA+"@10.0.0.7:8080")
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--advertise-url") || strings.Contains(err.Error(), urlSecretA) {
 		t.Errorf("--advertise-url with a password: %v, want it refused without showing the password", err)
+	}
+}
+
+// --secret-file (WEFT_SECRET_FILE) reads the secret from a file, as
+// Docker and Kubernetes mount secrets: the trailing newline goes; an
+// empty or missing file, a secret unfit for a header, or --secret as
+// well are refused naming --secret-file, never printing the secret.
+func TestSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	load := func(args ...string) (Config, error) {
+		var f flags
+		p, err := kong.New(&f, kong.Vars{"default_name": "worker"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		c := Config(f)
+		return c, c.Validate()
+	}
+	good := file("good", "s3cret-s3cret-s3cret\n")
+	c, err := load("--secret-file=" + good)
+	if err != nil || c.Secret != "s3cret-s3cret-s3cret" {
+		t.Fatalf("--secret-file: secret %q, %v", c.Secret, err)
+	}
+	if err := c.Validate(); err != nil || c.Secret != "s3cret-s3cret-s3cret" {
+		t.Fatalf("validated twice: secret %q, %v", c.Secret, err)
+	}
+	t.Setenv("WEFT_SECRET_FILE", good)
+	if c, err := load(); err != nil || c.Secret != "s3cret-s3cret-s3cret" {
+		t.Fatalf("WEFT_SECRET_FILE: secret %q, %v", c.Secret, err)
+	}
+	for _, args := range [][]string{
+		{"--secret=s3cret-s3cret-s3cret"},
+		{"--secret-file=" + file("empty", "\n")},
+		{"--secret-file=" + filepath.Join(dir, "missing")},
+		{"--secret-file=" + file("spaced", "s3cret-s3cret-s3cret \n")},
+	} {
+		_, err := load(args...)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != "secret-file" || ce.Env != "WEFT_SECRET_FILE" || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: %v; want a ConfigError naming --secret-file, without the secret", args, err)
+		}
 	}
 }
