@@ -87,6 +87,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 	}
 	var key *string
 	var stored *int
+	var created bool
 	err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO weft_consumers (stream, name, pos, key, partitions) VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (stream, name) DO NOTHING`, c.Stream, c.Name, start, c.Key, parts); err != nil {
@@ -101,10 +102,14 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		if stored == nil {
 			return nil
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO weft_group_partitions (stream, name, partition, pos)
+		tag, err := tx.Exec(ctx, `INSERT INTO weft_group_partitions (stream, name, partition, pos)
 			SELECT $1, $2, p, $3 FROM generate_series(0, $4 - 1) AS p ON CONFLICT DO NOTHING`, c.Stream, c.Name, start, *stored)
+		created = tag.RowsAffected() > 0
 		return err
 	})
+	if err == nil && created {
+		n.analyzePartitions(ctx)
+	}
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("weft: group %s of %s: create or read it: %w", c.Name, c.Stream, err)
@@ -126,6 +131,20 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		failing:  map[int]bool{}}
 	g.readSQL = g.rowsSQL()
 	return g, nil
+}
+
+// analyzePartitions refreshes the planner's statistics of the partitions'
+// table once a group's rows are added. A batch's cursor update names the
+// partitions its rows fell in (partition = ANY), and the planner looks
+// them up by the primary key only if it knows a group has many rows;
+// without statistics (a new table, or one autovacuum has not analyzed
+// since) it reads every partition of the group instead, each batch. Best
+// effort: a role that does not own the table is refused with a warning,
+// and autovacuum analyzes the table later.
+func (n *Node) analyzePartitions(ctx context.Context) {
+	if _, err := n.pool.Exec(ctx, `ANALYZE weft_group_partitions`); err != nil && ctx.Err() == nil {
+		n.log.Debug("weft: could not analyze weft_group_partitions", "err", err)
+	}
 }
 
 // run is the member until ctx ends: then it leaves the group at once (its
@@ -371,10 +390,13 @@ func (g *group) leave(ctx context.Context, early bool) {
 			skip = " SKIP LOCKED"
 		}
 		// With the cursors the member moved in memory only (see release).
-		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(),
-				pos = greatest(p.pos, coalesce((SELECT u.pos FROM unnest($4::int[], $5::bigint[]) AS u(part, pos) WHERE u.part = p.partition), p.pos))
-			WHERE p.stream = $1 AND p.name = $2 AND p.partition IN (SELECT partition FROM weft_group_partitions
-				WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AND p.owner = $3`,
+		// Joined, not a subquery per partition: with thousands owned, a
+		// lookup of each in the arrays took longer than the leave's second.
+		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(), pos = greatest(p.pos, coalesce(l.pos, p.pos))
+			FROM (SELECT o.partition, u.pos FROM (SELECT partition FROM weft_group_partitions
+					WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AS o
+				LEFT JOIN unnest($4::int[], $5::bigint[]) AS u(part, pos) ON u.part = o.partition) AS l
+			WHERE p.stream = $1 AND p.name = $2 AND p.partition = l.partition AND p.owner = $3`,
 			g.cfg.Stream, g.cfg.Name, g.id, owned, pos)
 		return err
 	})

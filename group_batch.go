@@ -14,22 +14,72 @@ import (
 	grp "github.com/weft-dev/weft/group"
 )
 
-// rowsSQL reads the rows of a batch, with each one's partition: those
-// after lo up to upto whose key's partition has a cursor in after
-// (indexed by partition; MaxInt64 for a partition the batch does not run)
-// below them, in position order, about $4 of them but whole positions, as
-// batchSQL ($1 lo, $2 upto, $3 after, $4 the limit, $5 the key).
+// rowsSQL reads the rows of a batch, with each one's partition, from a
+// window of the stream: the first $6 table rows after lo up to upto, and
+// every other row at the last one's position (whole positions). Of the
+// window it returns the rows whose key's partition has a cursor in after
+// (indexed by partition; MaxInt64 for a partition the batch does not
+// run) below them, in position order, the first $4 of them and every
+// other row at the last one's position: one scan of at most the window,
+// each row's partition computed once, whatever plan the statistics lead
+// to. Every answer row carries the window's top (upto when the window
+// holds every row up to upto), and there is one answer row, with no
+// stream row, when none is returned ($1 lo, $2 upto, $3 after, $4 the
+// limit, $5 the key, $6 the window).
 func (g *group) rowsSQL() string {
 	st := g.st
+	id, t := st.ident(st.IDColumn), st.ident(st.Table)
 	key := fmt.Sprintf("coalesce(%s->>$5, '')", st.ident(st.DataColumn))
-	rows := func(upto string) string {
-		return fmt.Sprintf(`SELECT id, writer, data, part FROM (
-	SELECT %s AS id, %s AS writer, %s::text AS data, %s AS part FROM %s WHERE %s > $1 AND %s <= %s) AS r
-WHERE id > ($3::bigint[])[part + 1]`,
-			st.ident(st.IDColumn), st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)),
-			st.ident(st.Table), st.ident(st.IDColumn), st.ident(st.IDColumn), upto)
+	return fmt.Sprintf(`SELECT w.top, r.id, r.writer, r.data, r.part FROM (
+	SELECT CASE WHEN count(*) < $6 THEN $2::bigint ELSE max(id) END AS top FROM (
+		SELECT %[1]s AS id FROM %[2]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $6) AS l) AS w
+LEFT JOIN LATERAL (
+	SELECT id, writer, data, part FROM (
+		SELECT %[1]s AS id, %[3]s AS writer, %[4]s::text AS data, %[5]s AS part FROM %[2]s WHERE %[1]s > $1 AND %[1]s <= w.top) AS s
+	WHERE id > ($3::bigint[])[part + 1] ORDER BY id FETCH FIRST ($4) ROWS WITH TIES) AS r ON true
+ORDER BY r.id`,
+		id, t, st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)))
+}
+
+// maxWindow bounds the stream rows one batch reads to find its own
+// (rowsSQL): a member that runs few of the partitions finds about
+// MaxBatch of its rows in MaxBatch x partitions / run rows, up to this
+// many; past it, its batch is smaller.
+const maxWindow = 10_000
+
+// readRows reads a batch's rows after each run partition's cursor in
+// after (rowsSQL), lo the lowest of them, up to upto: the rows, each
+// one's partition, and where the cursors of the partitions run move:
+// the window's top, or, when the batch was full (MaxBatch rows or more)
+// and more may follow, its last row's position.
+func (g *group) readRows(ctx context.Context, lo, upto int64, after []int64, run int) ([]Row, []int, int64, error) {
+	window := max(g.cfg.MaxBatch, min(maxWindow, g.cfg.MaxBatch*g.parts/max(run, 1)))
+	q, err := g.n.pool.Query(ctx, g.readSQL, lo, upto, after, g.cfg.MaxBatch, g.cfg.Key, window)
+	if err != nil {
+		return nil, nil, 0, err
 	}
-	return rows(fmt.Sprintf(`least($2, (SELECT max(id) FROM (%s ORDER BY id LIMIT $4) AS l))`, rows("$2"))) + ` ORDER BY id`
+	var rows []Row
+	var parts []int
+	next := upto
+	for q.Next() {
+		var pos, part *int64
+		var writer, data *string
+		if err := q.Scan(&next, &pos, &writer, &data, &part); err != nil {
+			q.Close()
+			return nil, nil, 0, err
+		}
+		if pos != nil {
+			rows = append(rows, Row{Stream: g.cfg.Stream, Pos: *pos, Writer: *writer, Data: []byte(*data)})
+			parts = append(parts, int(*part))
+		}
+	}
+	if err := q.Err(); err != nil {
+		return nil, nil, 0, err
+	}
+	if len(rows) >= g.cfg.MaxBatch {
+		next = rows[len(rows)-1].Pos
+	}
+	return rows, parts, next, nil
 }
 
 // batches runs batches of the partitions the member holds until ctx ends;
@@ -137,8 +187,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	for _, c := range cur {
 		after[c.Partition], lo = c.Pos, min(lo, c.Pos)
 	}
-	var parts []int
-	rows, next, err := readBatch(ctx, g.n.pool, g.cfg.Stream, upto, g.cfg.MaxBatch, &parts, g.readSQL, lo, upto, after, g.cfg.MaxBatch, g.cfg.Key)
+	rows, parts, next, err := g.readRows(ctx, lo, upto, after, len(cur))
 	if err != nil {
 		return fmt.Errorf("read rows after %d: %w", lo, err)
 	}
@@ -242,7 +291,8 @@ func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock
 	}
 	tag, err := tx.Exec(ctx, `UPDATE weft_group_partitions p SET pos = greatest(p.pos, $7), updated_at = now()
 		FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS u(part, epoch, after)
-		WHERE p.stream = $1 AND p.name = $2 AND p.partition = u.part AND p.owner = $6 AND p.epoch = u.epoch AND p.pos <= u.after`,
+		WHERE p.stream = $1 AND p.name = $2 AND p.partition = ANY($3) AND p.partition = u.part AND p.owner = $6 AND p.epoch = u.epoch
+			AND p.pos <= u.after`,
 		g.cfg.Stream, g.cfg.Name, parts, epochs, froms, g.id, next)
 	switch {
 	case err != nil:

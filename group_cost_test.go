@@ -2,9 +2,16 @@ package weft_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/wefttest"
 )
 
@@ -34,5 +41,132 @@ func TestGroupBatchUpdatesOnlyTouchedPartitions(t *testing.T) {
 	t.Logf("%d partition-row updates for %d rows, %d partitions owned", updates, rows, parts)
 	if updates > rows {
 		t.Fatalf("%d partition-row updates for %d rows of %d keys: the batches rewrote partitions they did not touch (%d owned)", updates, rows, users, parts)
+	}
+}
+
+// statements counts a pool's round trips to the server (a statement, or
+// a batch of them, each one) by what it is about.
+type statements struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.count(d.SQL)
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	if d.Batch.Len() > 0 {
+		s.count(d.Batch.QueuedQueries[0].SQL)
+	}
+	return ctx
+}
+
+func (s *statements) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// count files a round trip under "read" when it reads the stream's rows
+// (a batch's first), under "batch" when it is the rest of a group's
+// batch: its transaction's begin and commit, and the statements about the
+// partitions and the group's row, but the membership's (those about the
+// members: renew and view).
+func (s *statements) count(sql string) {
+	kind := "other"
+	switch q := strings.ToLower(strings.TrimSpace(sql)); {
+	case strings.Contains(q, "weft_group_members"):
+	case strings.Contains(q, `from "notices" `):
+		kind = "read"
+	case q == "begin" || q == "commit" || q == "rollback",
+		strings.Contains(q, "weft_group_partitions"), strings.Contains(q, "weft_consumers"):
+		kind = "batch"
+	}
+	s.mu.Lock()
+	s.n[kind]++
+	s.mu.Unlock()
+}
+
+// counts is the round trips of batches so far and the reads among them.
+func (s *statements) counts() (all, reads int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n["batch"] + s.n["read"], s.n["read"]
+}
+
+// A group batch makes as many round trips as a single consumer's, however
+// many partitions its member owns or its rows fall in: read the rows,
+// begin, fence (the group's row), move the cursors of the partitions the
+// rows fell in (one statement), commit. Counted over a backlog of 1,000
+// rows of 500 keys applied 20 at a time by a member owning 64
+// partitions, then one owning 1,024.
+func TestGroupBatchRoundTripsIndependentOfPartitions(t *testing.T) {
+	const rows, users, maxBatch = 1000, 500, 20
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	w := wefttest.Open(t, writerConfig(db, rds, notices))
+	appendNotices(t, w, 0, rows, users)
+	perBatch := map[int]float64{}
+	for _, parts := range []int{64, 1024} {
+		trace := &statements{n: map[string]int{}}
+		pc, err := pgxpool.ParseConfig(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pc.ConnConfig.Tracer = trace
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		// Held until the member owns every partition: the takes are not
+		// counted, and the backlog waits.
+		var mu sync.Mutex
+		var applied int
+		hold := make(chan struct{})
+		apply := func(ctx context.Context, _ pgx.Tx, b []weft.Row) error {
+			select {
+			case <-hold:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			applied += len(b)
+			return nil
+		}
+		cfg := wefttest.Config(fmt.Sprintf("m%d", parts), db, rds)
+		cfg.DatabaseURL, cfg.Database = "", pool
+		cfg.Streams = []weft.Stream{notices}
+		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: fmt.Sprintf("mailer%d", parts), Key: "user", Partitions: parts,
+			MaxBatch: maxBatch, Apply: apply}}
+		m := wefttest.Open(t, cfg)
+		wefttest.Eventually(t, 30*time.Second, func() bool {
+			for _, g := range m.Status().Groups {
+				return len(g.Members) == 1 && len(g.Members[0].Partitions) == parts
+			}
+			return false
+		}, "the member does not own every partition: %+v", m.Status().Groups)
+		// A batch is in flight, read before: its commit is counted, not
+		// its read, begin and fence.
+		all0, reads0 := trace.counts()
+		close(hold)
+		wefttest.Eventually(t, 60*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return applied >= rows
+		}, "not every row applied")
+		all, reads := trace.counts()
+		n, batches := all-all0+3, reads-reads0+1
+		perBatch[parts] = float64(n) / float64(batches)
+		t.Logf("%d partitions: %d round trips in %d batches (%.2f a batch)", parts, n, batches, perBatch[parts])
+	}
+	for parts, n := range perBatch {
+		if n > 5.5 {
+			t.Errorf("%d partitions owned: %.2f round trips a batch; a single consumer's makes 5", parts, n)
+		}
+	}
+	if d := perBatch[1024] - perBatch[64]; d > 0.5 || d < -0.5 {
+		t.Errorf("round trips a batch: %.2f with 1,024 partitions owned, %.2f with 64: they follow the partitions owned", perBatch[1024], perBatch[64])
 	}
 }
