@@ -97,6 +97,12 @@ type Config struct {
 	// sealer per cluster is enough, each process one query per period
 	// [LeaseTTL/4; at least 50ms]. Negative: never (another one seals).
 	SealExpired time.Duration
+	// SealDead: how often a sealing process (SealExpired not negative)
+	// also looks for writers whose process ended (their liveness session
+	// is gone: killed, crashed) and seals them without waiting for their
+	// lease [250ms; at least 50ms]. Negative: never, the lease only (a
+	// transaction-mode pooler between writers and PostgreSQL).
+	SealDead time.Duration
 	// HeartbeatInterval: the process announces itself this often; one not
 	// heard from for three is forgotten [5s; at least 100ms].
 	HeartbeatInterval time.Duration
@@ -222,6 +228,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaseTTL < time.Second {
 		return fail("LeaseTTL", "%v is below 1s", c.LeaseTTL)
+	}
+	if c.SealDead > 0 && c.SealDead < 50*time.Millisecond {
+		return fail("SealDead", "%v is below 50ms (negative: never)", c.SealDead)
 	}
 	if c.SealExpired > 0 && c.SealExpired < 50*time.Millisecond {
 		return fail("SealExpired", "%v is below 50ms (negative: never)", c.SealExpired)

@@ -393,7 +393,7 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 		Secret: n.cfg.Secret, Epoch: uint64(n.epoch),
 		Hello:   wire.Hello{Name: n.cfg.Name, Role: n.cfg.Role, URL: n.cfg.Advertise, Version: n.cfg.Version},
 		Streams: specs, Writers: writers, Ephemerals: ephemerals, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,
-		AnnounceInterval: n.cfg.AnnounceInterval, HeartbeatInterval: n.cfg.HeartbeatInterval, SealExpired: max(n.cfg.SealExpired, 0),
+		AnnounceInterval: n.cfg.AnnounceInterval, HeartbeatInterval: n.cfg.HeartbeatInterval, SealExpired: max(n.cfg.SealExpired, 0), SealDead: n.cfg.SealDead,
 		Registerer: reg, Logger: n.log, OnFail: n.fail,
 	})
 	if err != nil {

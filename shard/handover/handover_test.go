@@ -20,7 +20,8 @@ func TestSimulation(t *testing.T) {
 	t.Logf("%d seeds: %s", n, total)
 	// The faults must have happened, or the seeds proved nothing.
 	if total.changes < int(n) || total.crashes == 0 || total.partitions == 0 || total.refused == 0 ||
-		total.unknownCommitted == 0 || total.unknownCommitted == total.unknown {
+		total.unknownCommitted == 0 || total.unknownCommitted == total.unknown ||
+		total.resets == 0 || total.deadSeals == 0 || total.falseSeals == 0 {
 		t.Fatalf("the seeds exercised too little: %s", total)
 	}
 }
@@ -37,10 +38,11 @@ func TestSimulationCatchesBrokenFence(t *testing.T) {
 		"unknown commit taken for a rollback": {guessRollback: true},
 		"unknown commit read before it ended": {readEarly: true},
 		"task done as it begins":              {doneAtBegin: true},
+		"dead holder sealed unfenced":         {deadUnfenced: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := defaultSim
-			cfg.broken, cfg.guessRollback, cfg.readEarly, cfg.doneAtBegin = b.broken, b.guessRollback, b.readEarly, b.doneAtBegin
+			cfg.broken, cfg.guessRollback, cfg.readEarly, cfg.doneAtBegin, cfg.deadUnfenced = b.broken, b.guessRollback, b.readEarly, b.doneAtBegin, b.deadUnfenced
 			simtest.Catches(t, simSeeds(t), func(seed uint64) *sim { return newSim(seed, cfg) })
 		})
 	}
@@ -55,6 +57,9 @@ func (st *simStats) add(o simStats) {
 	st.waits += o.waits
 	st.unknown += o.unknown
 	st.unknownCommitted += o.unknownCommitted
+	st.resets += o.resets
+	st.deadSeals += o.deadSeals
+	st.falseSeals += o.falseSeals
 }
 
 // testOwner is rendezvous hashing as weft's shard.Owner does it, in short

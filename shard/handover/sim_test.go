@@ -17,7 +17,7 @@ import (
 // the owner their own view of the map names, and retry), an operator who
 // adds and removes writers, and a network that delays, loses and
 // partitions. Writers crash and restart; the master seals a writer whose
-// lease expired. Everything random comes from the seed, and every map is
+// lease expired, or whose liveness lock went (sim_liveness_test.go). Everything random comes from the seed, and every map is
 // walked in sorted order, so a seed replays exactly.
 //
 // Transactions draw stream IDs, and some COMMITs lose their answer (see
@@ -49,6 +49,7 @@ type simConfig struct {
 	guessRollback bool // a commit whose outcome is unknown counts as rolled back at once
 	readEarly     bool // it is resolved without waiting for the COMMIT to end: no row yet reads as a rollback
 	doneAtBegin   bool // a task ends in the Node as its transaction begins
+	deadUnfenced  bool // a holder found dead is sealed without waiting for its transactions
 }
 
 var defaultSim = simConfig{writers: 4, keys: 6, forwarders: 6, faultsFor: 1500, settleFor: 8000}
@@ -125,6 +126,7 @@ type sim struct {
 	lease    map[string]int64
 	sealed   map[string]bool
 	sealing  map[string]bool    // a seal waits for the name's transactions
+	live     liveness           // the holders' liveness locks and the master's view of them
 	holder   map[string]int     // incarnation holding the name
 	open     map[string]*simTxn // key -> the open transaction on it
 	txns     []*simTxn          // the transactions not settled, in the order they began
@@ -143,6 +145,7 @@ type sim struct {
 type simStats struct {
 	committed, changes, crashes, partitions, refused, waits int
 	unknown, unknownCommitted                               int // COMMITs whose answer was lost, and how many of them committed
+	resets, deadSeals, falseSeals                           int // liveness sessions ended under a live process; holders sealed as dead, and of them alive
 }
 
 func newSim(seed uint64, cfg simConfig) *sim {
@@ -151,6 +154,7 @@ func newSim(seed uint64, cfg simConfig) *sim {
 		released: map[string]int64{}, fenced: map[string]int64{}, lease: map[string]int64{},
 		sealed: map[string]bool{}, sealing: map[string]bool{}, holder: map[string]int{}, open: map[string]*simTxn{},
 		stored: map[string]int64{}, commits: map[string][]int{}, tasks: map[int]*simTask{}, pending: map[string][]int{},
+		live: newLiveness(),
 	}
 	salt := fmt.Sprint(seed % 97)
 	s.owner = func(key string, writers []string) string { return testOwner(salt+key, writers) }
@@ -194,7 +198,7 @@ func (s *sim) Run() []string {
 	s.After(s.cfg.faultsFor, func() {
 		s.faults, s.lossy = false, false
 		for _, w := range s.writers {
-			w.cut = false
+			s.heal(w)
 		}
 	})
 	for s.Next(end) {
@@ -266,7 +270,9 @@ func (s *sim) chaos() {
 	case r < 7 && !w.cut:
 		s.cutOff(w)
 		s.stats.partitions++
-		s.After(50+int64(s.rng.IntN(500)), func() { w.cut = false })
+		s.After(50+int64(s.rng.IntN(500)), func() { s.heal(w) })
+	case r < 8 && w.alive:
+		s.resetSession(w)
 	default:
 		s.lossy = !s.lossy
 	}
@@ -281,6 +287,7 @@ func (s *sim) master() {
 			s.seal(w.name)
 		}
 	}
+	s.lookLiveness()
 	s.After(25, s.master)
 }
 
@@ -303,11 +310,21 @@ func (s *sim) crash(w *simWriter) {
 	}
 	s.forget(w.name)
 	w.queue, w.busy = nil, nil
+	s.dropLock(w) // the server ends the dead process's sessions
 }
 
 func (s *sim) cutOff(w *simWriter) {
 	w.cut = true
 	s.abort(w) // its database connections break: open transactions roll back
+	if s.rng.IntN(3) == 0 {
+		s.dropLock(w) // the server noticed (keepalives): a false signal; else none comes
+	}
+}
+
+// heal ends w's partition; it takes its liveness lock again if it lost it.
+func (s *sim) heal(w *simWriter) {
+	w.cut = false
+	s.takeLockSoon(w)
 }
 
 // abort rolls back w's open transactions that have not sent COMMIT; their
@@ -336,6 +353,7 @@ func (s *sim) start(w *simWriter) {
 	s.holder[w.name], s.sealed[w.name], s.lease[w.name] = w.inc, false, s.Now+leaseTTL
 	w.node = New(w.name, s.released[w.name], s.owner)
 	w.node.broken = s.cfg.broken
+	s.takeLockSoon(w)
 	w.queue, w.busy, w.releasing, w.pollPending = map[string][]int{}, map[string]bool{}, false, false
 	w.inflight, w.high, w.pos, w.toldDone = nil, s.head, s.head, map[string]int{}
 	s.snapshot(w)
@@ -612,8 +630,8 @@ func (s *sim) done(t *simTask) {
 
 func (st simStats) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d commits, %d map changes, %d crashes, %d partitions, %d refusals, %d waits, %d commits with no answer (%d of them committed)",
-		st.committed, st.changes, st.crashes, st.partitions, st.refused, st.waits, st.unknown, st.unknownCommitted)
+	fmt.Fprintf(&b, "%d commits, %d map changes, %d crashes, %d partitions, %d refusals, %d waits, %d commits with no answer (%d of them committed), %d liveness sessions reset, %d holders sealed as dead (%d of them alive)",
+		st.committed, st.changes, st.crashes, st.partitions, st.refused, st.waits, st.unknown, st.unknownCommitted, st.resets, st.deadSeals, st.falseSeals)
 	return b.String()
 }
 

@@ -320,7 +320,7 @@ func (r *runner) weftConfig(pool *pgxpool.Pool, reg prometheus.Registerer, live 
 		Cluster: cfg.Cluster, Secret: cfg.Secret, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
 		Streams: rooms.Streams(), Writes: writes,
 		Followers:        []weft.Follower{{Stream: rooms.EventsStream, Handler: live}, {Stream: rooms.TypingStream, Handler: live}},
-		AnnounceInterval: cfg.AnnounceInterval, HeartbeatInterval: cfg.HeartbeatInterval, LeaseTTL: cfg.LeaseTTL, SealExpired: seal,
+		AnnounceInterval: cfg.AnnounceInterval, HeartbeatInterval: cfg.HeartbeatInterval, LeaseTTL: cfg.LeaseTTL, SealExpired: seal, SealDead: cfg.SealDead,
 		OnWait: r.wait.set, Logger: r.log, Registerer: reg,
 	}
 }

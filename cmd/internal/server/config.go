@@ -39,6 +39,7 @@ type Config struct {
 	TypingWriter      string        `name:"typing-writer" help:"Writer name of the typing stream." env:"WEFT_TYPING_WRITER" default:"master"`
 	AnnounceInterval  time.Duration `name:"announce-interval" help:"Idle writers announce their position at least this often (>= 50ms)." env:"WEFT_ANNOUNCE_INTERVAL" default:"1s"`
 	LeaseTTL          time.Duration `name:"lease-ttl" help:"Writer lease: a writer silent this long is sealed by the master." env:"WEFT_LEASE_TTL" default:"10s"`
+	SealDead          time.Duration `name:"seal-dead" help:"The master looks this often for writers whose process ended (their liveness session is gone) and seals them at once (>= 50ms); negative: never, the lease only." env:"WEFT_SEAL_DEAD" default:"250ms"`
 	HeartbeatInterval time.Duration `name:"heartbeat-interval" help:"Every instance announces itself this often; one not heard from for 3 heartbeats is forgotten." env:"WEFT_HEARTBEAT_INTERVAL" default:"5s"`
 	LogFormat         string        `name:"log-format" help:"Log format: text or json." env:"WEFT_LOG_FORMAT" default:"text"`
 	LogLevel          string        `name:"log-level" help:"Log level: debug, info, warn or error." env:"WEFT_LOG_LEVEL" default:"info"`
@@ -151,6 +152,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AnnounceInterval < 50*time.Millisecond {
 		return bad("announce-interval", "WEFT_ANNOUNCE_INTERVAL", "%v is below 50ms", c.AnnounceInterval)
+	}
+	if c.SealDead >= 0 && c.SealDead < 50*time.Millisecond {
+		return bad("seal-dead", "WEFT_SEAL_DEAD", "%v: want at least 50ms, or negative (never)", c.SealDead)
 	}
 	if c.LeaseTTL < time.Second {
 		return bad("lease-ttl", "WEFT_LEASE_TTL", "%v is below 1s", c.LeaseTTL)
