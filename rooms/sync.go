@@ -358,35 +358,7 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 		if pg.to > pg.from {
 			var err error
 			read := func(q catchup.Querier, from, to int64) (more bool, err error) {
-				var rows pgx.Rows
-				if rooms == nil {
-					rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
-						wname, from, to, syncPage-len(pg.rows))
-				} else {
-					rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 AND room = ANY($5) ORDER BY stream_id LIMIT $4`,
-						wname, from, to, syncPage-len(pg.rows), rooms)
-				}
-				if err != nil {
-					return false, err
-				}
-				var e roomEvent
-				_, err = pgx.ForEachRow(rows, []any{&e.pos, &e.room, &e.ev}, func() error {
-					ev := compactEvent(e.ev)
-					pg.rows = append(pg.rows, roomEvent{pos: e.pos, room: e.room, ev: ev})
-					// An upper bound: as if each event were its room's first.
-					if pg.bytes += eventBytes(ev) + roomBytes(e.room); pg.bytes >= budget {
-						return errPageFull
-					}
-					return nil
-				})
-				if errors.Is(err, errPageFull) {
-					return false, nil
-				}
-				// Short of a page: the rest of the range, from the primary
-				// if the replica held only part of it. A long-poll must not
-				// stop at the replica's bound: nothing would wake it for
-				// rows already applied.
-				return len(pg.rows) < syncPage, err
+				return readPage(ctx, q, &pg, from, to, rooms, budget)
 			}
 			if s.reads != nil {
 				err = s.reads.Read(ctx, EventsStream, wname, pg.from, pg.to, read)
@@ -411,6 +383,59 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 		limited = limited || held[pg.id] < pg.to
 	}
 	return syncAnswer{events: out, next: streams.Merge(since, reg.Token(held)), limited: limited}, nil
+}
+
+// readPage reads pg's writer's events in (from, to] into pg, in chunks
+// sized to end near budget bytes (a page of large events reads a few
+// more rows than it keeps, not syncPage of them), until the range ends
+// (more: the rest is to be read elsewhere, catchup.ReadRouter), or
+// syncPage rows or budget bytes are read.
+func readPage(ctx context.Context, q catchup.Querier, pg *writerPage, from, to int64, rooms []string, budget int) (more bool, err error) {
+	for {
+		lim := 16
+		if n := len(pg.rows); n > 0 {
+			lim = (budget-pg.bytes)/max(pg.bytes/n, 1) + 1
+		}
+		lim = max(1, min(lim, syncPage-len(pg.rows)))
+		var rows pgx.Rows
+		if rooms == nil {
+			rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
+				pg.name, from, to, lim)
+		} else {
+			rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 AND room = ANY($5) ORDER BY stream_id LIMIT $4`,
+				pg.name, from, to, lim, rooms)
+		}
+		if err != nil {
+			return false, err
+		}
+		var e roomEvent
+		got := 0
+		_, err = pgx.ForEachRow(rows, []any{&e.pos, &e.room, &e.ev}, func() error {
+			ev := compactEvent(e.ev)
+			pg.rows = append(pg.rows, roomEvent{pos: e.pos, room: e.room, ev: ev})
+			got++
+			// An upper bound: as if each event were its room's first.
+			if pg.bytes += eventBytes(ev) + roomBytes(e.room); pg.bytes >= budget {
+				return errPageFull
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, errPageFull):
+			return false, nil
+		case err != nil:
+			return false, err
+		case len(pg.rows) == syncPage:
+			return false, nil
+		case got < lim:
+			// Short of a page: the rest of the range, from the primary
+			// if the replica held only part of it. A long-poll must not
+			// stop at the replica's bound: nothing would wake it for
+			// rows already applied.
+			return true, nil
+		}
+		from = pg.rows[len(pg.rows)-1].pos
+	}
 }
 
 // errPageFull stops a writer's read at its byte budget.
