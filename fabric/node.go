@@ -95,6 +95,12 @@ type Node struct {
 	// that every view has since caught up with (loop: pendingFresh).
 	everEst      atomic.Bool
 	dbFresh      atomic.Int64
+	// The database's reachability, by the registry reads at the
+	// announce pace (refresh.go, dbDown): when the last one succeeded
+	// and when the reads began failing since (offsets from born; 0:
+	// none), and the last failure.
+	dbOK, dbFailing atomic.Int64
+	dbErr           atomic.Pointer[string]
 	pendingFresh map[string]freshTarget
 	streamFresh  map[string]time.Duration // per durable stream followed
 	refused      map[string]time.Time     // cause -> last logged (loop only)

@@ -35,6 +35,9 @@ func (n *Node) NotReady() string {
 	if why := n.doubtWhy(time.Now()); why != "" {
 		return why
 	}
+	if why := n.dbDown(now); why != "" {
+		return why
+	}
 	for _, w := range n.writers {
 		if why := w.gen.SequenceBehind(); why != "" {
 			return fmt.Sprintf("writer %s of %s: %s", w.name, w.Stream(), why)

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/weft-dev/weft/fabric/core"
@@ -39,6 +40,7 @@ func (n *Node) refreshAll(ctx context.Context) {
 		// lines (or their replays) are refused before the new one speaks.
 		n.trackOnce(ctx, "holders", "holders", func(ctx context.Context) error {
 			rows, err := streams.Writers(ctx, db)
+			n.dbRead(err)
 			if err != nil {
 				return err
 			}
@@ -134,3 +136,45 @@ func (n *Node) seedStored(ctx context.Context) {
 		}
 	}
 }
+
+// dbRead records how a registry read went: the database's reachability
+// as readiness sees it (dbDown).
+func (n *Node) dbRead(err error) {
+	now := int64(time.Since(n.born))
+	if err == nil {
+		n.dbOK.Store(now)
+		n.dbFailing.Store(0)
+		return
+	}
+	msg := err.Error()
+	n.dbErr.Store(&msg)
+	n.dbFailing.CompareAndSwap(0, now)
+}
+
+// dbDown says why the node is not ready when PostgreSQL has not answered
+// for a while ("" when it has): every registry read (one per announce
+// interval) failed for at least dbDownAfter, so writes fail and the
+// positions followed from it are stale. One failed read alone (a
+// connection reset) does not flip readiness.
+func (n *Node) dbDown(now time.Duration) string {
+	failing := time.Duration(n.dbFailing.Load())
+	if failing == 0 {
+		return ""
+	}
+	since := time.Duration(n.dbOK.Load())
+	if since == 0 {
+		since = failing
+	}
+	if now-since < n.dbDownAfter() {
+		return ""
+	}
+	why := ""
+	if p := n.dbErr.Load(); p != nil {
+		why = ": " + *p
+	}
+	return fmt.Sprintf("PostgreSQL unreachable: no read of the writer registry succeeded for %v%s", (now - since).Round(100*time.Millisecond), why)
+}
+
+// dbDownAfter is how long registry reads must fail before the node is
+// not ready: two announce intervals, at least a second.
+func (n *Node) dbDownAfter() time.Duration { return max(2*n.cfg.AnnounceInterval, time.Second) }
