@@ -63,6 +63,9 @@ type Node struct {
 	// inflight: the periodic tasks running now, by key (trackOnce).
 	inflightMu sync.Mutex
 	inflight   map[string]bool
+	// taskWarned paces the WARN of a failing task kind (under
+	// inflightMu): when it was last said, and the failures since.
+	taskWarned map[string]*paced
 	ready      atomic.Bool
 	readyWhy   atomic.Pointer[string] // the core's NotReady when ready is false
 	est        atomic.Bool
@@ -513,9 +516,44 @@ func (n *Node) track(ctx context.Context, kind string, fn func(context.Context) 
 		n.m.taskSeconds.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 		if err != nil && ctx.Err() == nil {
 			n.m.taskErrors.WithLabelValues(kind).Inc()
-			n.log.Warn("task failed", "kind", kind, "err", err)
+			if more, ok := n.taskWarn(kind, time.Now()); ok {
+				n.log.Warn("task failed", "kind", kind, "err", err, "more_failures", more)
+			}
 		}
 	}()
+}
+
+// taskWarnEvery paces the WARN of each failing task kind: a database
+// that cannot be reached fails every refresh (one per announce interval)
+// and is said every 10 s, with how many failures were not
+// (weft_fabric_task_errors_total counts them all).
+const taskWarnEvery = 10 * time.Second
+
+// paced is a WARN said at most every taskWarnEvery.
+type paced struct {
+	said   time.Time
+	silent int
+}
+
+// taskWarn says whether to log a failure of kind now, and how many went
+// unsaid since the last line.
+func (n *Node) taskWarn(kind string, now time.Time) (more int, ok bool) {
+	n.inflightMu.Lock()
+	defer n.inflightMu.Unlock()
+	if n.taskWarned == nil {
+		n.taskWarned = map[string]*paced{}
+	}
+	p := n.taskWarned[kind]
+	if p == nil {
+		p = &paced{}
+		n.taskWarned[kind] = p
+	}
+	if !p.said.IsZero() && now.Sub(p.said) < taskWarnEvery {
+		p.silent++
+		return 0, false
+	}
+	more, p.said, p.silent = p.silent, now, 0
+	return more, true
 }
 
 // loop owns the core until stop is closed, then says BYE.
