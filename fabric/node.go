@@ -65,7 +65,7 @@ type Node struct {
 	inflight   map[string]bool
 	// taskWarned paces the WARN of a failing task kind (under
 	// inflightMu): when it was last said, and the failures since.
-	taskWarned map[string]*paced
+	taskWarned map[string]*warnPace
 	ready      atomic.Bool
 	readyWhy   atomic.Pointer[string] // the core's NotReady when ready is false
 	est        atomic.Bool
@@ -529,8 +529,8 @@ func (n *Node) track(ctx context.Context, kind string, fn func(context.Context) 
 // (weft_fabric_task_errors_total counts them all).
 const taskWarnEvery = 10 * time.Second
 
-// paced is a WARN said at most every taskWarnEvery.
-type paced struct {
+// warnPace is a WARN said at most every taskWarnEvery.
+type warnPace struct {
 	said   time.Time
 	silent int
 }
@@ -541,11 +541,11 @@ func (n *Node) taskWarn(kind string, now time.Time) (more int, ok bool) {
 	n.inflightMu.Lock()
 	defer n.inflightMu.Unlock()
 	if n.taskWarned == nil {
-		n.taskWarned = map[string]*paced{}
+		n.taskWarned = map[string]*warnPace{}
 	}
 	p := n.taskWarned[kind]
 	if p == nil {
-		p = &paced{}
+		p = &warnPace{}
 		n.taskWarned[kind] = p
 	}
 	if !p.said.IsZero() && now.Sub(p.said) < taskWarnEvery {
