@@ -133,16 +133,21 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 	return g, nil
 }
 
-// analyzePartitions refreshes the planner's statistics of the partitions'
-// table once a group's rows are added. A batch's cursor update names the
-// partitions its rows fell in (partition = ANY), and the planner looks
-// them up by the primary key only if it knows a group has many rows;
-// without statistics (a new table, or one autovacuum has not analyzed
-// since) it reads every partition of the group instead, each batch. Best
-// effort: a role that does not own the table is refused with a warning,
-// and autovacuum analyzes the table later.
+// analyzePartitions refreshes the planner's statistics of the table of
+// partitions once a group's rows are added. A batch's cursor update names
+// the partitions its rows fell in (partition = ANY), and the planner
+// looks them up by the primary key only if it knows a group has many
+// rows; without statistics (a new table, or one autovacuum has not
+// analyzed since) it read every partition of the group instead, each
+// batch. Best effort: a role that does not own the table is refused with
+// a warning, an ANALYZE or VACUUM of the table under way is not waited
+// for past a second, and autovacuum analyzes the table later.
 func (n *Node) analyzePartitions(ctx context.Context) {
-	if _, err := n.pool.Exec(ctx, `ANALYZE weft_group_partitions`); err != nil && ctx.Err() == nil {
+	err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '1s'; ANALYZE weft_group_partitions`)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
 		n.log.Debug("weft: could not analyze weft_group_partitions", "err", err)
 	}
 }

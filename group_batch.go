@@ -42,18 +42,25 @@ ORDER BY r.id`,
 }
 
 // maxWindow bounds the stream rows one batch reads to find its own
-// (rowsSQL): a member that runs few of the partitions finds about
-// MaxBatch of its rows in MaxBatch x partitions / run rows, up to this
-// many; past it, its batch is smaller.
+// (rowsSQL). When the partitions run share one cursor (as they do once
+// running: a batch moves them all), a member that runs run of them finds
+// about MaxBatch of its rows in MaxBatch x partitions / run rows, and
+// reads that many, up to maxWindow; when their cursors differ (a
+// partition just taken, or held back and let go again), rows below the
+// higher cursors are not its own, and it reads maxWindow.
 const maxWindow = 10_000
 
-// readRows reads a batch's rows after each run partition's cursor in
-// after (rowsSQL), lo the lowest of them, up to upto: the rows, each
-// one's partition, and where the cursors of the partitions run move:
-// the window's top, or, when the batch was full (MaxBatch rows or more)
-// and more may follow, its last row's position.
-func (g *group) readRows(ctx context.Context, lo, upto int64, after []int64, run int) ([]Row, []int, int64, error) {
-	window := max(g.cfg.MaxBatch, min(maxWindow, g.cfg.MaxBatch*g.parts/max(run, 1)))
+// readRows reads the rows of a batch of the partitions of cur after each
+// one's cursor in after, lo the lowest of them, up to upto (rowsSQL): the
+// rows, each one's partition, and where the cursors of the partitions
+// run move: the window's top, or, when the batch was full (MaxBatch rows
+// or more) and more may follow, its last row's position.
+func (g *group) readRows(ctx context.Context, cur []grp.Cursor, lo, upto int64, after []int64) ([]Row, []int, int64, error) {
+	window := maxWindow
+	if !slices.ContainsFunc(cur, func(c grp.Cursor) bool { return c.Pos != lo }) {
+		window = min(maxWindow, g.cfg.MaxBatch*g.parts/max(len(cur), 1))
+	}
+	window = max(window, g.cfg.MaxBatch)
 	q, err := g.n.pool.Query(ctx, g.readSQL, lo, upto, after, g.cfg.MaxBatch, g.cfg.Key, window)
 	if err != nil {
 		return nil, nil, 0, err
@@ -187,7 +194,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	for _, c := range cur {
 		after[c.Partition], lo = c.Pos, min(lo, c.Pos)
 	}
-	rows, parts, next, err := g.readRows(ctx, lo, upto, after, len(cur))
+	rows, parts, next, err := g.readRows(ctx, cur, lo, upto, after)
 	if err != nil {
 		return fmt.Errorf("read rows after %d: %w", lo, err)
 	}

@@ -27,13 +27,14 @@ func TestSimulation(t *testing.T) {
 // violation within the seeds make test runs.
 func TestSimulationCatchesBrokenFence(t *testing.T) {
 	for name, b := range map[string]simConfig{
-		"no owner and epoch check in the batch": {broken: noFence},
-		"the cursor from memory":                {broken: cursorFromMemory},
-		"no idle-in-transaction timeout":        {noIdleTimeout: true},
+		"no owner and epoch check in the batch":      {broken: noFence},
+		"the cursor from memory":                     {broken: cursorFromMemory},
+		"no idle-in-transaction timeout":             {noIdleTimeout: true},
+		"a full batch's cursors to the window's top": {fullToTop: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := defaultSim
-			cfg.broken, cfg.noIdleTimeout = b.broken, b.noIdleTimeout
+			cfg.broken, cfg.noIdleTimeout, cfg.fullToTop = b.broken, b.noIdleTimeout, b.fullToTop
 			simtest.Catches(t, simSeeds(t), func(seed uint64) *sim { return newSim(seed, cfg) })
 		})
 	}

@@ -13,7 +13,9 @@ import (
 // a database (the partitions' rows with their row locks, the members'
 // leases, the stream's rows, the effects), members (a Member each, a
 // membership loop that renews, reads, takes and releases, and a batch
-// loop: lock, fence, read, apply, commit), writers that append rows of
+// loop: read a window of rows under no lock, lock the partitions they
+// fell in, fence, apply, commit, a partition no row fell in moved in
+// memory only, its cursor written when released), writers that append rows of
 // random keys, and faults: kill -9 (the server ends the member's sessions),
 // SIGSTOP for up to three leases (its sessions stay open, idle in their
 // transaction, until the server's idle-in-transaction timeout ends them),
@@ -45,6 +47,7 @@ type simConfig struct {
 	faultsFor, settleFor int64    // ms of writes and faults; ms after them for everything to settle
 	broken               breakage // a broken member the simulation must catch
 	noIdleTimeout        bool     // the server never ends a transaction left idle
+	fullToTop            bool     // a full batch moves its cursors to the window's top, past rows it did not read
 }
 
 var defaultSim = simConfig{faultsFor: 4000, settleFor: 5000}
@@ -377,13 +380,17 @@ func (s *sim) leave(m *simMember) {
 		m.running = false
 	}
 	s.in(m, func() {
+		known := make([]int64, simPartitions)
+		for p := range known {
+			known[p] = m.node.Pos(p)
+		}
 		s.call(m, stmtTimeout, func(answer func(func())) {
 			delete(s.leases, m.id)
 			for p, pt := range s.parts {
 				if pt.Owner == m.id {
 					s.left[p] = s.Now
 					if pt.lock == nil {
-						pt.Owner = ""
+						pt.Owner, pt.Pos = "", max(pt.Pos, known[p])
 						s.moves = s.Now
 					}
 				}
@@ -451,6 +458,10 @@ func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
 		next()
 		return
 	}
+	known := make([]int64, len(release))
+	for i, p := range release {
+		known[i] = m.node.Pos(p)
+	}
 	s.call(m, stmtTimeout, func(answer func(func())) {
 		var took []Locked
 		var dropped []int
@@ -464,13 +475,14 @@ func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
 			s.stats.takes++
 			s.moves = s.Now
 		}
-		for _, p := range release {
+		for i, p := range release {
 			pt := s.parts[p]
 			if pt.lock != nil {
 				continue
 			}
 			if pt.Owner == m.id {
-				pt.Owner = ""
+				// With the cursor the member moved in memory only.
+				pt.Owner, pt.Pos = "", max(pt.Pos, known[i])
 				s.stats.releases++
 				s.moves = s.Now
 			}
@@ -499,9 +511,13 @@ func (s *sim) wake(m *simMember) {
 
 // --- the batch loop
 
-// batch runs one batch: lock the partitions' rows in partition order
-// (waiting for other transactions' locks), fence, read the rows, apply
-// them (taking simulated time), commit. It loops until the member leaves.
+// batch runs one batch as group.batch does: read the rows first, under
+// no lock, from a window of the stream (read); then lock the rows of the
+// partitions they fell in, in partition order (waiting for other
+// transactions' locks), fence, apply those above the locked cursors
+// (taking simulated time), commit. A partition run that no row fell in
+// moves in the member's memory only (its stored cursor lags until a
+// batch or a release writes it). It loops until the member leaves.
 func (s *sim) batch(m *simMember) {
 	if m.batching || m.idle {
 		return
@@ -522,9 +538,32 @@ func (s *sim) batch(m *simMember) {
 		m.batching = false
 		s.at(m, d, func() { s.batch(m) })
 	}
+	s.call(m, batchTimeout, func(answer func(func())) {
+		rows, next := s.read(cur, lo, int64(len(s.rows)))
+		answer(func() { s.lockTouched(m, cur, rows, next, again) })
+	}, func() { again(20 + int64(s.rng.IntN(30))) })
+}
+
+// lockTouched is a batch's transaction after its read: it locks the
+// partitions of cur that rows fell in.
+func (s *sim) lockTouched(m *simMember, cur []Cursor, rows []simRow, next int64, again func(int64)) {
+	touched := map[int]bool{}
+	for _, r := range rows {
+		touched[r.part] = true
+	}
 	tx := &simTx{m: m, idleSince: -1}
+	var untouched []Cursor
 	for _, c := range cur {
-		tx.parts = append(tx.parts, c.Partition)
+		if touched[c.Partition] {
+			tx.parts = append(tx.parts, c.Partition)
+		} else {
+			untouched = append(untouched, c)
+		}
+	}
+	if len(tx.parts) == 0 {
+		m.node.Committed(untouched, next)
+		again(0)
+		return
 	}
 	fail := func() {
 		s.rollback(m, tx)
@@ -536,9 +575,8 @@ func (s *sim) batch(m *simMember) {
 			for i, p := range tx.parts {
 				locked[i] = Locked{Partition: p, PartitionState: s.parts[p].PartitionState}
 			}
-			upto := int64(len(s.rows))
 			s.answered(tx)
-			answer(func() { s.fenced(m, tx, locked, upto, again, fail) })
+			answer(func() { s.fenced(m, tx, locked, cur, untouched, rows, next, again, fail) })
 		}
 		s.lockNext(tx)
 	}, fail)
@@ -552,50 +590,72 @@ func (s *sim) rollback(m *simMember, tx *simTx) {
 	}
 }
 
-func (s *sim) fenced(m *simMember, tx *simTx, locked []Locked, upto int64, again func(int64), fail func()) {
+// fenced runs the partitions the member still holds (Fence), applying
+// their rows above the higher of the locked cursor and the one the rows
+// were read after.
+func (s *sim) fenced(m *simMember, tx *simTx, locked []Locked, cur, untouched []Cursor, rows []simRow, next int64, again func(int64), fail func()) {
 	run, lost := m.node.Fence(locked)
 	s.stats.fenced += len(lost)
 	if len(run) == 0 {
 		s.rollback(m, tx)
+		m.node.Committed(untouched, next)
 		again(1)
 		return
 	}
-	s.call(m, batchTimeout, func(answer func(func())) {
-		if tx.ended {
-			answer(fail)
-			return
+	from := map[int]int64{}
+	for _, c := range cur {
+		from[c.Partition] = c.Pos
+	}
+	ran := map[int]bool{}
+	for _, c := range run {
+		from[c.Partition], ran[c.Partition] = max(from[c.Partition], c.Pos), true
+	}
+	var apply []simRow
+	for _, r := range rows {
+		if ran[r.part] && r.id > from[r.part] {
+			apply = append(apply, r)
 		}
-		tx.idleSince = -1
-		rows := s.read(run, upto)
-		s.answered(tx)
-		answer(func() {
-			next := upto
-			if len(rows) == maxBatch {
-				next = rows[len(rows)-1].id
-			}
-			// The user's function: time in the member, the transaction idle.
-			s.at(m, int64(len(rows))*(1+int64(s.rng.IntN(3))), func() { s.commit(m, tx, run, rows, next, again, fail) })
-		})
-	}, fail)
+	}
+	// The user's function: time in the member, the transaction idle.
+	s.at(m, int64(len(apply))*(1+int64(s.rng.IntN(3))), func() {
+		s.commit(m, tx, run, apply, next, func(d int64) {
+			m.node.Committed(untouched, next)
+			again(d)
+		}, fail)
+	})
 }
 
-func (s *sim) read(run []Cursor, upto int64) []simRow {
+// simWindow bounds the rows a batch reads (maxWindow).
+const simWindow = 4 * maxBatch
+
+// read is a batch's read (group.readRows): a window of the stream after
+// lo, maxBatch x partitions / run rows when the partitions run share one
+// cursor, else simWindow, and of it the first maxBatch rows of the
+// partitions run above their cursors; next is where their cursors move:
+// the window's top, or the last row's position when maxBatch were found.
+func (s *sim) read(cur []Cursor, lo, upto int64) ([]simRow, int64) {
 	after := map[int]int64{}
-	lo := upto
-	for _, c := range run {
+	window := int64(maxBatch * simPartitions / len(cur))
+	for _, c := range cur {
 		after[c.Partition] = c.Pos
-		lo = min(lo, c.Pos)
+		if c.Pos != lo {
+			window = simWindow
+		}
 	}
+	top := min(upto, lo+max(maxBatch, min(simWindow, window)))
 	var out []simRow
-	for _, r := range s.rows[lo:upto] {
+	for _, r := range s.rows[lo:top] {
 		if a, ok := after[r.part]; ok && r.id > a {
 			out = append(out, r)
+			if len(out) == maxBatch && !s.cfg.fullToTop {
+				return out, r.id
+			}
 			if len(out) == maxBatch {
-				break
+				return out, top
 			}
 		}
 	}
-	return out
+	return out, top
 }
 
 func (s *sim) commit(m *simMember, tx *simTx, run []Cursor, rows []simRow, next int64, again func(int64), fail func()) {
