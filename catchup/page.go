@@ -1,6 +1,7 @@
 package catchup
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -36,12 +37,17 @@ type pageWriter struct {
 	n       int  // rows so far
 	prev    int64
 	written int
+	max     int // bytes: the page stops at the row that reaches it
 }
 
-func newPageWriter(w http.ResponseWriter, noBody bool, req updatesRequest, pool *bufPool) *pageWriter {
+// errPageFull stops a source at the page's byte bound: the page ends at
+// its last row, limited.
+var errPageFull = errors.New("catchup: page full")
+
+func newPageWriter(w http.ResponseWriter, noBody bool, req updatesRequest, pool *bufPool, maxBytes int) *pageWriter {
 	buf := pool.get()
 	*buf = append((*buf)[:0], `{"rows":[`...)
-	return &pageWriter{w: w, noBody: noBody, req: req, pool: pool, buf: buf, prev: req.from}
+	return &pageWriter{w: w, noBody: noBody, req: req, pool: pool, buf: buf, prev: req.from, max: maxBytes}
 }
 
 // row appends the rows at pos.
@@ -65,8 +71,14 @@ func (p *pageWriter) row(pos int64, rows []byte) error {
 	*p.buf = append(b, '}')
 	p.n++
 	p.prev = pos
+	full := p.written+len(*p.buf) >= p.max
 	if len(*p.buf) >= flushAt {
-		return p.flush()
+		if err := p.flush(); err != nil {
+			return err
+		}
+	}
+	if full {
+		return errPageFull
 	}
 	return nil
 }

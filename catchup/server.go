@@ -63,6 +63,9 @@ const (
 const (
 	DefaultLimit    = 1000
 	DefaultMaxLimit = 10000
+	// DefaultMaxPageBytes is ServerConfig.MaxPageBytes' default, well
+	// below a reader's DefaultMaxResponseBytes.
+	DefaultMaxPageBytes = 16 << 20
 )
 
 // Request bounds.
@@ -91,6 +94,11 @@ type ServerConfig struct {
 	// DefaultLimit is the page size when the request names none [1000,
 	// at most MaxLimit].
 	DefaultLimit int
+	// MaxPageBytes bounds a page's body: a page stops (limited, upto its
+	// last row) at the first row that reaches it, so it holds at least one
+	// row and at most MaxPageBytes plus one position's rows
+	// [DefaultMaxPageBytes; keep it below readers' MaxResponseBytes].
+	MaxPageBytes int
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means a private registry.
@@ -110,6 +118,9 @@ func (c *ServerConfig) Validate() error {
 	}
 	if c.DefaultLimit < 0 {
 		return fmt.Errorf("catchup: server config: DefaultLimit %d is negative", c.DefaultLimit)
+	}
+	if c.MaxPageBytes < 0 {
+		return fmt.Errorf("catchup: server config: MaxPageBytes %d is negative", c.MaxPageBytes)
 	}
 	for name, s := range c.Sources {
 		if !wire.ValidName(name) {
@@ -146,6 +157,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		cfg.DefaultLimit = DefaultLimit
 	}
 	cfg.DefaultLimit = min(cfg.DefaultLimit, cfg.MaxLimit)
+	cfg.MaxPageBytes = positiveOr(cfg.MaxPageBytes, DefaultMaxPageBytes)
 	log := telemetry.Logger(cfg.Logger)
 	reg := telemetry.Registerer(cfg.Registerer)
 	m, err := newServerMetrics(reg)
@@ -264,7 +276,7 @@ func (s *Server) updates(w http.ResponseWriter, r *http.Request, stream string, 
 		writeError(w, http.StatusBadRequest, bad.reason, bad.field)
 		return http.StatusBadRequest
 	}
-	pw := newPageWriter(w, r.Method == http.MethodHead, req, &s.bufs)
+	pw := newPageWriter(w, r.Method == http.MethodHead, req, &s.bufs, s.cfg.MaxPageBytes)
 	defer pw.release()
 	upto, err := req.to, error(nil)
 	if req.from < req.to {
@@ -277,6 +289,9 @@ func (s *Server) updates(w http.ResponseWriter, r *http.Request, stream string, 
 				err = pw.row(rows[i].Pos, rows[i].Rows)
 			}
 		}
+	}
+	if errors.Is(err, errPageFull) {
+		upto, err = pw.prev, nil // limited at its byte bound
 	}
 	if err == nil {
 		err = pw.finish(upto)

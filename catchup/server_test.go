@@ -297,3 +297,41 @@ func TestNewHTTPServer(t *testing.T) {
 		t.Fatalf("%+v", hs)
 	}
 }
+
+// A page stops at MaxPageBytes, at the row that reaches it (limited, upto
+// that row), so every page holds at least one row and at most the bound
+// plus one position's rows; paging on gives every row once.
+func TestServerPagesBoundedInBytes(t *testing.T) {
+	const rowBytes, maxPage = 100 << 10, 250 << 10
+	rows := rowsAt(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	for i := range rows {
+		rows[i].Rows = []byte(fmt.Sprintf(`[{"p":%d,"pad":"%s"}]`, rows[i].Pos, strings.Repeat("x", rowBytes)))
+	}
+	s, err := NewServer(ServerConfig{Secret: testSecret, Sources: map[string]Source{"events": newMemSource(map[string][]fabric.Row{"w1": rows})},
+		MaxPageBytes: maxPage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for from, pages := int64(0), 0; from < 10; pages++ {
+		if pages > 10 {
+			t.Fatal("paging does not end")
+		}
+		w := serve(s, "GET", fmt.Sprintf("/_weft/v1/streams/events/updates?writer=w1&from=%d&to=10&limit=100", from), "Bearer "+testSecret, "")
+		var p wirePage
+		if err := json.Unmarshal(w.Body.Bytes(), &p); w.Code != 200 || err != nil {
+			t.Fatalf("from %d: %d %v", from, w.Code, err)
+		}
+		if w.Body.Len() > maxPage+rowBytes+100 || len(p.Rows) == 0 || p.Limited != (p.Upto < 10) || p.Upto != p.Rows[len(p.Rows)-1].Pos {
+			t.Fatalf("from %d: %d bytes, %d rows, upto %d, limited %v; want at most %d bytes (the bound and a row), upto its last row",
+				from, w.Body.Len(), len(p.Rows), p.Upto, p.Limited, maxPage+rowBytes+100)
+		}
+		for _, r := range p.Rows {
+			got = append(got, r.Pos)
+		}
+		from = p.Upto
+	}
+	if fmt.Sprint(got) != "[1 2 3 4 5 6 7 8 9 10]" {
+		t.Fatalf("pages gave %v, want every row once, in order", got)
+	}
+}

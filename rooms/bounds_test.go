@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -344,5 +345,84 @@ func TestTypingAnswersOnlyWhatChanged(t *testing.T) {
 	}
 	if n := answered.Load(); n > maxAll {
 		t.Fatalf("one typing PUT made %d long-polls answer %d bytes in all, want at most %d", polls, n, maxAll)
+	}
+}
+
+// A room's state comes in pages of at most the byte budget (here 64 KiB):
+// keys in order after ?after=, next while more follow; paging gives every
+// key once with its value. Before, one answer held the whole state.
+func TestRoomStatePagesAreBoundedInBytes(t *testing.T) {
+	const keys, budget = 300, 64 << 10
+	e := newSyncEnv(t, 0)
+	svc := NewService(Config{Pool: e.pool, Events: e.gen, Node: e.node, Live: e.live, MaxAnswerBytes: budget})
+	mux := http.NewServeMux()
+	svc.Routes(mux)
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO room_state (room, key, value, stream_id)
+		SELECT '!big:x', 'k' || lpad(i::text, 4, '0'), jsonb_build_object('v', repeat('<', 1000), 'i', i), i FROM generate_series(1, $1) AS i`, keys); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	path := "/v1/rooms/!big:x/state"
+	for page := 0; ; page++ {
+		if page > keys {
+			t.Fatal("paging does not end")
+		}
+		w := do(mux, "GET", path, "")
+		var r stateResp
+		if err := json.Unmarshal(w.Body.Bytes(), &r); w.Code != 200 || err != nil {
+			t.Fatalf("%s: %d %.200s", path, w.Code, w.Body)
+		}
+		if w.Body.Len() > budget {
+			t.Fatalf("%s: %d bytes, want at most %d", path, w.Body.Len(), budget)
+		}
+		for _, k := range slices.Sorted(maps.Keys(r.State)) {
+			var v struct{ V string }
+			if err := json.Unmarshal(r.State[k], &v); err != nil || len(v.V) != 1000 {
+				t.Fatalf("%s: key %s holds %.100s", path, k, r.State[k])
+			}
+			got = append(got, k)
+		}
+		if r.Next == nil {
+			break
+		}
+		path = "/v1/rooms/!big:x/state?after=" + url.QueryEscape(*r.Next)
+	}
+	if len(got) != keys || !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != keys {
+		t.Fatalf("pages gave %d keys, want the %d once, in order", len(got), keys)
+	}
+	if w := do(mux, "GET", "/v1/rooms/!big:x/state?after=a%20b", ""); w.Code != 400 || !strings.Contains(w.Body.String(), `"field":"after"`) {
+		t.Fatalf("a bad after answered %d %s, want 400 naming after", w.Code, w.Body)
+	}
+}
+
+// A long-poll on every room learns which rooms' typing changed, up to
+// MaxSyncRooms of them (then limited), and answers those only: a room
+// that emptied as [], the rest of the table not at all.
+func TestLiveAllRoomsTypingIsWhatChanged(t *testing.T) {
+	l := NewLive()
+	for i := range 50 {
+		apply(t, l, typingKey, int64(i+1), typingRows(fmt.Sprintf("!quiet%d:x", i), "@u:x"))
+	}
+	all := l.watch(nil)
+	defer l.unwatch(all)
+	apply(t, l, typingKey, 51, typingRows("!a:x", "@v:x"))
+	apply(t, l, typingKey, 52, typingRows("!quiet3:x"))
+	_, tw := l.takeAll(all)
+	slices.Sort(tw.rooms)
+	if !tw.any || tw.limited || !slices.Equal(tw.rooms, []string{"!a:x", "!quiet3:x"}) {
+		t.Fatalf("woken with %+v, want !a:x and !quiet3:x", tw)
+	}
+	ans := l.typingOf(tw.rooms, true, 1<<20)
+	if len(ans.rooms) != 2 || !slices.Equal(ans.rooms["!a:x"], []string{"@v:x"}) || ans.rooms["!quiet3:x"] == nil || len(ans.rooms["!quiet3:x"]) != 0 {
+		t.Fatalf("answered %v, want !a:x's typer and !quiet3:x empty", ans.rooms)
+	}
+	for i := range MaxSyncRooms + 1 {
+		apply(t, l, typingKey, int64(100+i), typingRows(fmt.Sprintf("!many%d:x", i), "@w:x"))
+	}
+	if _, tw = l.takeAll(all); len(tw.rooms) != MaxSyncRooms || !tw.limited {
+		t.Fatalf("after %d rooms changed: %d rooms, limited %v; want %d and limited", MaxSyncRooms+1, len(tw.rooms), tw.limited, MaxSyncRooms)
+	}
+	if ans := l.typingOf(tw.rooms, true, 1000); ans.bytes > 1000 || !ans.limited {
+		t.Fatalf("a 1000-byte typing budget gave %d bytes, limited %v", ans.bytes, ans.limited)
 	}
 }

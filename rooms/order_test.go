@@ -54,6 +54,20 @@ func TestLiveSyncWaitsForTheOldOwnersRows(t *testing.T) {
 	}
 }
 
+// The same histories, answers cut at a byte budget as well (byteCut, a
+// few events' worth at random): each room still comes back in stream
+// order, whole, once.
+func TestSyncByteCutsKeepEachRoomsOrder(t *testing.T) {
+	for seed := range uint64(300) {
+		r := rand.New(rand.NewPCG(seed, 3))
+		var lag *rand.Rand
+		if seed%2 == 1 {
+			lag = r
+		}
+		checkPagingCut(t, "seed "+strconv.FormatUint(seed, 10), randomHistory(r), 1+r.IntN(12), lag, 1+r.IntN(150))
+	}
+}
+
 // tableRow is one row of the events table in the simulation.
 type tableRow struct {
 	pos    int64
@@ -89,6 +103,13 @@ func randomHistory(r *rand.Rand) []tableRow {
 // table's. With lag set, each writer's view (what a read may reach)
 // rises at its own random pace to the table's end, as views do live.
 func checkPaging(t *testing.T, name string, table []tableRow, page int, lag *rand.Rand) {
+	t.Helper()
+	checkPagingCut(t, name, table, page, lag, 0)
+}
+
+// checkPagingCut is checkPaging with answers also cut at budget bytes
+// (byteCut) when budget > 0.
+func checkPagingCut(t *testing.T, name string, table []tableRow, page int, lag *rand.Rand, budget int) {
 	t.Helper()
 	writers := map[streams.WriterID]bool{}
 	for _, row := range table {
@@ -145,7 +166,11 @@ func checkPaging(t *testing.T, name string, table []tableRow, page int, lag *ran
 			}
 			return q, nil
 		}
-		out, held, err := mergeSeen(pages, pageCut(pages), unseen)
+		cut := pageCut(pages)
+		if budget > 0 {
+			cut = byteCut(pages, cut, budget)
+		}
+		out, held, err := mergeSeen(pages, cut, unseen)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -309,20 +309,6 @@ type typingWake struct {
 	limited bool
 }
 
-func (t *typingWake) add(o typingWake) {
-	t.any = t.any || o.any
-	t.limited = t.limited || o.limited
-	for _, r := range o.rooms {
-		if len(t.rooms) >= MaxSyncRooms {
-			t.limited = true
-			break
-		}
-		if !slices.Contains(t.rooms, r) {
-			t.rooms = append(t.rooms, r)
-		}
-	}
-}
-
 // takeAll is take, with the rooms whose typing changed.
 func (l *Live) takeAll(w *waiter) ([]viewNeed, typingWake) {
 	l.mu.Lock()

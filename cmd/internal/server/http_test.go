@@ -2,10 +2,12 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -55,5 +57,28 @@ func TestUnmatchedRoutesAnswerJSON(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(reg, "weft_http_requests_total"); n != 3 {
 		t.Errorf("%d request series, want 3 (unmatched 404 and 405, the route's 204)", n)
+	}
+}
+
+// The read routes set a write deadline on their answers through
+// http.ResponseController: the instrumenting wrapper must let it reach
+// the connection, or the deadline would silently not apply.
+func TestInstrumentPassesWriteDeadlines(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sync", func(w http.ResponseWriter, _ *http.Request) {
+		if err := http.NewResponseController(w).SetWriteDeadline(time.Now().Add(time.Minute)); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	srv := httptest.NewServer(instrument(mux, prometheus.NewRegistry()))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/v1/sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("SetWriteDeadline through instrument: %d %s, want 200", resp.StatusCode, b)
 	}
 }
