@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -142,15 +143,21 @@ func TestChaosMasterRestart(t *testing.T) {
 
 // PostgreSQL killed under load and restarted (crash recovery): writes fail
 // with retryable errors while it is down, nothing is half-written, and the
-// retried writes (same transaction IDs) land exactly once.
+// retried writes (same transaction IDs) land exactly once. The restart
+// ends every liveness session at once: no writer is sealed as dead for
+// it, so none exits for its supervisor to start again (issue 44).
 func TestChaosPostgresRestart(t *testing.T) {
 	ch := newChaos(t, chaosOpts{})
 	ch.run("postgres-restart", func(ch *chaos) {
+		before := ch.restartCount()
 		for range pick(1, 4) {
 			ch.pg.Kill(t)
 			time.Sleep(time.Second) // the outage itself
 			ch.pg.Start(t)
 			ch.loadFor(300)
+		}
+		if after := ch.restartCount(); !maps.Equal(after, before) {
+			t.Errorf("instances restarted by their supervisor across the PostgreSQL restart: %v, before %v", after, before)
 		}
 	})
 }
