@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,8 +112,16 @@ func TestChaosWriterKill(t *testing.T) {
 
 // A writer stopped (SIGSTOP) past its lease is sealed; on SIGCONT the
 // zombie's writes are fenced, it exits, and its supervisor starts it again.
+// A stopped process keeps its sessions: the lease seals it, never its
+// liveness session (issue 44).
 func TestChaosWriterZombie(t *testing.T) {
 	ch := newChaos(t, chaosOpts{})
+	defer func() {
+		log, err := os.ReadFile(filepath.Join(ch.c.dir, "master.log"))
+		if err != nil || !strings.Contains(string(log), "sealed a writer whose lease expired") || strings.Contains(string(log), "sealed a writer whose process ended") {
+			t.Errorf("the master's log (%v) does not say it sealed the stopped writer by its lease alone", err)
+		}
+	}()
 	ch.run("writer-sigstop-zombie", func(ch *chaos) {
 		for range pick(1, 3) {
 			restarts := ch.restartCount()["persister1"]
