@@ -12,4 +12,11 @@
 //   - the schema and the per-stream ID Generator on PostgreSQL;
 //   - the startup checks that refuse to run on a sequence or a stored
 //     position that would let IDs go backwards, and Repair, which fixes them.
+//
+// A durable writer holds its name under a lease (Claim, Lease.Run), and
+// every write fences on it (Lease.Fence). Survivors seal a holder whose
+// process died as soon as its liveness session ends (SealDead), and one
+// whose lease ran out (SealLoop): a frozen or cut-off process. A seal is
+// what stops a holder, never a signal alone: whatever made a survivor
+// seal, the holder's next write is refused.
 package streams

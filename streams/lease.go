@@ -303,17 +303,20 @@ func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 		case errors.Is(err, ErrSealed):
 			return hb.sealedErr(err)
 		default:
-			hb.reset() // a connection that failed is opened again
+			if hb.locked {
+				hb.lost = time.Now()
+			}
+			hb.reset() // a connection that failed is opened again, and the lock taken again
 		}
 	}
 }
 
-// Liveness connection retries: while the lock is held by another session
-// (one of ours the server has not yet ended), and after a failure to
-// connect, doubling up to the cap.
+// Liveness lock retries, after a failure to connect or while the lock is
+// held by another session (one of ours the server has not ended yet: at
+// once after pg_terminate_backend, or for as long as a half-open
+// connection lasts): doubling up to the cap.
 const (
-	livenessLockRetry  = 20 * time.Millisecond
-	livenessRetryFirst = 50 * time.Millisecond
+	livenessRetryFirst = 20 * time.Millisecond
 	livenessRetryCap   = time.Second
 )
 
@@ -377,9 +380,11 @@ func (b *beater) keep(ctx context.Context, until time.Time) {
 				b.retry = min(2*b.retry, livenessRetryCap)
 				continue
 			}
-			b.retry = livenessRetryFirst
-			if !b.locked {
-				wait = min(wait, livenessLockRetry)
+			if b.locked {
+				b.retry = livenessRetryFirst
+			} else {
+				wait = min(wait, b.retry)
+				b.retry = min(2*b.retry, livenessRetryCap)
 			}
 		}
 		if b.locked && b.lost.After(b.relocked) {

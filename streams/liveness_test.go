@@ -284,24 +284,38 @@ func leasePool(t *testing.T, url string) (*pgxpool.Pool, string) {
 }
 
 // A PostgreSQL restart ends every session, liveness ones too: SealDead
-// seals nobody for it; the holder takes its lock again and goes on, and
-// is found dead again once it really dies.
+// seals nobody for it, even a holder that takes its lock again only well
+// after the grace (its reconnects fail for a while); the holder goes on,
+// and is found dead again once it really dies.
 func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	url := pg.NewDatabase(t)
-	pool, err := pgxpool.New(ctx, url)
+	watcher, _ := leasePool(t, url)
+	if _, err := schema.Migrate(ctx, watcher, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watcher.Exec(ctx, ledgerDDL); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refuse atomic.Bool
+	dialer := &net.Dialer{}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if refuse.Load() {
+			return nil, errors.New("test: connections refused")
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, ledgerDDL); err != nil {
-		t.Fatal(err)
-	}
 	l := claim(t, pool, "persister1", "inst-a", streams.LeaseConfig{TTL: time.Minute})
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
@@ -309,16 +323,19 @@ func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	var once sync.Once
 	end := func() { once.Do(func() { stop(); <-ran }) }
 	defer end()
-	dead := sealDeadLoop(t, pool)
-	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, pool, "persister1") != 0 }, "no liveness session")
+	dead := sealDeadLoop(t, watcher)
+	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, watcher, "persister1") != 0 }, "no liveness session")
 	time.Sleep(2 * streams.DefaultDeathCheck) // seen held first
 
+	refuse.Store(true)
 	pg.Kill(t)
 	pg.Start(t)
-	testenv.Eventually(t, 30*time.Second, func() bool { return pool.Ping(ctx) == nil }, "the database did not come back")
-	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, pool, "persister1") != 0 }, "the holder did not take its lock again")
-	// Several looks of the sealer after the return.
-	time.Sleep(4 * streams.DefaultDeathCheck)
+	testenv.Eventually(t, 30*time.Second, func() bool { return watcher.Ping(ctx) == nil }, "the database did not come back")
+	// The sealer looks for several graces while the holder cannot
+	// connect.
+	time.Sleep(8 * streams.DefaultDeathCheck)
+	refuse.Store(false)
+	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, watcher, "persister1") != 0 }, "the holder did not take its lock again")
 	select {
 	case s := <-dead:
 		t.Fatalf("sealed %+v for the restart", s)
@@ -327,6 +344,7 @@ func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	if err := l.Heartbeat(ctx); err != nil {
 		t.Fatalf("heartbeat after the restart: %v", err)
 	}
+	time.Sleep(2 * streams.DefaultDeathCheck) // seen held again
 	// Its Run ends (its process, as far as the server can tell, dies).
 	end()
 	s := recvWithin(t, dead, 30*time.Second, "the holder whose lock went after the restart was never sealed")

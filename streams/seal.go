@@ -233,6 +233,8 @@ func writers(ctx context.Context, db DB, where string) ([]WriterRow, error) {
 // onSealed (if not nil) to announce. A writer sealed or renewed by someone
 // else meanwhile is skipped; any other failure is retried at the next
 // check. The master runs it by default; any number of survivors may.
+// Beside it, SealDead seals a holder whose process died without waiting
+// for its lease.
 //
 // A Seal waits for the expired writer's transactions in flight. A process
 // paused inside a transaction (SIGSTOP) keeps it open until PostgreSQL ends

@@ -5,9 +5,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,8 +112,16 @@ func TestChaosWriterKill(t *testing.T) {
 
 // A writer stopped (SIGSTOP) past its lease is sealed; on SIGCONT the
 // zombie's writes are fenced, it exits, and its supervisor starts it again.
+// A stopped process keeps its sessions: the lease seals it, never its
+// liveness session (issue 44).
 func TestChaosWriterZombie(t *testing.T) {
 	ch := newChaos(t, chaosOpts{})
+	defer func() {
+		log, err := os.ReadFile(filepath.Join(ch.c.dir, "master.log"))
+		if err != nil || !strings.Contains(string(log), "sealed a writer whose lease expired") || strings.Contains(string(log), "sealed a writer whose process ended") {
+			t.Errorf("the master's log (%v) does not say it sealed the stopped writer by its lease alone", err)
+		}
+	}()
 	ch.run("writer-sigstop-zombie", func(ch *chaos) {
 		for range pick(1, 3) {
 			restarts := ch.restartCount()["persister1"]
@@ -142,15 +153,21 @@ func TestChaosMasterRestart(t *testing.T) {
 
 // PostgreSQL killed under load and restarted (crash recovery): writes fail
 // with retryable errors while it is down, nothing is half-written, and the
-// retried writes (same transaction IDs) land exactly once.
+// retried writes (same transaction IDs) land exactly once. The restart
+// ends every liveness session at once: no writer is sealed as dead for
+// it, so none exits for its supervisor to start again (issue 44).
 func TestChaosPostgresRestart(t *testing.T) {
 	ch := newChaos(t, chaosOpts{})
 	ch.run("postgres-restart", func(ch *chaos) {
+		before := ch.restartCount()
 		for range pick(1, 4) {
 			ch.pg.Kill(t)
 			time.Sleep(time.Second) // the outage itself
 			ch.pg.Start(t)
 			ch.loadFor(300)
+		}
+		if after := ch.restartCount(); !maps.Equal(after, before) {
+			t.Errorf("instances restarted by their supervisor across the PostgreSQL restart: %v, before %v", after, before)
 		}
 	})
 }

@@ -86,3 +86,70 @@ func TestWriterKilledWithTheDefaultLease(t *testing.T) {
 	stop()
 	checkAll(t, l, slices.Concat(readers, []*proc{p1})...)
 }
+
+// The liveness session of a writer under load ended by the server
+// (pg_terminate_backend), five times, while its process lives: each time
+// it takes its lock again on a new session and is not sealed, or, if the
+// master took it for dead meanwhile, it stops saying why and its
+// restart takes over. Either way every acknowledged write is visible
+// everywhere exactly once.
+func TestWriterLivenessSessionTerminated(t *testing.T) {
+	t.Parallel()
+	lc := writerUnderLoad(t)
+	c, p1, l := lc.c, lc.p1, lc.l
+	conn, err := pgx.Connect(context.Background(), c.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	backend := func() int {
+		var pid int
+		if err := conn.QueryRow(context.Background(), `SELECT COALESCE(max(pid), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'weft liveness persister1'`).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	epoch := func() (e int64, sealed bool) {
+		if err := conn.QueryRow(context.Background(), `SELECT epoch, sealed FROM weft_writers WHERE name = 'persister1'`).Scan(&e, &sealed); err != nil {
+			t.Fatal(err)
+		}
+		return e, sealed
+	}
+	first, _ := epoch()
+	stopped := 0
+	for round := range 5 {
+		var pid int
+		testenv.Eventually(t, 30*time.Second, func() bool { pid = backend(); return pid != 0 }, "round %d: no liveness session of persister1", round)
+		if _, err := conn.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		acked := l.ackedCount()
+		exited := false
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			select {
+			case <-p1.done:
+				exited = true
+				return true
+			default:
+			}
+			now := backend()
+			return now != 0 && now != pid && l.ackedCount() > acked+50
+		}, "round %d: persister1 neither went on nor stopped", round)
+		if exited {
+			stopped++
+			log, err := os.ReadFile(filepath.Join(c.dir, p1.name+".log"))
+			if err != nil || !strings.Contains(string(log), "liveness session ended") {
+				t.Fatalf("persister1 stopped without saying its liveness session ended (%v)", err)
+			}
+			c.launch(p1)
+			c.waitReady(p1)
+		}
+	}
+	if e, sealed := epoch(); stopped == 0 && (e != first || sealed) {
+		t.Fatalf("persister1 at epoch %d (sealed %v), want its first holding %d: it never stopped", e, sealed, first)
+	}
+	t.Logf("5 liveness sessions ended: persister1 stopped %d times (sealed as dead), went on %d times", stopped, 5-stopped)
+	lc.stop()
+	checkAll(t, l, lc.procs()...)
+}
