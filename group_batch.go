@@ -166,6 +166,19 @@ func (g *group) batches(ctx context.Context) {
 // at most that far again (finding nothing of it to apply).
 const cursorSlack = 100_000
 
+// retainedSlack is cursorSlack for a stream with a Retention: its
+// pruning stops at the lowest stored cursor, so a partition no row comes
+// to holds back at most this many positions more than the retention asks.
+const retainedSlack = 1_000
+
+// slack is how far this group's idle partitions' stored cursors may lag.
+func (g *group) slack() int64 {
+	if g.st.Retention.set() {
+		return retainedSlack
+	}
+	return cursorSlack
+}
+
 // batch runs one batch over the partitions of cur: it reads their rows
 // after each one's cursor up to upto (about MaxBatch, whole positions)
 // under no lock, then in one transaction locks the partitions those rows
@@ -211,7 +224,7 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 		switch p := c.Partition; {
 		case touched[p]:
 			lock = append(lock, p)
-		case p < len(stored) && next-stored[p].Pos >= cursorSlack:
+		case p < len(stored) && next-stored[p].Pos >= g.slack():
 			lock = append(lock, p)
 			fallthrough
 		default:
