@@ -181,3 +181,28 @@ func TestRetentionConfigNamesTheField(t *testing.T) {
 		}
 	}
 }
+
+// A group of a stream with a retention writes the cursors of partitions
+// no row comes to every 1,000 positions (not 100,000), so they hold
+// pruning back by about that much at most: 64 partitions, 2 keys, 1,500
+// rows.
+func TestRetentionIdlePartitionsKeepUp(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	pool := ledgerTable(t, db)
+	s := weft.Stream{Name: "idle", Retention: weft.Retention{MaxRows: 10}}
+	w := wefttest.Open(t, writerConfig(db, rds, s))
+	cfg := streamConfig(db, rds, s)("members")
+	cfg.Consumers = []weft.Consumer{{Stream: "idle", Name: "g", Apply: ledger("g"), Key: "key", Partitions: 64}}
+	wefttest.Open(t, cfg)
+	appendRows(t, w, "idle", 0, 1500, 8, func(i int) any { return order{Key: fmt.Sprintf("k%d", i%2), N: i} })
+	awaitAppliedOnce(t, pool, "g", 1500)
+	var head int64
+	if err := pool.QueryRow(context.Background(), `SELECT max(pos) FROM ledger`).Scan(&head); err != nil {
+		t.Fatal(err)
+	}
+	var lowest int64
+	wefttest.Eventually(t, 30*time.Second, func() bool {
+		_ = pool.QueryRow(context.Background(), `SELECT min(pos) FROM weft_group_partitions WHERE name = 'g'`).Scan(&lowest)
+		return lowest >= head-1000-100
+	}, "the lowest partition cursor stored is %d with every row up to %d applied: idle partitions hold pruning back", lowest, head)
+}
