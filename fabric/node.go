@@ -96,17 +96,17 @@ type Node struct {
 	// Degraded mode: everEst is set once the connection was established;
 	// dbFresh (offset from born) is when the writer positions were read
 	// that every view has since caught up with (loop: pendingFresh).
-	everEst      atomic.Bool
-	dbFresh      atomic.Int64
+	everEst atomic.Bool
+	dbFresh atomic.Int64
 	// The database's reachability, by the registry reads at the
 	// announce pace (refresh.go, dbDown): when the last one succeeded
 	// and when the reads began failing since (offsets from born; 0:
 	// none), and the last failure.
 	dbOK, dbFailing atomic.Int64
 	dbErr           atomic.Pointer[string]
-	pendingFresh map[string]freshTarget
-	streamFresh  map[string]time.Duration // per durable stream followed
-	refused      map[string]time.Time     // cause -> last logged (loop only)
+	pendingFresh    map[string]freshTarget
+	streamFresh     map[string]time.Duration // per durable stream followed
+	refused         map[string]time.Time     // cause -> last logged (loop only)
 	// Deafness: when a line of another instance was last opened, and when
 	// one was last refused unopened (another secret, or none), as offsets
 	// from born.
