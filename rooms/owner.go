@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -109,6 +111,12 @@ func (o *owner) exec(ctx context.Context, room string, tasks []shard.Task) []sha
 		// only the one at fault fails.
 		return o.oneByOne(ctx, room, reqs, results)
 	}
+	if dbUnavailable(err) {
+		// Nothing committed, or a commit whose outcome a retry finds by
+		// (sender, txn_id): the client is told to retry, as for an owner
+		// it could not reach, not that the write failed.
+		err = fmt.Errorf("%w: the database: %w", shard.ErrUnavailable, err)
+	}
 	for i := range results {
 		if results[i].Err != nil {
 			continue
@@ -120,6 +128,26 @@ func (o *owner) exec(ctx context.Context, room string, tasks []shard.Task) []sha
 		results[i].Value, results[i].Err = json.Marshal(answers[i])
 	}
 	return results
+}
+
+// dbUnavailable reports whether err says the database could not be
+// reached or is not accepting work now (connecting failed, the session
+// ended, the server is starting or shutting down, too many
+// connections): what a client should retry after a moment.
+func dbUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	var pe *pgconn.PgError
+	var ne net.Error
+	switch {
+	case errors.As(err, &ce), errors.As(err, &ne):
+		return true
+	case errors.As(err, &pe):
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P") || pe.Code == "53300"
+	}
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
 // live counts the requests not failed already.

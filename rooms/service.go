@@ -318,6 +318,9 @@ type forwarded struct {
 //     refused, timeouts, 5xx after the retries, its queue full or closed),
 //     or the cluster disagrees with itself (not the owner twice, a wrong
 //     secret): 503 with Retry-After, "<owner> is unavailable; retry".
+//   - the owner's database is unavailable (the task's error wraps
+//     shard.ErrUnavailable: the owner answers 503, or the local executor
+//     says so): 503 with Retry-After.
 //   - the task ran on the owner and failed (its 500, or the local
 //     executor's error): 500, "<what> failed on <owner>; retrying is safe".
 //     Safe because a failed persist rolled back, or its commit did land
@@ -330,6 +333,9 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t
 	}
 	var rej *shard.RejectedError
 	switch {
+	case err == nil && errors.Is(res.Err, shard.ErrUnavailable):
+		s.log.Debug("the owner's database is unavailable", "kind", t.task.Kind, "key", t.key, "err", res.Err)
+		unavailable(w, t.owner+" cannot reach its database; retry")
 	case err == nil:
 		s.log.Warn("task failed on its owner", "kind", t.task.Kind, "key", t.key, "err", res.Err)
 		writeJSON(w, http.StatusInternalServerError, apiError{Error: t.what + " failed on " + t.owner + "; retrying is safe"})

@@ -30,6 +30,11 @@ var (
 	// ErrClosed: the queue is draining or stopped; the task was not
 	// accepted, or was accepted but never ran because the queue stopped.
 	ErrClosed = errors.New("shard: queue closed")
+	// ErrUnavailable: a task's executor could not do its work now for a
+	// cause outside the task (its database unreachable, say), and running
+	// it again shortly is safe: a Result.Err that wraps it is answered
+	// 503, to be retried, not 500.
+	ErrUnavailable = errors.New("shard: unavailable")
 )
 
 // Task is one unit of work for a key.

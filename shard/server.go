@@ -357,6 +357,8 @@ func (s *Server) render(key string, req request, res Result, err error) answer {
 	switch {
 	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrClosed):
 		return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: err.Error()})
+	case errors.Is(res.Err, ErrUnavailable):
+		return errorAnswer(http.StatusServiceUnavailable, answerBody{Error: res.Err.Error()})
 	case err != nil:
 		return errorAnswer(http.StatusInternalServerError, answerBody{Error: err.Error()})
 	case res.Err != nil:

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,8 +17,9 @@ import (
 // it is back, no writer was sealed for a lease that lapsed during the
 // outage (none exited and was restarted: a sealed writer exits by
 // design), every instance is ready within 5 s plus what a starved host
-// adds, and the chaos oracle finds no acknowledged write lost, nothing
-// doubled or reordered.
+// adds, writes that met the outage were answered 503 (retry), never 500,
+// and the chaos oracle finds no acknowledged write lost, nothing doubled
+// or reordered.
 func TestChaosPostgresOutageLongerThanLease(t *testing.T) {
 	const outage = 7 * time.Second // > 2 x WEFT_LEASE_TTL=3s
 	ch := newChaos(t, chaosOpts{})
@@ -61,6 +63,11 @@ func TestChaosPostgresOutageLongerThanLease(t *testing.T) {
 		}
 		ch.loadFor(300)
 	})
+	// A write that met the outage is told to retry (503 with Retry-After),
+	// not that it failed (500).
+	if v, ok := ch.w.statuses.Load("500"); ok {
+		t.Errorf("%d writes answered 500 during the outage; want 503 (retry) for a database that is unavailable", v.(*atomic.Int64).Load())
+	}
 	for name, n := range ch.restartCount() {
 		if n > 0 {
 			t.Errorf("%s exited and was restarted %d times: a live writer was sealed (or failed) for an outage of the database", name, n)
