@@ -92,8 +92,11 @@ func TestLeaseLostSaysSoAtOnce(t *testing.T) {
 	if err := w.Wait(wctx); !errors.Is(err, weft.ErrLeaseExpired) {
 		t.Fatalf("Wait: %v, want ErrLeaseExpired", err)
 	}
-	if err := w.Err(); !errors.Is(err, weft.ErrLeaseExpired) {
-		t.Fatalf("Err: %v, want ErrLeaseExpired", err)
+	if err := w.Err(); !errors.Is(err, weft.ErrLeaseExpired) || !errors.Is(err, weft.ErrSealed) {
+		t.Fatalf("Err: %v, want ErrLeaseExpired, which is ErrSealed", err)
+	}
+	if _, err := w.Append(ctx, "jobs", job{N: 2}); !errors.Is(err, weft.ErrSealed) {
+		t.Fatalf("Append on the sealed node: %v, want an error wrapping ErrSealed", err)
 	}
 	if l := logs.lines("level=ERROR", "lease"); len(l) == 0 {
 		t.Fatalf("no ERROR naming the lost lease in the log:\n%s", strings.Join(logs.lines("level="), ""))

@@ -77,8 +77,20 @@ var ErrOutcomeUnknown = fabric.ErrOutcomeUnknown
 // heartbeat renewed it within Config.LeaseTTL: the process was stopped,
 // or cut off from PostgreSQL) and the name was sealed; the node failed
 // with it and writes nothing more. A holding sealed or taken over for
-// another reason fails the node with an error wrapping streams.ErrSealed.
+// another reason fails the node with an error wrapping ErrSealed.
 var ErrLeaseExpired = streams.ErrLeaseExpired
+
+// ErrSealed: the process's holding of its writer name was sealed or taken
+// over (its lease ran out, a survivor saw the process die, or an operator
+// sealed it); Append and the node fail with an error wrapping it, and the
+// process writes nothing more: restart it to claim the name again.
+// ErrLeaseExpired wraps it too.
+var ErrSealed = streams.ErrSealed
+
+// ErrSequenceBehind: the stream's sequence was set back below IDs its
+// table holds; every Append is refused before it commits until an
+// operator repairs it (the binaries' `master check --repair`).
+var ErrSequenceBehind = streams.ErrSequenceBehind
 
 // Node is one process's end of weft.
 type Node struct {
@@ -541,7 +553,21 @@ func (n *Node) Append(ctx context.Context, stream string, values ...any) ([]int6
 	if err != nil || len(values) == 0 {
 		return nil, err
 	}
-	return st.w.Insert(ctx, st.published(texts), st.appendSQL, n.cfg.Name, fabric.PerRow(texts))
+	ids, err := st.w.Insert(ctx, st.published(texts), st.appendSQL, n.cfg.Name, fabric.PerRow(texts))
+	return ids, n.withCause(err)
+}
+
+// withCause adds why the process failed to a write's error once it has:
+// a write refused because the node stopped then wraps the cause
+// (ErrSealed, ErrLeaseExpired) that the caller tests for.
+func (n *Node) withCause(err error) error {
+	if err == nil {
+		return nil
+	}
+	if cause := n.Err(); cause != nil && !errors.Is(err, cause) {
+		return fmt.Errorf("%w (the process failed: %w)", err, cause)
+	}
+	return err
 }
 
 // AppendTx is Append that runs fn first, in the same transaction: the
@@ -553,7 +579,7 @@ func (n *Node) AppendTx(ctx context.Context, stream string, fn func(ctx context.
 	if err != nil {
 		return nil, err
 	}
-	return st.w.Write(ctx, len(values), func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+	ids, err := st.w.Write(ctx, len(values), func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
 		if fn != nil {
 			if err := fn(ctx, tx); err != nil {
 				return nil, err
@@ -567,6 +593,7 @@ func (n *Node) AppendTx(ctx context.Context, stream string, fn func(ctx context.
 		}
 		return st.published(texts), nil
 	})
+	return ids, n.withCause(err)
 }
 
 // published is what the fabric carries of appended rows: each position's
