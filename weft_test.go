@@ -263,6 +263,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 			c.Consumers = []weft.Consumer{{Stream: "jobs", Apply: effects}}
 		}},
 		{"Config.SealExpired", func(c *weft.Config) { c.SealExpired = time.Millisecond }},
+		{"Config.SealDead", func(c *weft.Config) { c.SealDead = time.Millisecond }},
 		{"Config.HeartbeatInterval", func(c *weft.Config) { c.HeartbeatInterval = time.Millisecond }},
 		{"Config.Streams[1]", func(c *weft.Config) {
 			c.Streams = append(c.Streams, weft.Stream{Name: "typing", Ephemeral: true, Table: "t"})

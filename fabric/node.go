@@ -384,7 +384,9 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		renewed[w.lease] = true
 		wg.Go(func() {
-			if err := w.lease.Run(leaseCtx, 0); errors.Is(err, streams.ErrSealed) {
+			// Once the run ends, the holding is ours to seal (sealWriters):
+			// a heartbeat that finds it sealed then is no loss.
+			if err := w.lease.Run(leaseCtx, 0); errors.Is(err, streams.ErrSealed) && runCtx.Err() == nil {
 				err = fmt.Errorf("fabric: writer %s lost its lease: %w", w.name, err)
 				n.fail(err)
 				endRun(err)
