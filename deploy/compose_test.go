@@ -59,13 +59,39 @@ func loadProject(t *testing.T, env ...string) *types.Project {
 	return loadFiles(t, []string{composeFile}, env...)
 }
 
+// requiredVars are the variables the compose files have no default for
+// (`${VAR:?message}`), with the values the tests give them unless a test
+// passes its own.
+func requiredVars() map[string]string {
+	return map[string]string{
+		"WEFT_SECRET":            "compose-test-secret-0123456789",
+		"WEFT_POSTGRES_PASSWORD": "compose-test-pg-password",
+		"WEFT_GRAFANA_PASSWORD":  "compose-test-grafana-password",
+	}
+}
+
 // loadFiles is loadProject for `docker compose -f files[0] -f files[1] ...`:
-// each file overrides the ones before it. No profile is active.
+// each file overrides the ones before it. No profile is active. Each
+// required variable env does not set gets its test value.
 func loadFiles(t *testing.T, files []string, env ...string) *types.Project {
 	t.Helper()
+	for k, v := range requiredVars() {
+		if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, k+"=") }) {
+			env = append(env, k+"="+v)
+		}
+	}
+	p, err := tryLoad(files, env)
+	if err != nil {
+		t.Fatalf("load %s: %v", strings.Join(files, " + "), err)
+	}
+	return p
+}
+
+// tryLoad loads files with env alone, as `docker compose` would.
+func tryLoad(files, env []string) (*types.Project, error) {
 	dir, err := filepath.Abs(".")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	opts, err := cli.NewProjectOptions(files,
 		cli.WithWorkingDirectory(dir),
@@ -74,13 +100,9 @@ func loadFiles(t *testing.T, files []string, env ...string) *types.Project {
 		cli.WithResolvedPaths(true),
 	)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	p, err := opts.LoadProject(context.Background())
-	if err != nil {
-		t.Fatalf("load %s: %v", strings.Join(files, " + "), err)
-	}
-	return p
+	return opts.LoadProject(context.Background())
 }
 
 func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
@@ -148,9 +170,9 @@ func TestComposeServices(t *testing.T) {
 	if len(images) != 1 {
 		t.Errorf("weft services use images %v, want one", slices.Sorted(maps.Keys(images)))
 	}
-	pg := environment(t, service(t, p, "postgres"))
-	if pg["POSTGRES_HOST_AUTH_METHOD"] != "trust" || pg["POSTGRES_DB"] != "weft" {
-		t.Errorf("postgres environment %v: want POSTGRES_HOST_AUTH_METHOD=trust and POSTGRES_DB=weft", pg)
+	// Its authentication: TestComposePostgresPassword.
+	if pg := environment(t, service(t, p, "postgres")); pg["POSTGRES_DB"] != "weft" {
+		t.Errorf("postgres environment %v: want POSTGRES_DB=weft", pg)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -409,5 +410,36 @@ func TestComposeEngineNamesFailingService(t *testing.T) {
 	}
 	if err := s.down(ctx); err != nil {
 		t.Error(err)
+	}
+}
+
+// `docker compose up` without the secret or a password refuses before it
+// builds or starts anything, naming the variable (the compose files'
+// `${VAR:?message}`). An empty env file stands in for deploy/.env, which
+// on a developer's machine may hold the variable.
+func TestComposeEngineRefusesWithoutSecrets(t *testing.T) {
+	requireEngine(t)
+	ctx := context.Background()
+	for _, missing := range []string{"WEFT_SECRET", "WEFT_POSTGRES_PASSWORD", "WEFT_GRAFANA_PASSWORD"} {
+		t.Run(missing, func(t *testing.T) {
+			s := newStack(t, "docker-compose.yml")
+			full := s.env
+			s.env = slices.DeleteFunc(slices.Clone(full), func(kv string) bool { return strings.HasPrefix(kv, missing+"=") })
+			empty := filepath.Join(t.TempDir(), "empty.env")
+			if err := os.WriteFile(empty, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := s.compose(ctx, "--env-file", empty, "up", "-d", "--no-build", "--pull", "never")
+			s.env = full // for the cleanup's `down`, which interpolates too
+			if err == nil {
+				t.Fatalf("up without %s started:\n%s", missing, out)
+			}
+			if !strings.Contains(out, "required variable "+missing+" is missing a value") || !strings.Contains(out, "urandom") {
+				t.Errorf("up without %s: the refusal does not name it and say how to make one:\n%s", missing, out)
+			}
+			if cs, err := s.containers(ctx); err != nil || len(cs) != 0 {
+				t.Errorf("up without %s: %d containers created (%v)", missing, len(cs), err)
+			}
+		})
 	}
 }

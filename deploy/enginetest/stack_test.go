@@ -50,15 +50,18 @@ func newStack(t *testing.T, files ...string) *stack {
 	}
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	secret := make([]byte, 18)
+	secret, pgPassword, grafanaPassword := make([]byte, 18), make([]byte, 12), make([]byte, 12)
 	_, _ = rand.Read(secret)
+	_, _ = rand.Read(pgPassword)
+	_, _ = rand.Read(grafanaPassword)
 	s := &stack{t: t, project: "weft-test-" + hex.EncodeToString(suffix), dir: dir, files: files}
 	s.logs, err = os.MkdirTemp("", s.project+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The caller's WEFT_ variables would change what is tested; the images,
-	// ports and secret are the test's.
+	// ports, secret and passwords are the test's (hex: URL-safe, as the
+	// database URLs need).
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "WEFT_") && !strings.HasPrefix(kv, "COMPOSE_") && !strings.HasPrefix(kv, "GOPROXY=") {
 			s.env = append(s.env, kv)
@@ -66,6 +69,7 @@ func newStack(t *testing.T, files ...string) *stack {
 	}
 	s.env = append(s.env, imageEnv...)
 	s.env = append(s.env, "WEFT_IMAGE="+weftImage, "WEFT_SECRET="+hex.EncodeToString(secret),
+		"WEFT_POSTGRES_PASSWORD="+hex.EncodeToString(pgPassword), "WEFT_GRAFANA_PASSWORD="+hex.EncodeToString(grafanaPassword),
 		"WEFT_MASTER_PORT=127.0.0.1:", "WEFT_PROMETHEUS_PORT=127.0.0.1:", "WEFT_GRAFANA_PORT=127.0.0.1:")
 	if rev, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
 		s.env = append(s.env, "WEFT_REVISION="+strings.TrimSpace(string(rev)))
