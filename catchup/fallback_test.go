@@ -394,8 +394,12 @@ func TestEphemeralSource(t *testing.T) {
 		if err == nil || causeOf(err) != causeTimeout {
 			t.Fatalf("%v, want the last attempt's timeout", err)
 		}
-		if took := time.Since(start); took >= budget {
-			t.Fatalf("took %v: the caller's deadline ended it, not the client", took)
+		// The client ends it, by the last attempt's own timeout (the cause
+		// above), before the caller's deadline; on a starved host its
+		// return may come a little after that deadline (1.015 s at load
+		// 23), so the bound here only catches retries that run on.
+		if took := time.Since(start); took >= budget+2*time.Second {
+			t.Fatalf("took %v with a %v budget: the retries ran on past it", took, budget)
 		}
 		if n := accepted.Load(); n < 2 {
 			t.Fatalf("%d attempts: halving the budget leaves room to retry", n)

@@ -413,7 +413,7 @@ func (n *Node) Run(ctx context.Context) error {
 		})
 		if n.cfg.SealDead >= 0 {
 			wg.Go(func() {
-				_ = streams.SealDead(runCtx, db, cfgs, n.cfg.SealDead, func(s *streams.Sealed) {
+				_ = streams.SealDead(runCtx, db, cfgs, n.cfg.SealDead, n.cfg.Instance, func(s *streams.Sealed) {
 					n.log.Warn("fabric: sealed a writer whose process ended (its liveness session is gone)", "writer", s.Name, "sealed_instance", s.Instance, "final", s.Final)
 					n.announce(runCtx, s)
 				})

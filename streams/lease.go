@@ -317,7 +317,7 @@ func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 // connection lasts): doubling up to the cap.
 const (
 	livenessRetryFirst = 20 * time.Millisecond
-	livenessRetryCap   = time.Second
+	livenessRetryCap   = 200 * time.Millisecond
 )
 
 // beater is the heartbeat's connection, which holds the liveness lock:

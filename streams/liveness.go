@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -137,7 +138,15 @@ func lookLiveness(ctx context.Context, db DB) (livenessLook, error) {
 // taken until the seal commits, and seals that epoch only, whatever its
 // lease says (see Seal). A holder that takes no lock, or that froze with
 // its session open, is left to SealLoop and its lease.
-func SealDead(ctx context.Context, db DB, streams []Config, every time.Duration, onSealed func(*Sealed)) error {
+//
+// self is the caller's own instance ID ("" for none): its holdings are
+// never taken for dead (the process that looks is alive; its liveness
+// session may have been cut with its other connections). A look that
+// fails (the database unreachable from here) forgets what was seen: when
+// the looks work again, every holder must first be seen holding its lock
+// again, as after a server restart, so that holders whose reconnection
+// is slower than this looker's are not sealed for the outage they shared.
+func SealDead(ctx context.Context, db DB, streams []Config, every time.Duration, self string, onSealed func(*Sealed)) error {
 	if every <= 0 {
 		every = DefaultDeathCheck
 	}
@@ -145,7 +154,13 @@ func SealDead(ctx context.Context, db DB, streams []Config, every time.Duration,
 	defer t.Stop()
 	w := deathWatch{grace: 2 * every}
 	for {
-		if look, err := lookLiveness(ctx, db); err == nil {
+		look, err := lookLiveness(ctx, db)
+		if err != nil {
+			w.seen = nil
+		} else {
+			if self != "" {
+				look.holdings = slices.DeleteFunc(look.holdings, func(h lookedHolding) bool { return h.instance == self })
+			}
 			for _, h := range w.observe(look) {
 				s, err := sealDead(ctx, db, h, streams)
 				if err == nil && onSealed != nil {

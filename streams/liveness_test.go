@@ -28,7 +28,7 @@ func sealDeadLoop(t *testing.T, db streams.DB) <-chan *streams.Sealed {
 	sealed := make(chan *streams.Sealed, 16)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = streams.SealDead(ctx, db, []streams.Config{ledgerCfg}, 0, func(s *streams.Sealed) { sealed <- s })
+		_ = streams.SealDead(ctx, db, []streams.Config{ledgerCfg}, 0, "", func(s *streams.Sealed) { sealed <- s })
 	})
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return sealed
