@@ -13,7 +13,8 @@ const step = 250 * time.Millisecond
 
 // Scenarios for deathWatch, one holding each: per look, "H" its lock
 // held, "-" absent, "R" absent at a look right after a server restart,
-// "r" held right after one; want marks the looks that find it dead.
+// "r" held right after one, "F" a look that failed (the looker cut off);
+// want marks the looks that find it dead.
 func TestDeathWatchScenarios(t *testing.T) {
 	for _, tc := range []struct{ name, looks, want string }{
 		{"dies", "HH---", "....x"},
@@ -23,6 +24,9 @@ func TestDeathWatchScenarios(t *testing.T) {
 		{"restart ends every session", "HHR---", "......"},
 		{"seen again after the restart", "HHR-r---", ".......x"},
 		{"restart between absent looks", "H--R--", "......"},
+		{"an outage the looker shared", "HHF-----", "........"},
+		{"seen again after the outage", "HHF-H---", ".......x"},
+		{"a failed look between absent ones", "H-F---", "......"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := holdingRef{id: 1, name: "w", instance: "i", epoch: 3}
@@ -32,6 +36,11 @@ func TestDeathWatchScenarios(t *testing.T) {
 			for i, c := range tc.looks {
 				if c == 'R' || c == 'r' {
 					server = server.Add(time.Minute)
+				}
+				if c == 'F' {
+					w.failed()
+					got.WriteByte('.')
+					continue
 				}
 				dead := w.observe(livenessLook{at: time.Unix(0, 0).Add(time.Duration(i) * step), server: server, holdings: []lookedHolding{{h, c == 'H' || c == 'r'}}})
 				switch {

@@ -102,6 +102,12 @@ func (w *deathWatch) observe(l livenessLook) []holdingRef {
 	return dead
 }
 
+// failed records a look that could not be taken (the database
+// unreachable from the looker): nothing seen before it counts, as after a
+// restart, since the holders may have lost their sessions in the same
+// outage and be slower than the looker to take their locks again.
+func (w *deathWatch) failed() { w.seen = nil }
+
 // lookLiveness reads every holding under a lease that is not sealed, and
 // whether its liveness lock is held: a shared try of the lock, released
 // with the statement, fails only while someone holds it exclusively.
@@ -156,7 +162,7 @@ func SealDead(ctx context.Context, db DB, streams []Config, every time.Duration,
 	for {
 		look, err := lookLiveness(ctx, db)
 		if err != nil {
-			w.seen = nil
+			w.failed()
 		} else {
 			if self != "" {
 				look.holdings = slices.DeleteFunc(look.holdings, func(h lookedHolding) bool { return h.instance == self })
