@@ -357,8 +357,14 @@ func TestNodeDegradedModeFollowsPostgres(t *testing.T) {
 	if st := reader.node.Status(); !st.Degraded || testutil.ToFloat64(reader.node.m.degraded) != 1 {
 		t.Fatalf("status degraded=%v, metric %v while Redis is down", st.Degraded, testutil.ToFloat64(reader.node.m.degraded))
 	}
-	if n := notReady.Load(); n > 0 {
+	// Without degraded mode the reader is behind for the whole outage;
+	// with it, a starved host (CI at load 20, several suites at once) left
+	// it behind its 5 s freshness in 8 of 183 and 29 of 376 samples. A
+	// fifth tells the one from the other.
+	if n := notReady.Load(); n > samples.Load()/5 {
 		t.Fatalf("not ready in %d of %d samples while following PostgreSQL: %s", n, samples.Load(), *lastWhy.Load())
+	} else if n > 0 {
+		t.Logf("not ready in %d of %d samples (a starved host): %s", n, samples.Load(), *lastWhy.Load())
 	}
 	rds.Start(t)
 	testenv.Eventually(t, 20*time.Second, func() bool { return reader.node.Established() && !reader.node.Status().Degraded },
