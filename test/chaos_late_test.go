@@ -79,6 +79,10 @@ func TestChaosLateReaders(t *testing.T) {
 			ch.afterFate(fresh+" started and added while sync3's follower lags", func() func() {
 				lag := ch.lagFollower("sync3", proxies["sync3"])
 				ch.c.waitReady(ch.join(fresh))
+				// Ready is not held: on a starved host a 3 s lease can lapse
+				// between the claim and the first renewal (and the supervisor
+				// restarts a writer sealed for it). Add it once it holds.
+				waitHeld(t, ch, fresh)
 				epoch := ch.changeWriters("add", fresh)
 				ch.awaitRowsOf(fresh, 20)
 				ch.checkLagging("sync3", epoch)
@@ -188,4 +192,20 @@ func (ch *chaos) awaitRowsOf(writer string, n int64) {
 		return nil
 	})
 	t.Logf("%s has written %d rows", writer, got)
+}
+
+// waitHeld waits until a live instance holds writer name (not sealed,
+// its lease running), as `master writers add` requires.
+func waitHeld(t *testing.T, ch *chaos, name string) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		conn, err := pgx.Connect(context.Background(), ch.dbURL)
+		if err != nil {
+			return false
+		}
+		defer conn.Close(context.Background())
+		var held bool
+		err = conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM weft_writers WHERE name = $1 AND NOT sealed AND lease_until > now())`, name).Scan(&held)
+		return err == nil && held
+	}, "no live instance holds writer name %s", name)
 }
