@@ -55,7 +55,11 @@ func TestLeaseLostSaysSoAtOnce(t *testing.T) {
 	t.Cleanup(func() { proxy.SetRefuse(false) })
 	logs := &logBuffer{}
 	cfg := writerConfig(via, rds, jobs)
-	cfg.LeaseTTL = time.Second
+	// 3 s, not 1: at load 20 a 1 s lease lapsed before the first Append
+	// (heartbeats every third of it, starved), and the test saw a seal it
+	// did not cause.
+	const lease = 3 * time.Second
+	cfg.LeaseTTL = lease
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx := context.Background()
 	w, err := weft.Open(ctx, cfg)
@@ -65,7 +69,8 @@ func TestLeaseLostSaysSoAtOnce(t *testing.T) {
 	t.Cleanup(func() { _ = w.Close() }) // it failed: Close returns why
 	wefttest.Eventually(t, 30*time.Second, func() bool { return w.Ready() == nil }, "not ready: %v", w.Ready())
 	ocfg := streamConfig(db, rds, jobs)("survivor") // seals expired writers
-	ocfg.LeaseTTL = time.Second
+	ocfg.LeaseTTL = lease
+	ocfg.SealDead = -1 // the lease's path: a cut also ends the liveness session, sealed sooner and with another cause
 	wefttest.Open(t, ocfg)
 	pos, err := w.Append(ctx, "jobs", job{N: 1})
 	if err != nil {

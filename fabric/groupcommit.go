@@ -137,11 +137,20 @@ func (w *Writer) idle() bool {
 	return !w.group.busy
 }
 
-// goLead runs lead on a goroutine of the node's.
+// goLead runs lead on a goroutine of the node's: Run waits for it,
+// unless Run has already stopped waiting (the call then meets a stopped
+// node and ends on its own).
 func (w *Writer) goLead(node *Node, c *call) {
-	node.tasks.Add(1)
+	node.leadsMu.Lock()
+	tracked := !node.leadsClosed
+	if tracked {
+		node.leads.Add(1)
+	}
+	node.leadsMu.Unlock()
 	go func() {
-		defer node.tasks.Done()
+		if tracked {
+			defer node.leads.Done()
+		}
 		w.lead(node, c)
 	}()
 }

@@ -59,7 +59,15 @@ type Node struct {
 	looping  atomic.Bool
 	looped   chan struct{}
 	tasks    sync.WaitGroup
-	failure  atomic.Pointer[error] // why the node can no longer serve (fail), nil while it can
+	// leads: the writers' transactions in flight (Writer.goLead). They
+	// start from the callers' goroutines at any time, also while Run
+	// waits for them, which a bare WaitGroup forbids (an Add from zero
+	// concurrent with Wait): leadsClosed, under leadsMu, ends the adds
+	// before Run waits.
+	leadsMu     sync.Mutex
+	leads       sync.WaitGroup
+	leadsClosed bool
+	failure     atomic.Pointer[error] // why the node can no longer serve (fail), nil while it can
 	// inflight: the periodic tasks running now, by key (trackOnce).
 	inflightMu sync.Mutex
 	inflight   map[string]bool
@@ -442,6 +450,10 @@ func (n *Node) Run(ctx context.Context) error {
 	stopLink()
 	wg.Wait()
 	n.tasks.Wait()
+	n.leadsMu.Lock()
+	n.leadsClosed = true
+	n.leadsMu.Unlock()
+	n.leads.Wait()
 	if err := n.link.finalFlush; err != nil {
 		n.log.Warn("fabric: BYE not published: the channel may keep this instance until it times out", "err", err)
 	} else {

@@ -287,8 +287,13 @@ func (l *Lease) Run(ctx context.Context, interval time.Duration) error {
 	}
 	hb := newBeater(l)
 	defer hb.close()
+	// The first heartbeat at once: the caller may have done much since
+	// the claim (a process's start-up, on a loaded host seconds), and a
+	// short lease must not lapse before its first renewal.
+	next := time.Now()
 	for {
-		hb.keep(ctx, time.Now().Add(interval))
+		hb.keep(ctx, next)
+		next = time.Now().Add(interval)
 		if err := ctx.Err(); err != nil {
 			return err
 		}

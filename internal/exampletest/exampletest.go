@@ -7,9 +7,12 @@ package exampletest
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,13 +66,17 @@ func New(t *testing.T, name, table, columns string, perRow time.Duration) *Rig {
 }
 
 // Start starts the example with args; it is killed when the test ends
-// unless it has been waited for. Its stderr is shown under go test -v.
+// unless it has been waited for. Its stderr is shown under go test -v,
+// and the last 32 KiB of it when the test fails: a process that exited
+// badly says why in the failing run itself.
 func (r *Rig) Start(args ...string) *exec.Cmd {
 	r.T.Helper()
 	cmd := exec.Command(r.Bin, args...)
 	cmd.Env = r.Env
+	tail := &tailBuffer{max: 32 << 10}
+	cmd.Stderr = tail
 	if testing.Verbose() {
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = io.MultiWriter(os.Stderr, tail)
 	}
 	if err := cmd.Start(); err != nil {
 		r.T.Fatal(err)
@@ -79,6 +86,32 @@ func (r *Rig) Start(args ...string) *exec.Cmd {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
+		if r.T.Failed() && !testing.Verbose() {
+			r.T.Logf("stderr of %s %s (%v), its end:\n%s", r.Bin, strings.Join(args, " "), cmd.ProcessState, tail.String())
+		}
 	})
 	return cmd
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if over := len(t.b) - t.max; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
 }
