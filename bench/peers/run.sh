@@ -23,6 +23,10 @@ fi
 mkdir -p "$SCRATCH/pb"
 cp "$PEERBENCH"/*.go "$PEERBENCH"/go.mod "$PEERBENCH"/go.sum "$PEERBENCH"/run.sh "$SCRATCH/pb/"
 cp "$ROOT/bench/peers/weft.go.in" "$SCRATCH/pb/weft.go"
+# The adapter uses weft's engine, which lives under internal/: Go lets
+# only code whose import path lies under github.com/weft-dev/weft import
+# it, so the copy takes a module path there.
+(cd "$SCRATCH/pb" && go mod edit -module github.com/weft-dev/weft/bench/peerbench)
 cd "$ROOT"
 WEFT_DIR=$ROOT "$SCRATCH/pb/run.sh" "$@"
 case ${1:-all} in
