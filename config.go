@@ -37,7 +37,7 @@ type Config struct {
 	// delay writes, never the lease.
 	Database *pgxpool.Pool
 	// DatabaseReadURL is a streaming replica of the database: range reads
-	// of the streams' tables (catch-up, Node.Reads) go to it as far as it
+	// of the streams' tables (catch-up, consumers' reads) go to it as far as it
 	// holds them, the rest to the primary. Empty: the primary serves all.
 	DatabaseReadURL string
 	// RedisURL is redis:// or rediss://, with credentials if any. Required.
@@ -71,8 +71,8 @@ type Config struct {
 	// Streams declares every stream the process writes, follows or
 	// consumes, with its table.
 	Streams []Stream
-	// Writes names the streams this process writes (Append, or for an
-	// ephemeral stream Node.Ephemeral).
+	// Writes names the streams this process writes (Append and Write, or
+	// for an ephemeral stream Put and Remove).
 	Writes []string
 	// Followers see every row of a stream as it commits.
 	Followers []Follower

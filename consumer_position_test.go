@@ -31,7 +31,7 @@ func TestBatchNeverSplitsAPosition(t *testing.T) {
 	// reads end inside the second position.
 	var last int64
 	for _, ns := range [][]int{{1}, {2, 3}, {4}} {
-		ids, err := w.Writer("multi").Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+		ids, err := w.Write(ctx, "multi", 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
 			var out []json.RawMessage // the position's rows, one array
 			for _, n := range ns {
 				d := json.RawMessage(fmt.Sprintf(`{"n":%d,"k":"k%d"}`, n, n))

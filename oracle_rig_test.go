@@ -42,7 +42,7 @@ CREATE TABLE multi (id bigint NOT NULL, writer text NOT NULL, data jsonb NOT NUL
 CREATE INDEX ON multi (writer, id);`
 
 // multiStream is a table of one's own holding several table rows at each
-// position (Node.Writer writes them; the catch-up source groups them).
+// position (Node.Write writes them; the catch-up source groups them).
 var multiStream = weft.Stream{Name: "multi"}
 
 // oracleApply records each row of a batch as applied by consumer on
@@ -79,7 +79,7 @@ func writeMulti(ctx context.Context, w *weft.Node, rows []oracleRow) error {
 		b, _ := json.Marshal(r)
 		texts[i] = string(b)
 	}
-	_, err := w.Writer("multi").Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+	_, err := w.Write(ctx, "multi", 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
 		if _, err := tx.Exec(ctx, `INSERT INTO multi (id, writer, data) SELECT $1, $2, d::jsonb FROM unnest($3::text[]) AS d`, ids[0], "writer", texts); err != nil {
 			return nil, err
 		}

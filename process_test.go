@@ -12,6 +12,7 @@ import (
 
 	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/engine"
 	"github.com/weft-dev/weft/internal/fabric"
 	"github.com/weft-dev/weft/internal/instance"
 	"github.com/weft-dev/weft/internal/streams"
@@ -170,7 +171,7 @@ func TestDatabaseReadURL(t *testing.T) {
 		t.Errorf("%v catch-up reads on the replica, want at least 1", n)
 	}
 	var read []int64
-	err := r.Reads().Read(context.Background(), "jobs", "writer", 0, last, func(q catchup.Querier, lo, hi int64) (bool, error) {
+	err := engine.Of(r).Reads.Read(context.Background(), "jobs", "writer", 0, last, func(q catchup.Querier, lo, hi int64) (bool, error) {
 		rows, err := q.Query(context.Background(), `SELECT id FROM jobs WHERE writer = 'writer' AND id > $1 AND id <= $2 ORDER BY id`, lo, hi)
 		if err != nil {
 			return false, err

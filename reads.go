@@ -36,8 +36,3 @@ func (n *Node) openReads(ctx context.Context, reg prometheus.Registerer) error {
 	n.reads = r
 	return nil
 }
-
-// Reads routes range reads of the streams' tables to the read replica
-// (Config.DatabaseReadURL) as far as it holds them, the rest to the
-// primary: for reads of your own that must see every row up to a position.
-func (n *Node) Reads() *catchup.ReadRouter { return n.reads }

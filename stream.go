@@ -35,7 +35,7 @@ type Stream struct {
 	DataColumn string
 	// Arrays: each table row is a position whose DataColumn holds its
 	// rows as one JSON array (as written by statements of your own
-	// through Node.Writer). Followers and consumers get one Row per
+	// through Node.Write). Followers and consumers get one Row per
 	// position, its Data the array; Append takes arrays.
 	Arrays bool
 	// Retention bounds how long rows are kept (see Retention). The zero
@@ -43,7 +43,7 @@ type Stream struct {
 	Retention Retention
 	// Ephemeral: the stream lives in its writers' memory, not in a table
 	// (leave the table's fields unset). A process that writes it (Writes)
-	// does so with Node.Ephemeral; one that restarts writes it again from
+	// does so with Node.Put and Node.Remove; one that restarts writes it again from
 	// nothing, and its followers' Resetter is told. It has no consumers.
 	Ephemeral bool
 }

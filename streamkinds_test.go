@@ -18,7 +18,7 @@ import (
 )
 
 // An Arrays stream: each position holds its rows as one array, written by
-// Append or by a statement of one's own through Node.Writer. Followers,
+// Append or by a statement of one's own through Node.Write. Followers,
 // live or caught up from the table, and consumers get one Row per
 // position, its Data the array.
 func TestArraysStream(t *testing.T) {
@@ -39,7 +39,7 @@ func TestArraysStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := json.RawMessage(`[{"n":4},{"n":5}]`)
-	if _, err := w.Writer("batches").Write(ctx, 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+	if _, err := w.Write(ctx, "batches", 1, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO batches (id, writer, rows) VALUES ($1, 'writer', $2)`, ids[0], own)
 		return []json.RawMessage{own}, err
 	}); err != nil {
@@ -136,15 +136,22 @@ func TestEphemeralStream(t *testing.T) {
 	wc.Listen = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // the late follower fetches from the writer
 	w := wefttest.Open(t, wc)
 	ctx := context.Background()
-	if _, err := w.Append(ctx, "typing", job{N: 1}); err == nil || !strings.Contains(err.Error(), "Node.Ephemeral") {
-		t.Errorf("Append to an ephemeral stream: %v, want refused pointing at Node.Ephemeral", err)
+	if _, err := w.Append(ctx, "typing", job{N: 1}); err == nil || !strings.Contains(err.Error(), "Node.Put") {
+		t.Errorf("Append to an ephemeral stream: %v, want refused pointing at Node.Put", err)
 	}
-	if w.Ephemeral("nope") != nil || w.Generator("typing") != nil {
-		t.Error("Ephemeral of an undeclared stream or Generator of an ephemeral one is not nil")
+	if _, err := w.Put(ctx, "nope", "k", 1); err == nil || !strings.Contains(err.Error(), "not an ephemeral stream") {
+		t.Errorf("Put to an undeclared stream: %v, want refused", err)
+	}
+	if _, err := w.Put(ctx, "typing", "k"); err == nil || !strings.Contains(err.Error(), "no rows") {
+		t.Errorf("Put of no rows: %v, want refused", err)
 	}
 	put := func(n *weft.Node, key, data string) {
 		t.Helper()
-		if _, err := n.Ephemeral("typing").Put(ctx, key, json.RawMessage(data)); err != nil {
+		var rows []json.RawMessage
+		if err := json.Unmarshal([]byte(data), &rows); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Put(ctx, "typing", key, anys(rows)...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -157,6 +164,10 @@ func TestEphemeralStream(t *testing.T) {
 	wefttest.Eventually(t, 30*time.Second, func() bool { return f.has(`[{"room":"r1","users":["a"]}]`) }, "the state before the follower started never came")
 	put(w, "r2", `[{"room":"r2","users":["b"]}]`)
 	wefttest.Eventually(t, 30*time.Second, func() bool { return f.has(`[{"room":"r2","users":["b"]}]`) }, "a live put never came")
+	if _, err := w.Remove(ctx, "typing", "r2", json.RawMessage(`{"room":"r2","users":[]}`)); err != nil {
+		t.Fatal(err)
+	}
+	wefttest.Eventually(t, 30*time.Second, func() bool { return f.has(`[{"room":"r2","users":[]}]`) }, "a removal never came")
 	if n := f.resetCount(); n != 0 {
 		t.Fatalf("%d resets before the writer restarted", n)
 	}
@@ -175,4 +186,12 @@ func TestEphemeralStream(t *testing.T) {
 			t.Errorf("reset %s, want typing/typist", r)
 		}
 	}
+}
+
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
 }

@@ -61,6 +61,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/engine"
 	"github.com/weft-dev/weft/internal/fabric"
 	"github.com/weft-dev/weft/internal/fabric/core"
 	"github.com/weft-dev/weft/internal/fabric/wire"
@@ -614,7 +615,7 @@ func (n *Node) prepareAppend(stream string, values []any) (*stream, []string, er
 	st := n.streams[stream]
 	switch {
 	case st != nil && st.Ephemeral:
-		return nil, nil, fmt.Errorf("weft: Append to %q: an ephemeral stream: write it with Node.Ephemeral", stream)
+		return nil, nil, fmt.Errorf("weft: Append to %q: an ephemeral stream: write it with Node.Put and Node.Remove", stream)
 	case st == nil || st.w == nil:
 		return nil, nil, fmt.Errorf("weft: Append to %q: not a stream this process writes (Config.Writes)", stream)
 	}
@@ -652,32 +653,28 @@ func (n *Node) DB() *pgxpool.Pool { return n.pool }
 // every start.
 func (n *Node) Instance() string { return n.inst }
 
-// Fabric is the fabric node under this one, for what the front door does
-// not do (read-your-writes waits, tokens).
-func (n *Node) Fabric() *fabric.Node { return n.fab }
+func init() {
+	engine.Register(func(v any) engine.Parts {
+		n := v.(*Node)
+		return engine.Parts{Fabric: n.fab, Reads: n.reads, Writer: n.writer, Ephemeral: n.ephemeral, Generator: n.generator}
+	})
+}
 
-// Writer is the stream's fabric writer, for writes the front door does not
-// make (a statement of your own), or nil if the stream is not written here.
-func (n *Node) Writer(stream string) *fabric.Writer {
+func (n *Node) writer(stream string) *fabric.Writer {
 	if st := n.streams[stream]; st != nil {
 		return st.w
 	}
 	return nil
 }
 
-// Ephemeral is the writer of an ephemeral stream written here (Put and
-// Remove its keys), or nil.
-func (n *Node) Ephemeral(stream string) *fabric.Ephemeral {
+func (n *Node) ephemeral(stream string) *fabric.Ephemeral {
 	if st := n.streams[stream]; st != nil {
 		return st.eph
 	}
 	return nil
 }
 
-// Generator is a durable stream's generator (its writers' registry,
-// persisted-upto and token), or nil for a stream not declared or
-// ephemeral.
-func (n *Node) Generator(stream string) *streams.Generator {
+func (n *Node) generator(stream string) *streams.Generator {
 	if st := n.streams[stream]; st != nil {
 		return st.gen
 	}

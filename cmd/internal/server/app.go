@@ -27,6 +27,7 @@ import (
 
 	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/engine"
 	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/membership"
 	"github.com/weft-dev/weft/internal/rooms"
@@ -169,10 +170,11 @@ func (r *runner) run(ctx context.Context) error {
 	log = log.With("instance", node.Instance())
 	r.log = log
 	logRedisTo(log)
+	eng := engine.Of(node) // the binaries build on the engine under the front door
 
 	// Sharded work: rooms on their event writer, typing on the typing
 	// writer, found through the writer registry.
-	hold := newHolders(pool, node.Fabric(), max(cfg.AnnounceInterval, 250*time.Millisecond))
+	hold := newHolders(pool, eng.Fabric, max(cfg.AnnounceInterval, 250*time.Millisecond))
 	typingMap, _ := shard.NewMap([]string{cfg.TypingWriter})
 	var eventsQ, typingQ *shard.Queue
 	var tw *rooms.TypingWriter
@@ -192,12 +194,12 @@ func (r *runner) run(ctx context.Context) error {
 		return prometheus.WrapRegistererWith(prometheus.Labels{"queue": name}, reg)
 	}
 	if writesEvents {
-		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(node.Writer(rooms.EventsStream)), Placement: follower, Registerer: queueReg("events"), Logger: log}); err != nil {
+		if eventsQ, err = shard.NewQueue(shard.QueueConfig{Exec: rooms.OwnerExec(eng.Writer(rooms.EventsStream)), Placement: follower, Registerer: queueReg("events"), Logger: log}); err != nil {
 			return err
 		}
 	}
 	if cfg.WritesTyping() {
-		tw = rooms.NewTypingWriter(node.Ephemeral(rooms.TypingStream))
+		tw = rooms.NewTypingWriter(eng.Ephemeral(rooms.TypingStream))
 		exec := func(ctx context.Context, key string, tasks []shard.Task) []shard.Result {
 			return tw.Exec(ctx, strings.TrimPrefix(key, typingPrefix), tasks)
 		}
@@ -232,8 +234,8 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	defer typingFwd.Close()
-	events := node.Generator(rooms.EventsStream)
-	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: node.Reads(), Events: events, Node: node.Fabric(), Live: live,
+	events := eng.Generator(rooms.EventsStream)
+	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: eng.Reads, Events: events, Node: eng.Fabric, Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, TypingWriter: cfg.TypingWriter,
 		MaxLongPolls: cfg.MaxLongPolls, MaxAnswerBytes: cfg.MaxAnswerBytes, MaxAnswers: cfg.MaxAnswers, WriteTimeout: cfg.WriteTimeout, Logger: log})
 	reg.MustRegister(
@@ -242,7 +244,7 @@ func (r *runner) run(ctx context.Context) error {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls_rejected_total",
 			Help: "Syncs and state reads answered 503 because --max-long-polls were in progress already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
 
-	status := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: node.Fabric(), pool: pool, gen: events,
+	status := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: eng.Fabric, pool: pool, gen: events,
 		queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}
 	mux := http.NewServeMux()
 	svc.Routes(mux)
