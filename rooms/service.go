@@ -341,6 +341,13 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t
 		writeJSON(w, http.StatusInternalServerError, apiError{Error: t.what + " failed on " + t.owner + "; retrying is safe"})
 	case errors.Is(err, shard.ErrIdempotencyKeyReused) && t.reused != nil:
 		writeJSON(w, http.StatusConflict, *t.reused)
+	case errors.As(err, &rej) && (rej.Code == http.StatusUnauthorized || rej.Code == http.StatusForbidden):
+		// The owner refused this instance's credentials: a misconfigured
+		// --secret on one side, which no retry cures. Said as what it is,
+		// without Retry-After, so neither client nor operator waits on it.
+		s.log.Error("the owner refused this instance's secret: --secret differs from the owner's", "kind", t.task.Kind, "key", t.key, "err", err)
+		writeJSON(w, http.StatusBadGateway, apiError{Error: fmt.Sprintf("%s refused this instance (%d %s): the instances' --secret differ, a misconfiguration; retrying does not help",
+			t.owner, rej.Code, rej.Message)})
 	case errors.As(err, &rej) && rej.Field != "":
 		s.log.Info("the owner refused a forwarded task", "kind", t.task.Kind, "key", t.key, "err", err)
 		writeJSON(w, rej.Code, apiError{Error: rej.Message, Field: rej.Field})

@@ -272,7 +272,7 @@ func TestForwardAnswers(t *testing.T) {
 		{"not owner", shard.Result{}, fmt.Errorf("at %s: %w", internal, shard.ErrNotOwner), 503, `{"error":"the owner is unavailable; retry"}`, true},
 		{"queue full", shard.Result{}, fmt.Errorf("%w: 10000 tasks waiting", shard.ErrQueueFull), 503, `{"error":"the owner is unavailable; retry"}`, true},
 		{"wrong secret", shard.Result{}, fmt.Errorf("at %s: %w", internal, &shard.RejectedError{Owner: "w1", Code: 401, Message: "missing or wrong bearer secret"}),
-			503, `{"error":"the owner is unavailable; retry"}`, true},
+			502, `{"error":"the owner refused this instance (401 missing or wrong bearer secret): the instances' --secret differ, a misconfiguration; retrying does not help"}`, false},
 		{"bad request", shard.Result{}, fmt.Errorf("at %s: %w", internal, &shard.RejectedError{Owner: "w1", Code: 413, Message: "body: too large", Field: "body"}),
 			413, `{"error":"body: too large","field":"body"}`, false},
 		{"reused key", shard.Result{}, fmt.Errorf("at %s: %w", internal, &shard.RejectedError{Owner: "w1", Code: 422, Message: "idempotency_key: ...", Field: "idempotency_key"}),
