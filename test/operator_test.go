@@ -283,6 +283,24 @@ func TestOperatorHeldWriterName(t *testing.T) {
 	if code, body := httpGet(second.url + "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, holder) {
 		t.Errorf("/readyz %d %q while waiting, want 503 naming %s", code, body, holder)
 	}
+	// The waiting instance is named, on /status and in its WARN line, as
+	// itself (issue 48: "instance": "" while it waited).
+	var st statusDoc
+	if err := get(context.Background(), 5*time.Second, second.url+"/status", &st); err != nil ||
+		!strings.HasPrefix(st.Instance, "persister1-") || st.Instance == holder || st.Instance != got[0].str("instance") {
+		t.Errorf("/status while waiting: instance %q (%v); want the waiting instance, as its WARN line names it (%q), not the holder %s",
+			st.Instance, err, got[0].str("instance"), holder)
+	}
+	// The start line of a binary says where it serves, not an empty listen.
+	started := linesWith(c.logOf(t, "persister1"), "process started")
+	if len(started) == 0 {
+		t.Error("persister1 logged no process started line")
+	}
+	for _, l := range started {
+		if _, ok := l.fields["listen"]; ok || l.str("advertise") != first.url {
+			t.Errorf("%s: want no listen (the binary serves HTTP itself) and advertise %s", l.raw, first.url)
+		}
+	}
 	if code := c.stopCode(t, second); code != 0 {
 		t.Errorf("exit %d after SIGTERM while waiting, want 0", code)
 	}
