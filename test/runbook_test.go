@@ -1,0 +1,72 @@
+package test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weft-dev/weft/internal/roomsapi"
+	"github.com/weft-dev/weft/internal/testenv"
+)
+
+// Runbook entries of docs/OPERATIONS.md as tests (issue 48, deliverable
+// 6): each induces the situation, checks the symptom the runbook
+// documents, and applies the fix it documents.
+
+// A writer stalled (SIGSTOP) well within its lease: the clients of its
+// rooms get 503 with Retry-After within the forward bound (5 s; they
+// waited for three 10 s attempts, past the lease, before), and once the
+// writer wakes, the same write retried with the same txn_id succeeds, once.
+func TestRunbookStalledWriterAnswers503(t *testing.T) {
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LEASE_TTL=60s")
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
+	c.waitReady(p1, p2)
+	ctx := context.Background()
+	room := roomOf(t, "persister1")
+	u := p2.url + "/v1/rooms/" + url.PathEscape(room) + "/messages"
+	body := map[string]string{"sender": "@a:test", "body": "stalled-1", "txn_id": "stalled-1"}
+	if _, err := roomsapi.Call(ctx, "POST", u, map[string]string{"sender": "@a:test", "body": "warm", "txn_id": "warm"}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	_ = p1.cmd.Process.Signal(syscall.SIGSTOP)
+	defer func() { _ = p1.cmd.Process.Signal(syscall.SIGCONT) }()
+	start := time.Now()
+	code, hdr, data, err := roomsapi.Do(ctx, "POST", u, body)
+	took := time.Since(start)
+	t.Logf("a write to the stalled writer's room: %d Retry-After %q after %v: %s", code, hdr.Get("Retry-After"), took.Round(time.Millisecond), data)
+	// 20 s: the 5 s bound on a starved host, well under the 30 s of
+	// three attempts and the 60 s lease.
+	if err != nil || code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || took > 20*time.Second {
+		t.Fatalf("a write to the stalled writer's room: %d Retry-After %q after %v (%v); want 503 with Retry-After within 20 s",
+			code, hdr.Get("Retry-After"), took, err)
+	}
+
+	// The fix: the writer wakes (or its supervisor restarts it once it is
+	// sealed); the client retries with the same txn_id.
+	_ = p1.cmd.Process.Signal(syscall.SIGCONT)
+	var first writeAck
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		_, err := roomsapi.Call(ctx, "POST", u, body, &first)
+		return err
+	})
+	var again writeAck
+	if _, err := roomsapi.Call(ctx, "POST", master.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &again); err != nil || again.EventID != first.EventID {
+		t.Fatalf("the retry through another instance: %+v %v; want the same event %s", again, err, first.EventID)
+	}
+	n := 0
+	for _, e := range history(ctx, t, master.url)[room] {
+		if roomsapi.TxnOf(e) == "stalled-1" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the retried write is in the room %d times, want once", n)
+	}
+}
