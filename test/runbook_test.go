@@ -2,8 +2,10 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -68,5 +70,57 @@ func TestRunbookStalledWriterAnswers503(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("the retried write is in the room %d times, want once", n)
+	}
+}
+
+// Redis down ("Redis down for long" in the runbook): writes keep
+// committing, and each is answered (read your writes on the instance
+// asked) within about one degraded refresh of the positions from
+// PostgreSQL (100 ms), not one announce interval. Through the room's owner
+// a write needs no refresh; through another instance it waits for the
+// owner to store its position and for this instance to read it. The
+// announce interval is 3 s here so that a refresh at its pace (the
+// defect: each write took one interval) cannot pass for a slow host.
+func TestRunbookRedisDownWriteLatency(t *testing.T) {
+	const announce = 3 * time.Second
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_ANNOUNCE_INTERVAL=3s")
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
+	c.waitReady(p1, p2)
+	ctx := context.Background()
+	room := roomOf(t, "persister1")
+	write := func(p *proc, i int) time.Duration {
+		t.Helper()
+		txn := fmt.Sprintf("%s-%d", p.name, i)
+		start := time.Now()
+		if _, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
+			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, nil); err != nil {
+			t.Fatalf("write %s with Redis down: %v", txn, err)
+		}
+		return time.Since(start)
+	}
+	rds.Kill(t)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		var st statusDoc
+		if err := get(ctx, 2*time.Second, p2.url+"/status", &st); err != nil || !st.Degraded {
+			return fmt.Errorf("persister2 not degraded yet: %+v %v", st, err)
+		}
+		return nil
+	})
+	for _, p := range []*proc{p1, p2} {
+		var lat []time.Duration
+		for i := range 10 {
+			lat = append(lat, write(p, i))
+		}
+		slices.Sort(lat)
+		median := lat[len(lat)/2]
+		t.Logf("Redis down, announce %v: 10 writes through %s (owner: persister1): median %v, max %v", announce, p.name,
+			median.Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+		if median > announce/2 {
+			t.Errorf("through %s, the median write with Redis down took %v: positions are read at the announce pace (%v), not the degraded one",
+				p.name, median, announce)
+		}
 	}
 }
