@@ -5,10 +5,16 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
@@ -123,4 +129,93 @@ func TestRunbookRedisDownWriteLatency(t *testing.T) {
 				p.name, median, announce)
 		}
 	}
+}
+
+// "Repairing a sequence", at runtime: the events sequence set back below
+// a hole of rolled-back IDs while the writers run. The symptom the
+// runbook gives: writes to the writer's rooms fail, nothing commits in
+// the hole, the writer logs one ERROR naming the fix and /readyz says not
+// ready with the same words. The fix: `master check --repair`; the client's
+// write retried with the same txn_id then succeeds and the writer is ready.
+func TestRunbookSequenceSetBack(t *testing.T) {
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
+	c.waitReady(p1, p2)
+	ctx := context.Background()
+	room := roomOf(t, "persister1")
+	post := func(txn string) (int, writeAck, error) {
+		var ack writeAck
+		code, err := roomsapi.Call(ctx, "POST", master.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
+			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, &ack)
+		return code, ack, err
+	}
+	var last int64
+	for i := range 5 {
+		_, ack, err := post(fmt.Sprintf("before-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.StreamPos
+	}
+	conn, err := pgx.Connect(ctx, c.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// A hole of IDs drawn and never used, a write above it, then the
+	// sequence set back into the hole.
+	if _, err := conn.Exec(ctx, `SELECT nextval('events_seq') FROM generate_series(1, 20)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, ack, err := post("above-the-hole"); err != nil || ack.StreamPos <= last+20 {
+		t.Fatalf("the write above the hole: %+v %v", ack, err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT setval('events_seq', $1)`, last); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("events_seq set back to %d, below a hole of 20 rolled-back IDs", last)
+
+	// The symptom.
+	if code, ack, err := post("after-setval"); err == nil {
+		t.Fatalf("a write after the sequence was set back succeeded: %d %+v", code, ack)
+	} else {
+		t.Logf("a write after the sequence was set back: %d %v", code, err)
+	}
+	testenv.WaitFor(t, 15*time.Second, func() error {
+		code, body := httpGet(p1.url + "/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "master check --repair") {
+			return fmt.Errorf("persister1 /readyz %d %q, want 503 naming master check --repair", code, body)
+		}
+		return nil
+	})
+	lines := linesWith(c.awaitLog(t, "persister1", "its sequence was set back", 15*time.Second), "its sequence was set back")
+	if len(lines) == 0 || lines[0].level != "ERROR" || !strings.Contains(lines[0].str("why"), "master check --repair") {
+		t.Fatalf("persister1's lines about the sequence: %v; want an ERROR whose why names master check --repair", lines)
+	}
+	var hole int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM events WHERE stream_id > $1 AND stream_id <= $2`, last, last+20).Scan(&hole); err != nil || hole != 0 {
+		t.Fatalf("%d rows committed in the hole (%d, %d] (%v), want none", hole, last, last+20, err)
+	}
+
+	// The fix.
+	cmd := exec.Command(filepath.Join(binDir, "master"), "check", "--repair")
+	cmd.Env = append(os.Environ(), "WEFT_DATABASE_URL="+c.dbURL)
+	out, err := cmd.CombinedOutput()
+	t.Logf("master check --repair: %v\n%s", err, out)
+	if err != nil {
+		t.Fatalf("master check --repair: %v", err)
+	}
+	var ack writeAck
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		_, a, err := post("after-setval")
+		ack = a
+		return err
+	})
+	if ack.StreamPos <= last+20 {
+		t.Fatalf("the write after the repair landed at %d, at or below the hole's top %d", ack.StreamPos, last+20)
+	}
+	c.waitReady(p1)
 }
