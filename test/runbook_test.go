@@ -135,9 +135,12 @@ func TestRunbookRedisDownWriteLatency(t *testing.T) {
 // a hole of rolled-back IDs while the writers run. The symptom the
 // runbook gives: writes to the writer's rooms fail, nothing commits in
 // the hole, the writer logs one ERROR naming the fix and /readyz says not
-// ready with the same words. The fix: `master check --repair`; the client's
-// write retried with the same txn_id then succeeds and the writer is ready.
+// ready with the same words; restarted, the writer refuses to start,
+// printing the SQL. The fix: `master check --repair`; the writer starts,
+// and the client's write retried with the same txn_id succeeds above the
+// hole.
 func TestRunbookSequenceSetBack(t *testing.T) {
+	t.Parallel()
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
 	master := c.start("master", "master")
@@ -200,6 +203,22 @@ func TestRunbookSequenceSetBack(t *testing.T) {
 		t.Fatalf("%d rows committed in the hole (%d, %d] (%v), want none", hole, last, last+20, err)
 	}
 
+	// Restarting the writer does not cure it: the start refuses to run,
+	// printing the fix ("every start refuses to run when a stream's
+	// sequence is behind its tables").
+	c.stopCode(t, p1)
+	c.launch(p1)
+	select {
+	case <-p1.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("persister1 started with its sequence behind the table, and still runs after 60 s")
+	}
+	data, _ := os.ReadFile(filepath.Join(c.dir, "persister1.log"))
+	if code := p1.cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(data), "setval") {
+		t.Fatalf("persister1 restarted with its sequence behind: exit %d; want 1, its log naming the setval that repairs it", code)
+	}
+	c.stop(p1, syscall.SIGKILL)
+
 	// The fix.
 	cmd := exec.Command(filepath.Join(binDir, "master"), "check", "--repair")
 	cmd.Env = append(os.Environ(), "WEFT_DATABASE_URL="+c.dbURL)
@@ -208,6 +227,8 @@ func TestRunbookSequenceSetBack(t *testing.T) {
 	if err != nil {
 		t.Fatalf("master check --repair: %v", err)
 	}
+	c.launch(p1)
+	c.waitReady(p1)
 	var ack writeAck
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		_, a, err := post("after-setval")
@@ -217,5 +238,4 @@ func TestRunbookSequenceSetBack(t *testing.T) {
 	if ack.StreamPos <= last+20 {
 		t.Fatalf("the write after the repair landed at %d, at or below the hole's top %d", ack.StreamPos, last+20)
 	}
-	c.waitReady(p1)
 }
