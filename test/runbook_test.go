@@ -239,3 +239,79 @@ func TestRunbookSequenceSetBack(t *testing.T) {
 		t.Fatalf("the write after the repair landed at %d, at or below the hole's top %d", ack.StreamPos, last+20)
 	}
 }
+
+// "Redis restarts, is killed": Redis killed (kill -9) and brought back on
+// its port. The symptom the runbook gives: weft_fabric_degraded at 1
+// meanwhile, every instance still ready (degraded) and writes committing;
+// the fix, bringing Redis back: weft_fabric_reconnects_total rises,
+// degraded returns to 0, and a write is seen by every instance.
+func TestRunbookRedisKilled(t *testing.T) {
+	t.Parallel()
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1, p2, s1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
+	c.waitReady(p1, p2, s1)
+	all := []*proc{master, p1, p2, s1}
+	ctx := context.Background()
+	room := roomOf(t, "persister1")
+	write := func(txn string) {
+		t.Helper()
+		testenv.WaitFor(t, 30*time.Second, func() error {
+			_, err := roomsapi.Call(ctx, "POST", s1.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
+				map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, nil)
+			return err
+		})
+	}
+	seenEverywhere := func(txn string) {
+		t.Helper()
+		for _, p := range all {
+			testenv.WaitFor(t, 30*time.Second, func() error {
+				for _, e := range history(ctx, t, p.url)[room] {
+					if roomsapi.TxnOf(e) == txn {
+						return nil
+					}
+				}
+				return fmt.Errorf("%s has not returned %s", p.name, txn)
+			})
+		}
+	}
+	reconnects := map[string]float64{}
+	for _, p := range all {
+		reconnects[p.name] = metricSum(t, p.url, "weft_fabric_reconnects_total")
+	}
+
+	rds.Kill(t)
+	for _, p := range all {
+		testenv.WaitFor(t, 30*time.Second, func() error {
+			if d := metricSum(t, p.url, "weft_fabric_degraded"); d != 1 {
+				return fmt.Errorf("%s: weft_fabric_degraded %v with Redis down, want 1", p.name, d)
+			}
+			if code, body := httpGet(p.url + "/readyz"); code != http.StatusOK || !strings.Contains(body, "degraded") {
+				return fmt.Errorf("%s: /readyz %d %q with Redis down, want ready (degraded)", p.name, code, body)
+			}
+			return nil
+		})
+	}
+	write("while-redis-down")
+	seenEverywhere("while-redis-down")
+
+	rds.Start(t)
+	for _, p := range all {
+		testenv.WaitFor(t, 60*time.Second, func() error {
+			if d := metricSum(t, p.url, "weft_fabric_degraded"); d != 0 {
+				return fmt.Errorf("%s: weft_fabric_degraded %v after Redis returned, want 0", p.name, d)
+			}
+			if r := metricSum(t, p.url, "weft_fabric_reconnects_total"); r <= reconnects[p.name] {
+				return fmt.Errorf("%s: weft_fabric_reconnects_total %v, was %v before Redis was killed", p.name, r, reconnects[p.name])
+			}
+			if code, body := httpGet(p.url + "/readyz"); code != http.StatusOK || strings.Contains(body, "degraded") {
+				return fmt.Errorf("%s: /readyz %d %q after Redis returned, want ready, not degraded", p.name, code, body)
+			}
+			return nil
+		})
+	}
+	write("after-redis-returned")
+	seenEverywhere("after-redis-returned")
+}
