@@ -315,3 +315,42 @@ func TestRunbookRedisKilled(t *testing.T) {
 	write("after-redis-returned")
 	seenEverywhere("after-redis-returned")
 }
+
+// "A writer crashes" (kill -9): writes to its rooms answer 503 with
+// Retry-After until it is back, and the master seals it; the fix, its
+// supervisor starting it again: it takes the name, and the client's write
+// retried with the same txn_id lands once.
+func TestRunbookWriterCrashed(t *testing.T) {
+	t.Parallel()
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
+	c.waitReady(p1, p2)
+	ctx := context.Background()
+	room := roomOf(t, "persister1")
+	u := p2.url + "/v1/rooms/" + url.PathEscape(room) + "/messages"
+	body := map[string]string{"sender": "@a:test", "body": "crashed-1", "txn_id": "crashed-1"}
+
+	c.stop(p1, syscall.SIGKILL)
+	code, hdr, data, err := roomsapi.Do(ctx, "POST", u, body)
+	if err != nil || code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a write to the crashed writer's room: %d Retry-After %q %s %v; want 503 with Retry-After", code, hdr.Get("Retry-After"), data, err)
+	}
+	c.awaitLog(t, "master", "sealed a writer whose process ended", 30*time.Second)
+
+	c.launch(p1)
+	c.waitReady(p1)
+	var first, again writeAck
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		_, err := roomsapi.Call(ctx, "POST", u, body, &first)
+		return err
+	})
+	if _, err := roomsapi.Call(ctx, "POST", master.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &again); err != nil || again.EventID != first.EventID {
+		t.Fatalf("the retry through another instance: %+v %v; want the same event %s", again, err, first.EventID)
+	}
+	if first.Writer != "persister1" {
+		t.Errorf("the write after the restart landed on %s, want persister1 (the restarted writer took its name)", first.Writer)
+	}
+}
