@@ -88,10 +88,11 @@ type Config struct {
 	// partitions to the others [10s].
 	LeaseTTL time.Duration
 	// OnWait, if set, is called while Open waits for Name, held by
-	// another live process (holder: its instance ID; epoch: the name's;
-	// until: when its lease runs out), at each look (several a second).
-	// Open logs a WARN every 10s meanwhile either way.
-	OnWait func(holder string, epoch int64, until time.Time)
+	// another live process (self: this process's instance ID, Instance
+	// once Open returns; holder: the other's; epoch: the name's; until:
+	// when its lease runs out), at each look (several a second). Open
+	// logs a WARN every 10s meanwhile either way.
+	OnWait func(self, holder string, epoch int64, until time.Time)
 	// SealExpired is how often the process seals the writers whose lease
 	// ran out (a crashed holder), so their streams' order moves on: one
 	// sealer per cluster is enough, each process one query per period

@@ -3,6 +3,7 @@ package weft_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,9 +43,11 @@ func TestOnWaitRoleVersion(t *testing.T) {
 	defer first.Close()
 
 	holders := make(chan string, 100)
+	var selfs sync.Map // what OnWait said this process is
 	second := cfg
 	second.Role, second.Version = "worker", "v9.9.9"
-	second.OnWait = func(holder string, epoch int64, until time.Time) {
+	second.OnWait = func(self, holder string, epoch int64, until time.Time) {
+		selfs.Store(self, true)
 		if epoch > 0 && !until.IsZero() {
 			select {
 			case holders <- holder:
@@ -81,6 +84,12 @@ func TestOnWaitRoleVersion(t *testing.T) {
 		t.FailNow()
 	}
 	defer n.Close()
+	// OnWait named the process it waited in, the instance Open returned.
+	var said []string
+	selfs.Range(func(k, _ any) bool { said = append(said, k.(string)); return true })
+	if len(said) != 1 || said[0] != n.Instance() {
+		t.Errorf("OnWait named this process %v, want [%s]", said, n.Instance())
+	}
 	// Its HELLO on the control channel names the role and version.
 	deadline := time.After(30 * time.Second)
 	for {

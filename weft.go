@@ -307,7 +307,7 @@ func (n *Node) openStreams(ctx context.Context) error {
 				"name", n.cfg.Name, "holder", holder, "holder_epoch", epoch, "lease_until", until, "since", since)
 		}
 		if n.cfg.OnWait != nil {
-			n.cfg.OnWait(holder, epoch, until)
+			n.cfg.OnWait(n.inst, holder, epoch, until)
 		}
 	}
 	var durable []streams.Config
@@ -447,7 +447,14 @@ func (n *Node) start() {
 		<-fabDone
 		close(n.done)
 	}()
-	n.log.Info("weft: process started", "name", n.cfg.Name, "writes", n.cfg.Writes, "epoch", n.epoch, "listen", n.cfg.Listen, "advertise", n.cfg.Advertise)
+	attrs := []any{"name", n.cfg.Name, "writes", n.cfg.Writes, "epoch", n.epoch}
+	if n.cfg.Listen != "" { // empty: the caller serves Handler itself, and says where
+		attrs = append(attrs, "listen", n.cfg.Listen)
+	}
+	if n.cfg.Advertise != "" {
+		attrs = append(attrs, "advertise", n.cfg.Advertise)
+	}
+	n.log.Info("weft: process started", attrs...)
 }
 
 // fail records the first failure, says so at ERROR, and ends Done: from

@@ -98,6 +98,41 @@ func TestOperatorWrongSecret(t *testing.T) {
 	}
 }
 
+// A write through an instance with the wrong secret reaches the room's
+// owner, which refuses the secret: answered as the misconfiguration it
+// is (502 naming the 401 and --secret, no Retry-After) and logged at
+// ERROR, not as a 503 to retry (issue 48, deliverable 5).
+func TestWrongSecretWriteIsAMisconfiguration(t *testing.T) {
+	t.Parallel()
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LOG_FORMAT=json", "WEFT_EVENT_WRITERS=persister1")
+	master := c.start("master", "master")
+	c.waitReady(master)
+	p1 := c.start("worker", "persister1", "--event-writer")
+	c.waitReady(p1)
+	stranger := c.startWith("worker", "stranger", []string{"WEFT_SECRET=another-secret-0123456789"})
+	// It never turns ready (it hears nobody): wait for it to answer at all.
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if code, body := httpGet(stranger.url + "/healthz"); code != http.StatusOK {
+			return fmt.Errorf("/healthz %d %q", code, body)
+		}
+		return nil
+	})
+	var last string
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		code, hdr, body, err := roomsapi.Do(context.Background(), "POST", stranger.url+"/v1/rooms/!r:x/messages",
+			map[string]string{"sender": "@a:x", "body": "hi", "txn_id": "t1"})
+		last = fmt.Sprintf("%d Retry-After %q %s %v", code, hdr.Get("Retry-After"), body, err)
+		if err != nil || code != http.StatusBadGateway || hdr.Get("Retry-After") != "" ||
+			!strings.Contains(string(body), "401") || !strings.Contains(string(body), "--secret") {
+			return fmt.Errorf("a write through the stranger: %s; want 502 naming 401 and --secret, no Retry-After", last)
+		}
+		return nil
+	})
+	t.Logf("a write through the stranger: %s", last)
+	c.awaitLog(t, "stranger", "the owner refused this instance's secret", 10*time.Second)
+}
+
 // --insecure starts with one WARN saying what it gives up; a text log
 // holds to the same rules as JSON (each key once, a level, a message).
 func TestOperatorInsecureAndTextLogs(t *testing.T) {
@@ -247,6 +282,24 @@ func TestOperatorHeldWriterName(t *testing.T) {
 	}
 	if code, body := httpGet(second.url + "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, holder) {
 		t.Errorf("/readyz %d %q while waiting, want 503 naming %s", code, body, holder)
+	}
+	// The waiting instance is named, on /status and in its WARN line, as
+	// itself (issue 48: "instance": "" while it waited).
+	var st statusDoc
+	if err := get(context.Background(), 5*time.Second, second.url+"/status", &st); err != nil ||
+		!strings.HasPrefix(st.Instance, "persister1-") || st.Instance == holder || st.Instance != got[0].str("instance") {
+		t.Errorf("/status while waiting: instance %q (%v); want the waiting instance, as its WARN line names it (%q), not the holder %s",
+			st.Instance, err, got[0].str("instance"), holder)
+	}
+	// The start line of a binary says where it serves, not an empty listen.
+	started := linesWith(c.logOf(t, "persister1"), "process started")
+	if len(started) == 0 {
+		t.Error("persister1 logged no process started line")
+	}
+	for _, l := range started {
+		if _, ok := l.fields["listen"]; ok || l.str("advertise") != first.url {
+			t.Errorf("%s: want no listen (the binary serves HTTP itself) and advertise %s", l.raw, first.url)
+		}
 	}
 	if code := c.stopCode(t, second); code != 0 {
 		t.Errorf("exit %d after SIGTERM while waiting, want 0", code)

@@ -24,8 +24,8 @@
 // fetches of missing ranges through a Fetcher; delivery of rows to the
 // Handler; waiters for positions and tokens; and, for durable streams, the
 // writer registry and stored positions read from PostgreSQL at the
-// announce pace (the repair for a writer cut off from Redis, and degraded
-// mode while Redis is down).
+// announce pace (the repair for a writer cut off from Redis), or every
+// 100 ms in degraded mode while Redis is down.
 //
 // The connection is established only when every stream has caught up;
 // until then the reconnect backoff keeps growing, so a backlog that cannot

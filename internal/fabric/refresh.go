@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/internal/fabric/core"
-	"github.com/weft-dev/weft/internal/loop"
 	"github.com/weft-dev/weft/internal/streams"
 )
 
@@ -15,13 +14,38 @@ import (
 // Redis) and stores its own. Once the views reach what a read saw, the
 // node is fresh as of that read: what degraded readiness rests on.
 
+// degradedRefresh is the housekeeping pace in degraded mode (at most the
+// announce interval): with Redis down, positions travel through
+// PostgreSQL only, so a write acknowledged by its owner becomes visible
+// on another instance once the owner stored its position and the other
+// read it. At the announce pace (1 s by default) a client's write through
+// another instance took a whole interval; here it takes about two of
+// these, for a few small queries per instance per tick while Redis is
+// down.
+const degradedRefresh = 100 * time.Millisecond
+
 // housekeeping refreshes each durable stream's writer registry and stores
-// this instance's writer positions, at the announce pace.
+// this instance's writer positions, at the announce pace, or faster in
+// degraded mode (degradedRefresh).
 func (n *Node) housekeeping(ctx context.Context) {
-	_ = loop.Every(ctx, n.cfg.AnnounceInterval, func(ctx context.Context) error {
-		n.refreshAll(ctx)
-		return nil
-	})
+	// It wakes at the faster pace and refreshes when one is due, so the
+	// degraded pace starts within a tick of losing the connection, not at
+	// the next announce.
+	t := time.NewTicker(min(n.cfg.AnnounceInterval, degradedRefresh))
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !n.degraded() && time.Since(last) < n.cfg.AnnounceInterval {
+			continue
+		}
+		last = time.Now()
+		n.refreshAll(ctx) // its reads run as tasks: this returns at once
+	}
 }
 
 // refreshAll reads the writer registry (holders and their epochs), re-reads

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -98,8 +99,8 @@ func randomHistory(r *rand.Rand) []tableRow {
 	return table
 }
 
-// checkPaging syncs table from the start in pages of page rows per
-// writer until nothing is left, and compares each room's events with the
+// checkPaging syncs table from the start in pages of page rows (each
+// writer read up to page, the answer cut at page in all) until nothing is left, and compares each room's events with the
 // table's. With lag set, each writer's view (what a read may reach)
 // rises at its own random pace to the table's end, as views do live.
 func checkPaging(t *testing.T, name string, table []tableRow, page int, lag *rand.Rand) {
@@ -166,13 +167,18 @@ func checkPagingCut(t *testing.T, name string, table []tableRow, page int, lag *
 			}
 			return q, nil
 		}
-		cut := pageCut(pages)
+		// Every answer is also bounded to page events in all (the sync
+		// limit), whatever the number of writers.
+		bound := pageBounds{bytes: math.MaxInt, events: page}
 		if budget > 0 {
-			cut = byteCut(pages, cut, budget)
+			bound.bytes = budget
 		}
-		out, held, err := mergeSeen(pages, cut, unseen)
+		out, held, err := mergeSeen(pages, byteCut(pages, pageCut(pages), bound), unseen)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if n := countEvents(out); n > page {
+			t.Fatalf("%s: an answer of %d events, limit %d", name, n, page)
 		}
 		for room, evs := range out {
 			for _, ev := range evs {
@@ -246,4 +252,12 @@ func TestFirstUnseenReadsTheTable(t *testing.T) {
 			t.Errorf("held a %d, hi %d, rooms %v: %d, %v; want %d", c.heldA, c.hi, c.rooms, got, err, c.want)
 		}
 	}
+}
+
+func countEvents(out map[string][]json.RawMessage) int {
+	n := 0
+	for _, evs := range out {
+		n += len(evs)
+	}
+	return n
 }

@@ -223,7 +223,8 @@ func checkForwarded(t *testing.T, task shard.Task, room, key, user string) {
 }
 
 // FuzzSyncParams checks parseSync against a naive model of the sync query
-// (each parameter at most once, timeout_ms an integer 0..120000, rooms a
+// (each parameter at most once, timeout_ms an integer 0..120000, limit
+// an integer 1..syncPage, rooms a
 // comma list of at most MaxSyncRooms valid rooms, since a token, checked in that order), and that the real handler answers
 // a bad query 400 naming the same field without touching the instance.
 func FuzzSyncParams(f *testing.F) {
@@ -235,6 +236,10 @@ func FuzzSyncParams(f *testing.F) {
 	f.Add("", "", "a,,b", "", uint8(4))
 	f.Add("", "", strings.Repeat("a,", MaxSyncRooms)+"b", "", uint8(4))
 	f.Add("", "", "", "rooms=%zz&timeout_ms=1e3", uint8(0))
+	f.Add("", "", "", "limit=10", uint8(0))
+	f.Add("", "", "", "limit=0&rooms=", uint8(0))
+	f.Add("", "", "", "limit=501", uint8(0))
+	f.Add("", "", "", "limit=5&limit=6", uint8(0))
 	api, _ := newTestAPI()
 	cur := streams.NewToken(10, map[streams.WriterID]int64{1: 20, 2: 15})
 	f.Fuzz(func(t *testing.T, since, timeout, rooms, raw string, flags uint8) {
@@ -271,6 +276,9 @@ func FuzzSyncParams(f *testing.F) {
 		if p.timeout < 0 || p.timeout > 120*time.Second {
 			t.Fatalf("timeout %v", p.timeout)
 		}
+		if p.limit < 1 || p.limit > syncPage {
+			t.Fatalf("limit %d", p.limit)
+		}
 		if got, want := strings.Join(p.rooms, ","), q.Get("rooms"); got != want {
 			t.Fatalf("rooms %q from %q", got, want)
 		}
@@ -285,7 +293,7 @@ func FuzzSyncParams(f *testing.F) {
 
 // modelSync returns the first bad field of a sync query, or "".
 func modelSync(q url.Values) string {
-	for _, field := range []string{"timeout_ms", "rooms", "since"} {
+	for _, field := range []string{"timeout_ms", "rooms", "since", "limit"} {
 		if len(q[field]) > 1 { // a repeat is refused before any value is read
 			return field
 		}
@@ -294,6 +302,12 @@ func modelSync(q url.Values) string {
 		n, ok := new(big.Int).SetString(v, 10)
 		if !ok || n.Sign() < 0 || n.Cmp(big.NewInt(120000)) > 0 {
 			return "timeout_ms"
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, ok := new(big.Int).SetString(v, 10)
+		if !ok || n.Sign() <= 0 || n.Cmp(big.NewInt(syncPage)) > 0 {
+			return "limit"
 		}
 	}
 	if v := q.Get("rooms"); v != "" {

@@ -42,6 +42,7 @@ type Service struct {
 	typingWriter string
 	log          *slog.Logger
 	visible      time.Duration
+	fwdTimeout   time.Duration   // forwardTimeout; shorter in tests
 	closeCtx     context.Context // done after Close: long-polls answer now
 	close        context.CancelFunc
 	polls        pollGate
@@ -70,6 +71,13 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func badRequest(w http.ResponseWriter, field, format string, args ...any) {
 	writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf(format, args...), Field: field})
 }
+
+// forwardTimeout bounds running a task on its owner, retries and a
+// handover's wait included, before the client is answered 503 with
+// Retry-After: a write takes well under a second, a handover of a live
+// owner about as long, and a client is better told to retry than left
+// waiting for a stalled owner's lease to run out.
+const forwardTimeout = 5 * time.Second
 
 // Forwarder runs a task on the owner of a key (shard.Forwarder).
 type Forwarder interface {
@@ -121,7 +129,8 @@ func NewService(cfg Config) *Service {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}
 	s := &Service{pool: cfg.Pool, reads: cfg.Reads, events: cfg.Events, node: cfg.Node, live: cfg.Live,
-		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
+		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout,
+		fwdTimeout: forwardTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())
 	s.polls.max = int64(cfg.MaxLongPolls)
 	s.answers = answerGate{slots: make(chan struct{}, cmp.Or(max(cfg.MaxAnswers, 0), DefaultMaxAnswers))}
@@ -314,10 +323,13 @@ type forwarded struct {
 //
 //   - the owner refused the request with a 4xx naming a field of it: the
 //     same code, error and field (a reused idempotency key: t.reused).
-//   - the owner could not be asked or did not answer (no known URL,
-//     refused, timeouts, 5xx after the retries, its queue full or closed),
-//     or the cluster disagrees with itself (not the owner twice, a wrong
-//     secret): 503 with Retry-After, "<owner> is unavailable; retry".
+//   - the owner could not be asked or did not answer within
+//     forwardTimeout (no known URL, refused, timeouts, 5xx after the
+//     retries, its queue full or closed, a stalled owner), or the cluster
+//     disagrees with itself (not the owner twice): 503 with Retry-After,
+//     "<owner> is unavailable; retry".
+//   - the owner refused this instance's secret (its 401 or 403): 502
+//     naming it, without Retry-After: a misconfiguration.
 //   - the owner's database is unavailable (the task's error wraps
 //     shard.ErrUnavailable: the owner answers 503, or the local executor
 //     says so): 503 with Retry-After.
@@ -327,7 +339,13 @@ type forwarded struct {
 //     and the retry finds it by (sender, txn_id); the owner remembers no
 //     failure, so the retry runs again instead of replaying the 500.
 func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t forwarded) (json.RawMessage, bool) {
-	res, err := f.Do(r.Context(), t.key, t.task, t.idem)
+	// A stalled owner (SIGSTOP, a frozen VM) accepts connections and never
+	// answers: without a bound its clients would wait for every attempt's
+	// timeout, past its lease. The task may still run; the client's retry
+	// with the same idempotency key finds it.
+	ctx, cancel := context.WithTimeout(r.Context(), s.fwdTimeout)
+	defer cancel()
+	res, err := f.Do(ctx, t.key, t.task, t.idem)
 	if err == nil && res.Err == nil {
 		return res.Value, true
 	}
@@ -341,6 +359,13 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t
 		writeJSON(w, http.StatusInternalServerError, apiError{Error: t.what + " failed on " + t.owner + "; retrying is safe"})
 	case errors.Is(err, shard.ErrIdempotencyKeyReused) && t.reused != nil:
 		writeJSON(w, http.StatusConflict, *t.reused)
+	case errors.As(err, &rej) && (rej.Code == http.StatusUnauthorized || rej.Code == http.StatusForbidden):
+		// The owner refused this instance's credentials: a misconfigured
+		// --secret on one side, which no retry cures. Said as what it is,
+		// without Retry-After, so neither client nor operator waits on it.
+		s.log.Error("the owner refused this instance's secret: --secret differs from the owner's", "kind", t.task.Kind, "key", t.key, "err", err)
+		writeJSON(w, http.StatusBadGateway, apiError{Error: fmt.Sprintf("%s refused this instance (%d %s): the instances' --secret differ, a misconfiguration; retrying does not help",
+			t.owner, rej.Code, rej.Message)})
 	case errors.As(err, &rej) && rej.Field != "":
 		s.log.Info("the owner refused a forwarded task", "kind", t.task.Kind, "key", t.key, "err", err)
 		writeJSON(w, rej.Code, apiError{Error: rej.Message, Field: rej.Field})

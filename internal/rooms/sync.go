@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -21,7 +22,8 @@ import (
 	"github.com/weft-dev/weft/internal/streams"
 )
 
-// syncPage bounds the events one sync returns per writer.
+// syncPage bounds the events one sync returns, and is the default of its
+// limit parameter.
 const syncPage = 500
 
 type syncResp struct {
@@ -78,6 +80,9 @@ type syncParams struct {
 	rooms    []string // nil: every room
 	since    streams.Token
 	hasSince bool // false: an initial sync
+	// limit bounds the events of the answer (1..syncPage; syncPage when
+	// not given): a client pages in smaller steps, never in larger ones.
+	limit int
 }
 
 // paramError is a bad client parameter: a 400 naming it.
@@ -90,18 +95,25 @@ func (e *paramError) Error() string { return e.field + ": " + e.reason }
 // parseSync checks the sync query, touching nothing else, so that bad
 // input is a 400 whatever the state of the instance.
 func parseSync(q url.Values) (syncParams, *paramError) {
-	var p syncParams
+	p := syncParams{limit: syncPage}
 	var err error
 	// A parameter given twice would be read as its first value, and a
 	// since moved past the events of rooms named the second time would
 	// lose them for good.
-	for _, field := range []string{"timeout_ms", "rooms", "since"} {
+	for _, field := range []string{"timeout_ms", "rooms", "since", "limit"} {
 		if len(q[field]) > 1 {
 			return p, &paramError{field, "given more than once (list rooms comma-separated)"}
 		}
 	}
 	if p.timeout, err = parseTimeout(q.Get("timeout_ms")); err != nil {
 		return p, &paramError{"timeout_ms", err.Error()}
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > syncPage {
+			return p, &paramError{"limit", fmt.Sprintf("%.32q: want 1..%d events per answer", v, syncPage)}
+		}
+		p.limit = n
 	}
 	if v := q.Get("rooms"); v != "" {
 		// Counted before anything is allocated per room: a waiting sync
@@ -172,7 +184,7 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.poll(ctx, w, rooms, since, p.timeout)
+	s.poll(ctx, w, rooms, since, p.timeout, p.limit)
 }
 
 // poll answers the events of rooms after since, waiting up to timeout for
@@ -182,7 +194,7 @@ func (s *Service) sync(w http.ResponseWriter, r *http.Request) {
 // fabric applies a row before its view moves past it), so no row slips
 // between a read and the wait. Rows of other rooms never wake it: an idle
 // long-poll costs no SQL however busy the instance.
-func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []string, since streams.Token, timeout time.Duration) {
+func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []string, since streams.Token, timeout time.Duration, limit int) {
 	deadline := time.Now().Add(timeout)
 	var wt *waiter
 	var needs []viewNeed
@@ -203,7 +215,7 @@ func (s *Service) poll(ctx context.Context, w http.ResponseWriter, rooms []strin
 		}
 		ty := s.syncTyping(rooms, typing, false)
 		cur, reg := s.currentToken()
-		ans, err := s.eventsBetween(ctx, since, cur, reg, rooms, s.maxBytes-ty.bytes-syncEnvelopeBytes(since, reg.Len()))
+		ans, err := s.eventsBetween(ctx, since, cur, reg, rooms, pageBounds{bytes: s.maxBytes - ty.bytes - syncEnvelopeBytes(since, reg.Len()), events: limit})
 		if err != nil {
 			s.answers.release()
 			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
@@ -339,18 +351,24 @@ type roomEvent struct {
 	ev   json.RawMessage
 }
 
+// pageBounds bound one sync answer: bytes as the answer writes them, and
+// events.
+type pageBounds struct {
+	bytes, events int
+}
+
 // eventsBetween reads every event in (since, upto] per writer of reg, for
 // the rooms (all when nil); upto is reg's token of this instance's views,
 // so every row in it has committed. A writer with more than a page (of
-// rows, or of budget bytes as the answer writes them) stops at its last
-// event returned, and the answer stops there for every writer
-// (mergePages), or lower to fit budget (byteCut, never below one event):
+// bound.events rows, or of bound.bytes as the answer writes them) stops at
+// its last event returned, and the answer stops there for every writer
+// (mergePages), or lower to fit both bounds (byteCut, never below one event):
 // next says where to go on. next holds since, so it never
 // goes backwards, and a writer reg does not list stays at since's position
 // or below reg's cap, under any row it holds. With a read replica, a
 // writer's range is read there as far as the replica holds it and the
 // rest on the primary (catchup.ReadRouter).
-func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, reg streams.Registry, rooms []string, budget int) (syncAnswer, error) {
+func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, reg streams.Registry, rooms []string, bound pageBounds) (syncAnswer, error) {
 	pages := make([]writerPage, 0, reg.Len())
 	for w := range reg.All() {
 		id, wname := w.ID, w.Name
@@ -358,7 +376,7 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 		if pg.to > pg.from {
 			var err error
 			read := func(q catchup.Querier, from, to int64) (more bool, err error) {
-				return readPage(ctx, q, &pg, from, to, rooms, budget)
+				return readPage(ctx, q, &pg, from, to, rooms, bound)
 			}
 			if s.reads != nil {
 				err = s.reads.Read(ctx, EventsStream, wname, pg.from, pg.to, read)
@@ -368,11 +386,11 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 			if err != nil {
 				return syncAnswer{}, fmt.Errorf("rooms: sync read: writer %s (%d, %d]: %w", wname, pg.from, pg.to, err)
 			}
-			pg.full = len(pg.rows) == syncPage || pg.bytes >= budget
+			pg.full = len(pg.rows) == bound.events || pg.bytes >= bound.bytes
 		}
 		pages = append(pages, pg)
 	}
-	out, held, err := mergeSeen(pages, byteCut(pages, pageCut(pages), budget), func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
+	out, held, err := mergeSeen(pages, byteCut(pages, pageCut(pages), bound), func(held map[streams.WriterID]int64, hi int64, rooms []string) (int64, error) {
 		return s.firstUnseen(ctx, pages, held, hi, rooms)
 	})
 	if err != nil {
@@ -386,17 +404,18 @@ func (s *Service) eventsBetween(ctx context.Context, since, upto streams.Token, 
 }
 
 // readPage reads pg's writer's events in (from, to] into pg, in chunks
-// sized to end near budget bytes (a page of large events reads a few
-// more rows than it keeps, not syncPage of them), until the range ends
+// sized to end near bound.bytes (a page of large events reads a few
+// more rows than it keeps, not bound.events of them), until the range ends
 // (more: the rest is to be read elsewhere, catchup.ReadRouter), or
-// syncPage rows or budget bytes are read.
-func readPage(ctx context.Context, q catchup.Querier, pg *writerPage, from, to int64, rooms []string, budget int) (more bool, err error) {
+// bound.events rows or bound.bytes are read.
+func readPage(ctx context.Context, q catchup.Querier, pg *writerPage, from, to int64, rooms []string, bound pageBounds) (more bool, err error) {
+	budget := bound.bytes
 	for {
 		lim := 16
 		if n := len(pg.rows); n > 0 {
 			lim = (budget-pg.bytes)/max(pg.bytes/n, 1) + 1
 		}
-		lim = max(1, min(lim, syncPage-len(pg.rows)))
+		lim = max(1, min(lim, bound.events-len(pg.rows)))
 		var rows pgx.Rows
 		if rooms == nil {
 			rows, err = q.Query(ctx, `SELECT stream_id, room, rows->0 FROM events WHERE writer = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4`,
@@ -425,7 +444,7 @@ func readPage(ctx context.Context, q catchup.Querier, pg *writerPage, from, to i
 			return false, nil
 		case err != nil:
 			return false, err
-		case len(pg.rows) == syncPage:
+		case len(pg.rows) == bound.events:
 			return false, nil
 		case got < lim:
 			// Short of a page: the rest of the range, from the primary
@@ -442,10 +461,11 @@ func readPage(ctx context.Context, q catchup.Querier, pg *writerPage, from, to i
 var errPageFull = errors.New("rooms: sync read: page full")
 
 // byteCut lowers cut (pageCut's) so that the events at or below it, in
-// stream order, fit in budget bytes as an answer writes them; it never
-// goes below the first event, so paging always moves on, and never above
-// cut.
-func byteCut(pages []writerPage, cut int64, budget int) int64 {
+// stream order, fit in bound.bytes as an answer writes them and number at
+// most bound.events (every writer read that many, so several writers'
+// pages together may hold more); it never goes below the first event, so
+// paging always moves on, and never above cut.
+func byteCut(pages []writerPage, cut int64, bound pageBounds) int64 {
 	var rows []roomEvent
 	for _, pg := range pages {
 		for _, e := range pg.rows {
@@ -463,7 +483,7 @@ func byteCut(pages []writerPage, cut int64, budget int) int64 {
 		if !seen[e.room] {
 			n += roomBytes(e.room)
 		}
-		if i > 0 && total+n > budget {
+		if i > 0 && (total+n > bound.bytes || i >= bound.events) {
 			return rows[i-1].pos
 		}
 		seen[e.room] = true

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/weft-dev/weft/internal/shard"
 )
@@ -272,7 +273,7 @@ func TestForwardAnswers(t *testing.T) {
 		{"not owner", shard.Result{}, fmt.Errorf("at %s: %w", internal, shard.ErrNotOwner), 503, `{"error":"the owner is unavailable; retry"}`, true},
 		{"queue full", shard.Result{}, fmt.Errorf("%w: 10000 tasks waiting", shard.ErrQueueFull), 503, `{"error":"the owner is unavailable; retry"}`, true},
 		{"wrong secret", shard.Result{}, fmt.Errorf("at %s: %w", internal, &shard.RejectedError{Owner: "w1", Code: 401, Message: "missing or wrong bearer secret"}),
-			503, `{"error":"the owner is unavailable; retry"}`, true},
+			502, `{"error":"the owner refused this instance (401 missing or wrong bearer secret): the instances' --secret differ, a misconfiguration; retrying does not help"}`, false},
 		{"bad request", shard.Result{}, fmt.Errorf("at %s: %w", internal, &shard.RejectedError{Owner: "w1", Code: 413, Message: "body: too large", Field: "body"}),
 			413, `{"error":"body: too large","field":"body"}`, false},
 		{"reused key", shard.Result{}, fmt.Errorf("at %s: %w", internal, &shard.RejectedError{Owner: "w1", Code: 422, Message: "idempotency_key: ...", Field: "idempotency_key"}),
@@ -346,4 +347,34 @@ func TestJSONBProblem(t *testing.T) {
 			t.Errorf("%s: %v (%q), want %v", in, got, jsonbProblem([]byte(in)), want)
 		}
 	}
+}
+
+// A stalled owner never answers: the client gets 503 with Retry-After
+// once the forward's bound passes, not when the forwarder gives up.
+func TestForwardToAStalledOwnerIsBounded(t *testing.T) {
+	s := NewService(Config{})
+	s.fwdTimeout = 200 * time.Millisecond
+	stalled := fwdFunc2(func(ctx context.Context) (shard.Result, error) {
+		<-ctx.Done() // what a SIGSTOPped owner's socket gives: nothing
+		return shard.Result{}, fmt.Errorf("shard: forward: %w", ctx.Err())
+	})
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	if _, ok := s.forward(rec, httptest.NewRequest("POST", "/", nil), stalled, forwarded{key: "r", task: shard.Task{Kind: "k"}, what: "doing it", owner: "the owner"}); ok {
+		t.Fatal("a stalled owner's task succeeded")
+	}
+	took := time.Since(start)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || took < s.fwdTimeout {
+		t.Fatalf("%d Retry-After %q after %v; want 503 with Retry-After after the %v bound", rec.Code, rec.Header().Get("Retry-After"), took, s.fwdTimeout)
+	}
+	if s := NewService(Config{}); s.fwdTimeout != forwardTimeout {
+		t.Fatalf("default bound %v, want %v", s.fwdTimeout, forwardTimeout)
+	}
+}
+
+// fwdFunc2 is a Forwarder that sees the forward's context.
+type fwdFunc2 func(ctx context.Context) (shard.Result, error)
+
+func (f fwdFunc2) Do(ctx context.Context, _ string, _ shard.Task, _ string) (shard.Result, error) {
+	return f(ctx)
 }

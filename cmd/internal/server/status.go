@@ -158,11 +158,12 @@ func writeStatus(w http.ResponseWriter, code int, st Status) {
 // WaitingStatus says what a process that waits for its writer name waits
 // for: a second process started with a name another instance holds.
 type WaitingStatus struct {
-	Name   string    `json:"name"`
-	Holder string    `json:"holder"`
-	Epoch  int64     `json:"epoch"`
-	Until  time.Time `json:"lease_until"`
-	Since  time.Time `json:"since"`
+	Instance string    `json:"-"` // on Status.Instance
+	Name     string    `json:"name"`
+	Holder   string    `json:"holder"`
+	Epoch    int64     `json:"epoch"`
+	Until    time.Time `json:"lease_until"`
+	Since    time.Time `json:"since"`
 }
 
 func (w WaitingStatus) String() string {
@@ -180,11 +181,11 @@ type waitingPage struct {
 	w  *WaitingStatus // nil before the name was found held
 }
 
-func (p *waitingPage) set(holder string, epoch int64, until time.Time) {
+func (p *waitingPage) set(self, holder string, epoch int64, until time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.w == nil || p.w.Holder != holder || p.w.Epoch != epoch {
-		p.w = &WaitingStatus{Name: p.cfg.Name, Holder: holder, Epoch: epoch, Since: time.Now()}
+		p.w = &WaitingStatus{Instance: self, Name: p.cfg.Name, Holder: holder, Epoch: epoch, Since: time.Now()}
 	}
 	p.w.Until = until
 }
@@ -210,7 +211,11 @@ func (p *waitingPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/readyz":
 		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 	case "/status":
-		writeStatus(w, http.StatusOK, Status{Name: p.cfg.Name, Role: p.role, Version: Version, Revision: Build().Revision,
+		inst := ""
+		if ws := p.get(); ws != nil {
+			inst = ws.Instance // the instance that waits, named before it serves
+		}
+		writeStatus(w, http.StatusOK, Status{Instance: inst, Name: p.cfg.Name, Role: p.role, Version: Version, Revision: Build().Revision,
 			URL: p.cfg.Advertise(), Waiting: p.get(), Peers: map[string]fabric.Peer{}, QueueDepth: map[string]int{}})
 	default:
 		w.Header().Set("Content-Type", "application/json")
