@@ -134,7 +134,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		dead:     n.m.dead.WithLabelValues(c.Stream, c.Name),
 		redrive:  make(chan struct{}, 1),
 		failing:  map[int]bool{}}
-	g.readSQL = g.rowsSQL()
+	g.readSQL, g.allSQL = g.rowsSQL(), g.allRowsSQL()
 	return g, nil
 }
 

@@ -41,6 +41,49 @@ ORDER BY r.id`,
 		id, t, st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)))
 }
 
+// allRowsSQL reads the rows of a batch of a member that runs every partition
+// from one cursor: a single consumer's read (batchSQL, whole positions),
+// each row with its key ($4). No row is left out, so the member computes
+// the partitions (group.Partition) rather than the server, which would
+// hash every row's key in SQL.
+func (g *group) allRowsSQL() string {
+	st := g.st
+	id, t := st.ident(st.IDColumn), st.ident(st.Table)
+	return fmt.Sprintf(`SELECT %[1]s, %[2]s, %[3]s::text, coalesce(%[3]s->>$4, '') FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= least($2,
+	(SELECT max(%[1]s) FROM (SELECT %[1]s FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $3) AS l))
+ORDER BY %[1]s`, id, st.ident(st.WriterColumn), st.ident(st.DataColumn), t)
+}
+
+// readAll is readRows for a member that runs every partition from lo
+// (allRowsSQL).
+func (g *group) readAll(ctx context.Context, lo, upto int64) ([]Row, []int, int64, error) {
+	q, err := g.n.pool.Query(ctx, g.allSQL, lo, upto, g.cfg.MaxBatch, g.cfg.Key)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	var rows []Row
+	var parts []int
+	for q.Next() {
+		var r Row
+		var data, key string
+		if err := q.Scan(&r.Pos, &r.Writer, &data, &key); err != nil {
+			q.Close()
+			return nil, nil, 0, err
+		}
+		r.Stream, r.Data = g.cfg.Stream, []byte(data)
+		rows = append(rows, r)
+		parts = append(parts, grp.Partition(key, g.parts))
+	}
+	if err := q.Err(); err != nil {
+		return nil, nil, 0, err
+	}
+	next := upto
+	if len(rows) >= g.cfg.MaxBatch {
+		next = rows[len(rows)-1].Pos
+	}
+	return rows, parts, next, nil
+}
+
 // maxWindow bounds the stream rows one batch reads to find its own
 // (rowsSQL). When the partitions run share one cursor (as they do once
 // running: a batch moves them all), a member that runs run of them finds
@@ -58,6 +101,9 @@ const maxWindow = 10_000
 func (g *group) readRows(ctx context.Context, cur []grp.Cursor, lo, upto int64, after []int64) ([]Row, []int, int64, error) {
 	window := maxWindow
 	if !slices.ContainsFunc(cur, func(c grp.Cursor) bool { return c.Pos != lo }) {
+		if len(cur) == g.parts {
+			return g.readAll(ctx, lo, upto)
+		}
 		window = min(maxWindow, g.cfg.MaxBatch*g.parts/max(len(cur), 1))
 	}
 	window = max(window, g.cfg.MaxBatch)
