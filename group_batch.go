@@ -320,6 +320,7 @@ func untouchedOf(cur []grp.Cursor, touched []int) []grp.Cursor {
 	return out
 }
 
-// errFenceMoved: a partition a batch locked was not as the member held
-// it (taken, or its cursor moved since the rows were read).
+// errFenceMoved: the member's progress record was not as it last wrote
+// it (a partition taken or released, a seek, a commit whose answer was
+// lost): the batch settles.
 var errFenceMoved = errors.New("a partition moved since the batch read its rows")
