@@ -166,6 +166,13 @@ func SeekConsumer(ctx context.Context, db *pgxpool.Pool, stream, name string, to
 				stream, name, pos); err != nil {
 				return err
 			}
+			// The members' progress records claim nothing more: every
+			// cursor is the seek's. (Their batches wait on the group's row,
+			// held here, and then find the seek.)
+			if _, err := tx.Exec(ctx, `UPDATE weft_group_progress SET parts = '{}', gen = gen + 1 WHERE stream = $1 AND name = $2`,
+				stream, name); err != nil {
+				return err
+			}
 		}
 		// Every position starts its attempts afresh (its dead letters stay).
 		if _, err := tx.Exec(ctx, `DELETE FROM weft_consumer_attempts WHERE stream = $1 AND name = $2`, stream, name); err != nil {
@@ -296,7 +303,7 @@ func (c ConsumerInfo) Kind() string {
 func ReadConsumers(ctx context.Context, db *pgxpool.Pool) ([]ConsumerInfo, error) {
 	rows, err := db.Query(ctx, `SELECT c.stream, c.name, coalesce(c.key, ''), coalesce(c.partitions, 0), c.paused,
 			CASE WHEN c.partitions IS NULL THEN c.pos
-				ELSE coalesce((SELECT min(p.pos) FROM weft_group_partitions p WHERE p.stream = c.stream AND p.name = c.name), c.pos) END,
+				ELSE coalesce((SELECT min(p.pos) FROM weft_group_cursors p WHERE p.stream = c.stream AND p.name = c.name), c.pos) END,
 			coalesce(sp.upto, 0)
 		FROM weft_consumers c LEFT JOIN stream_persisted sp ON sp.stream = c.stream ORDER BY c.stream, c.name`)
 	if err != nil {
@@ -388,7 +395,7 @@ func (g *group) fence(ctx context.Context, tx pgx.Tx, seeks int64) error {
 		return fmt.Errorf("lock the group: %w", err)
 	}
 	if now != seeks {
-		rows, err := tx.Query(ctx, `SELECT pos FROM weft_group_partitions WHERE stream = $1 AND name = $2 ORDER BY partition`,
+		rows, err := tx.Query(ctx, `SELECT pos FROM weft_group_cursors WHERE stream = $1 AND name = $2 ORDER BY partition`,
 			g.cfg.Stream, g.cfg.Name)
 		if err != nil {
 			return fmt.Errorf("read the cursors after a seek: %w", err)

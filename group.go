@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,7 @@ type group struct {
 	id       string // the member: the node's instance ID
 	parts    int
 	readSQL  string
+	allSQL   string        // readAll's
 	wake     chan struct{} // the partitions changed: the batch loop looks again
 	behind   atomic.Int64  // unix nanos since when rows have waited; 0: caught up
 	paused   atomic.Bool   // as last read (control.go)
@@ -69,6 +71,9 @@ type group struct {
 	// failing: the partitions the member knows have a failing position
 	// (attempts stored), whose count the batch that applies it clears.
 	failing map[int]bool
+	// prog is what the member knows of its progress record
+	// (group_progress.go).
+	prog progress
 }
 
 // newGroup creates the group's rows, or checks the stored ones agree with
@@ -129,7 +134,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		dead:     n.m.dead.WithLabelValues(c.Stream, c.Name),
 		redrive:  make(chan struct{}, 1),
 		failing:  map[int]bool{}}
-	g.readSQL = g.rowsSQL()
+	g.readSQL, g.allSQL = g.rowsSQL(), g.allRowsSQL()
 	return g, nil
 }
 
@@ -253,7 +258,7 @@ func queueView(b *pgx.Batch, stream, name string, v *grp.View, paused *bool) {
 		v.Live, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
 	})
-	b.Queue(`SELECT coalesce(p.owner, ''), p.epoch, p.pos, c.seeks, c.paused FROM weft_group_partitions p
+	b.Queue(`SELECT coalesce(p.owner, ''), p.epoch, p.pos, c.seeks, c.paused FROM weft_group_cursors p
 		JOIN weft_consumers c ON c.stream = p.stream AND c.name = p.name WHERE p.stream = $1 AND p.name = $2 ORDER BY p.partition`,
 		stream, name).Query(func(rows pgx.Rows) error {
 		var err error
@@ -268,13 +273,18 @@ func queueView(b *pgx.Batch, stream, name string, v *grp.View, paused *bool) {
 
 // take takes the partitions that are still free once locked (released,
 // or their owner's lease ran out); one a batch holds is skipped, for the
-// next round.
+// next round, and so is one whose owner's progress record a batch holds
+// (it is committing). The progress a record holds of a partition taken
+// is folded into the partition's row first.
 func (g *group) take(ctx context.Context, parts []int) error {
 	var took []grp.Locked
 	var seeks int64
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 		free, err := g.lockFree(ctx, tx, parts)
 		if err != nil || len(free) == 0 {
+			return err
+		}
+		if free, err = g.foldTaken(ctx, tx, free); err != nil || len(free) == 0 {
 			return err
 		}
 		rows, err := tx.Query(ctx, `UPDATE weft_group_partitions p SET owner = $3, epoch = p.epoch + 1, updated_at = now()
@@ -312,6 +322,73 @@ func (g *group) take(ctx context.Context, parts []int) error {
 	return nil
 }
 
+// foldTaken folds, of the partitions of free (locked), those a take may
+// take (no owner, or one whose lease ran out) out of their owners'
+// progress records, and returns them; a partition whose owner's record
+// another transaction holds is left out. A record of a member whose
+// lease ran out that lists nothing more is deleted.
+func (g *group) foldTaken(ctx context.Context, tx pgx.Tx, free []int) ([]int, error) {
+	rows, err := tx.Query(ctx, `SELECT p.partition, coalesce(p.owner, '') FROM weft_group_partitions p
+		WHERE p.stream = $1 AND p.name = $2 AND p.partition = ANY($3) AND (p.owner IS NULL OR NOT EXISTS (
+			SELECT 1 FROM weft_group_members m
+			WHERE m.stream = $1 AND m.name = $2 AND m.member = p.owner AND m.lease_until > now()))
+		ORDER BY p.partition`, g.cfg.Stream, g.cfg.Name, free)
+	if err != nil {
+		return nil, err
+	}
+	type cand struct {
+		Part  int
+		Owner string
+	}
+	cands, err := pgx.CollectRows(rows, pgx.RowToStructByPos[cand])
+	if err != nil {
+		return nil, err
+	}
+	var owners []string
+	for _, c := range cands {
+		if c.Owner != "" && !slices.Contains(owners, c.Owner) {
+			owners = append(owners, c.Owner)
+		}
+	}
+	if len(owners) == 0 {
+		free = free[:0]
+		for _, c := range cands {
+			free = append(free, c.Part)
+		}
+		return free, nil
+	}
+	slices.Sort(owners)
+	recs, blocked, err := g.lockRecords(ctx, tx, owners, false)
+	if err != nil {
+		return nil, err
+	}
+	byOwner := map[string][]int{}
+	free = free[:0]
+	for _, c := range cands {
+		if !slices.Contains(blocked, c.Owner) {
+			free = append(free, c.Part)
+			byOwner[c.Owner] = append(byOwner[c.Owner], c.Part)
+		}
+	}
+	for _, o := range owners {
+		rec, ok := recs[o]
+		if !ok {
+			continue
+		}
+		if err := g.foldOut(ctx, tx, rec, byOwner[o]); err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM weft_group_progress WHERE stream = $1 AND name = $2 AND member = $3 AND parts = '{}'`,
+			g.cfg.Stream, g.cfg.Name, o); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(owners, g.id) {
+		g.forgetProgress()
+	}
+	return free, nil
+}
+
 // release gives up the partitions no longer assigned here, but those the
 // batch in flight holds (for the next round: the batch loop runs them no
 // more).
@@ -324,6 +401,11 @@ func (g *group) release(ctx context.Context, parts []int) error {
 			return err
 		}
 		if done, err = g.lockFree(ctx, tx, parts); err != nil || len(done) == 0 {
+			return err
+		}
+		// The record's progress of them first: a batch committing through
+		// it (holding it) is not waited for; they go at the next round.
+		if done, err = g.foldOwn(ctx, tx, done, false); err != nil || len(done) == 0 {
 			return err
 		}
 		// With the cursors the member moved in memory only: the next
@@ -373,7 +455,9 @@ func (g *group) lockFree(ctx context.Context, tx pgx.Tx, parts []int) ([]int, er
 
 // leave takes the member out of its group: first (early) its lease, with
 // the partitions no batch holds, so the others take them at their next
-// read; once the batch in flight has ended, whatever it still owns.
+// read; once the batch in flight has ended, whatever it still owns. Its
+// progress record is folded into the partitions it releases; the late
+// leave deletes it.
 func (g *group) leave(ctx context.Context, early bool) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
@@ -394,15 +478,35 @@ func (g *group) leave(ctx context.Context, early bool) {
 		if early {
 			skip = " SKIP LOCKED"
 		}
+		rows, err := tx.Query(ctx, `SELECT partition FROM weft_group_partitions WHERE stream = $1 AND name = $2 AND owner = $3
+			ORDER BY partition FOR UPDATE`+skip, g.cfg.Stream, g.cfg.Name, g.id)
+		if err != nil {
+			return err
+		}
+		mine, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil || len(mine) == 0 {
+			return err
+		}
+		// Early, a batch committing through the record is not waited for:
+		// the member's partitions move once its lease is found gone.
+		if mine, err = g.foldOwn(ctx, tx, mine, !early); err != nil || len(mine) == 0 {
+			return err
+		}
 		// With the cursors the member moved in memory only (see release).
 		// Joined, not a subquery per partition: with thousands owned, a
 		// lookup of each in the arrays took longer than the leave's second.
-		_, err = tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(), pos = greatest(p.pos, coalesce(l.pos, p.pos))
-			FROM (SELECT o.partition, u.pos FROM (SELECT partition FROM weft_group_partitions
-					WHERE stream = $1 AND name = $2 AND owner = $3 ORDER BY partition FOR UPDATE`+skip+`) AS o
+		if _, err = tx.Exec(ctx, `UPDATE weft_group_partitions p SET owner = NULL, updated_at = now(), pos = greatest(p.pos, coalesce(l.pos, p.pos))
+			FROM (SELECT o.partition, u.pos FROM unnest($6::int[]) AS o(partition)
 				LEFT JOIN unnest($4::int[], $5::bigint[]) AS u(part, pos) ON u.part = o.partition) AS l
 			WHERE p.stream = $1 AND p.name = $2 AND p.partition = l.partition AND p.owner = $3`,
-			g.cfg.Stream, g.cfg.Name, g.id, owned, pos)
+			g.cfg.Stream, g.cfg.Name, g.id, owned, pos, mine); err != nil {
+			return err
+		}
+		if early {
+			return nil
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM weft_group_progress WHERE stream = $1 AND name = $2 AND member = $3 AND parts = '{}'`,
+			g.cfg.Stream, g.cfg.Name, g.id)
 		return err
 	})
 	if err != nil {
@@ -410,6 +514,24 @@ func (g *group) leave(ctx context.Context, early bool) {
 		g.n.log.Warn("weft: a group member could not leave its group; its partitions move when its lease runs out",
 			"stream", g.cfg.Stream, "consumer", g.cfg.Name, "err", err)
 	}
+}
+
+// foldOwn folds the member's progress record into those of parts it
+// lists (their rows locked), and returns parts; none when the record is
+// held by another transaction and wait is false (the member's batch is
+// committing through it).
+func (g *group) foldOwn(ctx context.Context, tx pgx.Tx, parts []int, wait bool) ([]int, error) {
+	recs, blocked, err := g.lockRecords(ctx, tx, []string{g.id}, wait)
+	if err != nil || len(blocked) > 0 {
+		return nil, err
+	}
+	if rec, ok := recs[g.id]; ok && len(rec.parts) > 0 {
+		g.forgetProgress()
+		if err := g.foldOut(ctx, tx, rec, parts); err != nil {
+			return nil, err
+		}
+	}
+	return parts, nil
 }
 
 // kick wakes the batch loop.

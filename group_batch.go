@@ -41,6 +41,49 @@ ORDER BY r.id`,
 		id, t, st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)))
 }
 
+// allRowsSQL reads the rows of a batch of a member that runs every partition
+// from one cursor: a single consumer's read (batchSQL, whole positions),
+// each row with its key ($4). No row is left out, so the member computes
+// the partitions (group.Partition) rather than the server, which would
+// hash every row's key in SQL.
+func (g *group) allRowsSQL() string {
+	st := g.st
+	id, t := st.ident(st.IDColumn), st.ident(st.Table)
+	return fmt.Sprintf(`SELECT %[1]s, %[2]s, %[3]s::text, coalesce(%[3]s->>$4, '') FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= least($2,
+	(SELECT max(%[1]s) FROM (SELECT %[1]s FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $3) AS l))
+ORDER BY %[1]s`, id, st.ident(st.WriterColumn), st.ident(st.DataColumn), t)
+}
+
+// readAll is readRows for a member that runs every partition from lo
+// (allRowsSQL).
+func (g *group) readAll(ctx context.Context, lo, upto int64) ([]Row, []int, int64, error) {
+	q, err := g.n.pool.Query(ctx, g.allSQL, lo, upto, g.cfg.MaxBatch, g.cfg.Key)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	var rows []Row
+	var parts []int
+	for q.Next() {
+		var r Row
+		var data, key string
+		if err := q.Scan(&r.Pos, &r.Writer, &data, &key); err != nil {
+			q.Close()
+			return nil, nil, 0, err
+		}
+		r.Stream, r.Data = g.cfg.Stream, []byte(data)
+		rows = append(rows, r)
+		parts = append(parts, grp.Partition(key, g.parts))
+	}
+	if err := q.Err(); err != nil {
+		return nil, nil, 0, err
+	}
+	next := upto
+	if len(rows) >= g.cfg.MaxBatch {
+		next = rows[len(rows)-1].Pos
+	}
+	return rows, parts, next, nil
+}
+
 // maxWindow bounds the stream rows one batch reads to find its own
 // (rowsSQL). When the partitions run share one cursor (as they do once
 // running: a batch moves them all), a member that runs run of them finds
@@ -58,6 +101,9 @@ const maxWindow = 10_000
 func (g *group) readRows(ctx context.Context, cur []grp.Cursor, lo, upto int64, after []int64) ([]Row, []int, int64, error) {
 	window := maxWindow
 	if !slices.ContainsFunc(cur, func(c grp.Cursor) bool { return c.Pos != lo }) {
+		if len(cur) == g.parts {
+			return g.readAll(ctx, lo, upto)
+		}
 		window = min(maxWindow, g.cfg.MaxBatch*g.parts/max(len(cur), 1))
 	}
 	window = max(window, g.cfg.MaxBatch)
@@ -159,41 +205,21 @@ func (g *group) batches(ctx context.Context) {
 	}
 }
 
-// cursorSlack is how far a partition's stored cursor may fall behind
-// what its member knows of it before a batch writes it though no row of
-// the batch falls in it: the cost of a partition no row comes to is one
-// write per cursorSlack positions, and a member that takes it over reads
-// at most that far again (finding nothing of it to apply).
-const cursorSlack = 100_000
-
-// retainedSlack is cursorSlack for a stream with a Retention: its
-// pruning stops at the lowest stored cursor, so a partition no row comes
-// to holds back at most this many positions more than the retention asks.
-const retainedSlack = 1_000
-
-// slack is how far this group's idle partitions' stored cursors may lag.
-func (g *group) slack() int64 {
-	if g.st.Retention.set() {
-		return retainedSlack
-	}
-	return cursorSlack
-}
-
 // batch runs one batch over the partitions of cur: it reads their rows
 // after each one's cursor up to upto (about MaxBatch, whole positions)
-// under no lock, then in one transaction locks the partitions those rows
-// fall in, in partition order, runs those the member still holds (the
-// fence), applies their rows and moves their cursors.
+// under no lock, then in one transaction that holds the group's row
+// (fence) applies them and moves the cursors of every partition of cur
+// to where the read ended: those the rows fall in and the others alike
+// (no row of theirs lies in the range read).
 //
 // The rows are read first because the server waits on this process while
 // it sends them: a process stopped or cut off then must hold no lock the
 // other members wait for. The transaction sends only small answers (and
 // the server's idle-in-transaction timeout ends it if the process stops
-// inside it). Only the partitions the rows fall in are locked and
-// written: the others owned have no row in the batch's range, so every
-// row of theirs up to its end is applied; the member moves their cursors
-// in memory, and writes one only when it falls cursorSlack behind, or
-// when the partition is released.
+// inside it). While the member runs the partitions its progress record
+// lists, the transaction writes that one row, whatever the partitions
+// the rows fall in (fastBatch); otherwise it locks the partitions' rows
+// and writes the record anew (settleBatch).
 func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	// Not cancelled by Close: a batch begun is finished (or rolled back by
 	// its own error), so Close does not leave its effects half applied.
@@ -211,178 +237,90 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	if err != nil {
 		return fmt.Errorf("read rows after %d: %w", lo, err)
 	}
-	touched := make(map[int]bool, len(rows))
+	var touched []int
 	for _, p := range parts {
-		touched[p] = true
-	}
-	g.mu.Lock()
-	stored := g.m.LastView().Partitions
-	g.mu.Unlock()
-	var lock []int
-	var untouched []grp.Cursor
-	for _, c := range cur {
-		switch p := c.Partition; {
-		case touched[p]:
-			lock = append(lock, p)
-		case p < len(stored) && next-stored[p].Pos >= g.slack():
-			lock = append(lock, p)
-			fallthrough
-		default:
-			untouched = append(untouched, c)
+		if !slices.Contains(touched, p) {
+			touched = append(touched, p)
 		}
 	}
-	slices.Sort(lock)
-	var run []grp.Cursor
-	var applied int
-	if len(lock) > 0 && g.anyFailing(lock) {
+	slices.Sort(touched)
+	seeks := cur[0].Seeks
+	if len(touched) > 0 && g.anyFailing(touched) {
 		// A partition's failing position is due: each partition on its
-		// own, so that another attempt at it holds back no other.
-		if err := g.isolate(ctx, cur[0].Seeks, lock, rows, parts, after, next); err != nil {
+		// own, so that another attempt at it holds back no other. Those
+		// its cursors move are not the record's: the next batch settles.
+		g.forgetProgress()
+		if err := g.isolate(ctx, seeks, touched, rows, parts, after, next); err != nil {
 			return err
 		}
-		lock = nil
+		g.mu.Lock()
+		g.m.Committed(untouchedOf(cur, touched), next) // none of the rows read fell in them
+		g.mu.Unlock()
+		return nil
 	}
-	if len(lock) > 0 {
-		// Each transaction first holds the group's row (fence): a pause
-		// or seek waits for it, and one before it stops it.
-		seeks := cur[0].Seeks
+	g.mu.Lock()
+	prog := g.prog
+	g.mu.Unlock()
+	var run []grp.Cursor
+	var applied int
+	err = errFenceMoved
+	if prog.known && slices.Equal(prog.parts, partsOf(cur)) {
+		if applied, err = g.fastBatch(ctx, seeks, cur, rows, next, prog.gen); err == nil {
+			run = cur
+		}
+	}
+	if errors.Is(err, errFenceMoved) {
+		var gen int64
 		err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 			err := g.fence(ctx, tx, seeks)
 			if err == nil {
-				run, applied, err = g.applyHeld(ctx, tx, cur, lock, rows, after, next)
+				run, applied, gen, err = g.settleBatch(ctx, tx, cur, rows, parts, after, next)
 			}
 			return err
 		})
-		if errors.Is(err, errFenceMoved) {
-			err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-				err := g.fence(ctx, tx, seeks)
-				if err == nil {
-					run, applied, err = g.apply(ctx, tx, lock, rows, parts, after, next)
-				}
-				return err
-			})
-		}
-		var ae *applyError
-		if errors.As(err, &ae) {
-			// The function failed: each partition on its own, so that
-			// only the failing one waits.
-			err = g.isolate(ctx, seeks, lock, rows, parts, after, next)
-			run = nil
-		}
-		if err != nil {
+		g.mu.Lock()
+		g.prog = progress{known: err == nil, gen: gen, parts: partsOf(run)}
+		g.mu.Unlock()
+	}
+	var ae *applyError
+	if errors.As(err, &ae) {
+		// The function failed: each partition on its own, so that only
+		// the failing one waits.
+		g.forgetProgress()
+		if err := g.isolate(ctx, seeks, touched, rows, parts, after, next); err != nil {
 			return err
 		}
+		g.mu.Lock()
+		g.m.Committed(untouchedOf(cur, touched), next)
+		g.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		if !errors.Is(err, errPaused) {
+			g.forgetProgress() // a commit's answer may be lost
+		}
+		return err
 	}
 	g.mu.Lock()
 	g.m.Committed(run, next)
-	g.m.Committed(untouched, next) // none of the rows read fell in them
 	g.mu.Unlock()
 	g.rows.Add(float64(applied))
 	return nil
 }
 
-// errFenceMoved: a partition a batch locked was not as the member held
-// it (taken, or its cursor moved since the rows were read).
-var errFenceMoved = errors.New("a partition moved since the batch read its rows")
-
-// applyHeld is a batch's transaction as it nearly always goes: apply
-// every row read, then move the cursors of lock to next in one statement
-// that is also the fence (each still owned by the member, at the epoch it
-// holds it, its cursor where the rows were read from). If any is not, it
-// returns errFenceMoved and the transaction rolls back, effects and all;
-// apply then runs the batch under the locks first.
-func (g *group) applyHeld(ctx context.Context, tx pgx.Tx, cur []grp.Cursor, lock []int, rows []Row, after []int64, next int64) ([]grp.Cursor, int, error) {
-	run := make([]grp.Cursor, 0, len(lock))
-	epochs, froms := make([]int64, 0, len(lock)), make([]int64, 0, len(lock))
+// untouchedOf is the cursors of cur whose partitions are not in touched
+// (sorted).
+func untouchedOf(cur []grp.Cursor, touched []int) []grp.Cursor {
+	var out []grp.Cursor
 	for _, c := range cur {
-		if _, ok := slices.BinarySearch(lock, c.Partition); ok {
-			run = append(run, c)
-			epochs, froms = append(epochs, c.Epoch), append(froms, after[c.Partition])
+		if _, ok := slices.BinarySearch(touched, c.Partition); !ok {
+			out = append(out, c)
 		}
 	}
-	if len(rows) > 0 {
-		if err := g.cfg.Apply(ctx, tx, rows); err != nil {
-			return nil, 0, &applyError{from: rows[0].Pos, to: rows[len(rows)-1].Pos, err: err}
-		}
-	}
-	parts := make([]int, len(run))
-	for i, c := range run {
-		parts[i] = c.Partition
-	}
-	tag, err := tx.Exec(ctx, `UPDATE weft_group_partitions p SET pos = greatest(p.pos, $7), updated_at = now()
-		FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS u(part, epoch, after)
-		WHERE p.stream = $1 AND p.name = $2 AND p.partition = ANY($3) AND p.partition = u.part AND p.owner = $6 AND p.epoch = u.epoch
-			AND p.pos <= u.after`,
-		g.cfg.Stream, g.cfg.Name, parts, epochs, froms, g.id, next)
-	switch {
-	case err != nil:
-		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", parts, next, err)
-	case tag.RowsAffected() != int64(len(lock)):
-		return nil, 0, errFenceMoved
-	}
-	if err := g.clearAttempts(ctx, tx, parts, next); err != nil {
-		return nil, 0, err
-	}
-	return run, len(rows), nil
+	return out
 }
 
-// apply is a batch's transaction: lock the partitions of lock, run those
-// the member still holds (Fence), apply the rows read that fall in them
-// and lie above their locked cursors, and move their cursors to next. It
-// returns the partitions run and the rows applied.
-func (g *group) apply(ctx context.Context, tx pgx.Tx, lock []int, rows []Row, parts []int, after []int64, next int64) ([]grp.Cursor, int, error) {
-	// In partition order, so batches of two members never deadlock.
-	q, err := tx.Query(ctx, `SELECT partition, coalesce(owner, ''), epoch, pos FROM weft_group_partitions
-		WHERE stream = $1 AND name = $2 AND partition = ANY($3) ORDER BY partition FOR UPDATE`, g.cfg.Stream, g.cfg.Name, lock)
-	if err != nil {
-		return nil, 0, fmt.Errorf("lock partitions %v: %w", lock, err)
-	}
-	locked, err := pgx.CollectRows(q, func(r pgx.CollectableRow) (grp.Locked, error) {
-		var l grp.Locked
-		err := r.Scan(&l.Partition, &l.Owner, &l.Epoch, &l.Pos)
-		return l, err
-	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("lock partitions %v: %w", lock, err)
-	}
-	g.mu.Lock()
-	run, lost := g.m.Fence(locked)
-	g.mu.Unlock()
-	if len(lost) > 0 {
-		g.handover.WithLabelValues("lost").Add(float64(len(lost)))
-		g.n.log.Warn("weft: a group member's partitions were taken over (its lease ran out); it runs them no more",
-			"stream", g.cfg.Stream, "consumer", g.cfg.Name, "partitions", lost)
-	}
-	if len(run) == 0 {
-		return nil, 0, nil
-	}
-	// A row is applied if its partition runs and it lies above the locked
-	// cursor (one moved since the rows were read: a commit of this
-	// member's whose answer was lost, or another member's before a
-	// handover). Rows at or below the cursor the rows were read after are
-	// applied already (the member's memory holds only what was applied).
-	from := make(map[int]int64, len(run))
-	ran := make([]int, len(run))
-	for i, c := range run {
-		from[c.Partition], ran[i] = max(c.Pos, after[c.Partition]), c.Partition
-	}
-	var batch []Row
-	for i, r := range rows {
-		if f, ok := from[parts[i]]; ok && r.Pos > f {
-			batch = append(batch, r)
-		}
-	}
-	if len(batch) > 0 {
-		if err := g.cfg.Apply(ctx, tx, batch); err != nil {
-			return nil, 0, &applyError{from: batch[0].Pos, to: batch[len(batch)-1].Pos, err: err}
-		}
-	}
-	if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = greatest(pos, $4), updated_at = now()
-		WHERE stream = $1 AND name = $2 AND partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, ran, next); err != nil {
-		return nil, 0, fmt.Errorf("move the cursors of %v to %d: %w", ran, next, err)
-	}
-	if err := g.clearAttempts(ctx, tx, ran, next); err != nil {
-		return nil, 0, err
-	}
-	return run, len(batch), nil
-}
+// errFenceMoved: the member's progress record was not as it last wrote
+// it (a partition taken or released, a seek, a commit whose answer was
+// lost): the batch settles.
+var errFenceMoved = errors.New("a partition moved since the batch read its rows")

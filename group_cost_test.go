@@ -15,32 +15,44 @@ import (
 	"github.com/weft-dev/weft/wefttest"
 )
 
-// A group batch's bookkeeping costs the partitions its rows fall in, not
-// those its member owns: a member owning 1,024 partitions applies 200
-// rows of 50 keys with at most one partition-row update per row.
-func TestGroupBatchUpdatesOnlyTouchedPartitions(t *testing.T) {
-	const parts, rows, users = 1024, 200, 50
+// A group batch writes one row of bookkeeping (its member's progress
+// record), whatever the partitions its rows fall in: a member owning
+// 1,024 partitions applies a backlog of 400 rows of 400 keys, 20 rows a
+// batch (about 20 partitions each), with at most about one write to the
+// partition and progress tables a batch.
+func TestGroupBatchWritesOneRow(t *testing.T) {
+	const parts, rows, users = 1024, 400, 400
+	ctx := context.Background()
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := sentTable(t, db)
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
 	m := member(t, db, rds, "m", parts)
 	wefttest.Eventually(t, 30*time.Second, func() bool { return balanced(m.Status(), 1) }, "the member does not own every partition: %+v", m.Status().Groups)
+	// A backlog, so that batches are full: paused while it is written.
+	if err := m.PauseConsumer(ctx, "notices", "mailer"); err != nil {
+		t.Fatal(err)
+	}
 	// Counted from here: every partition is taken.
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE part_updates (at timestamptz NOT NULL DEFAULT now());
-		CREATE FUNCTION count_part_update() RETURNS trigger LANGUAGE plpgsql AS $$
-			BEGIN INSERT INTO part_updates DEFAULT VALUES; RETURN NULL; END $$;
-		CREATE TRIGGER count_part_update AFTER UPDATE ON weft_group_partitions FOR EACH ROW EXECUTE FUNCTION count_part_update()`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE bookkeeping (tbl text NOT NULL);
+		CREATE FUNCTION count_bookkeeping() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN INSERT INTO bookkeeping VALUES (TG_TABLE_NAME); RETURN NULL; END $$;
+		CREATE TRIGGER count_part_update AFTER UPDATE ON weft_group_partitions FOR EACH ROW EXECUTE FUNCTION count_bookkeeping();
+		CREATE TRIGGER count_progress_write AFTER INSERT OR UPDATE ON weft_group_progress FOR EACH ROW EXECUTE FUNCTION count_bookkeeping()`); err != nil {
 		t.Fatal(err)
 	}
 	appendNotices(t, w, 0, rows, users)
-	checkSent(t, db, pool)
-	var updates int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM part_updates`).Scan(&updates); err != nil {
+	if err := m.ResumeConsumer(ctx, "notices", "mailer"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d partition-row updates for %d rows, %d partitions owned", updates, rows, parts)
-	if updates > rows {
-		t.Fatalf("%d partition-row updates for %d rows of %d keys: the batches rewrote partitions they did not touch (%d owned)", updates, rows, users, parts)
+	checkSent(t, db, pool)
+	var partWrites, progWrites, batches int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE tbl = 'weft_group_partitions'), count(*) FILTER (WHERE tbl = 'weft_group_progress'),
+		(SELECT count(DISTINCT xmin::text) FROM sent) FROM bookkeeping`).Scan(&partWrites, &progWrites, &batches); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d batches of %d rows of %d keys, %d partitions owned: %d partition-row and %d progress-row writes", batches, rows, users, parts, partWrites, progWrites)
+	if batches < rows/20 || partWrites+progWrites > batches+2 {
+		t.Fatalf("%d partition-row and %d progress-row writes for %d batches: a batch's bookkeeping follows the partitions its rows fall in", partWrites, progWrites, batches)
 	}
 }
 
@@ -80,7 +92,7 @@ func (s *statements) count(sql string) {
 	case strings.Contains(q, `from "notices" `):
 		kind = "read"
 	case q == "begin" || q == "commit" || q == "rollback",
-		strings.Contains(q, "weft_group_partitions"), strings.Contains(q, "weft_consumers"):
+		strings.Contains(q, "weft_group_partitions"), strings.Contains(q, "weft_group_progress"), strings.Contains(q, "weft_consumers"):
 		kind = "batch"
 	}
 	s.mu.Lock()

@@ -109,8 +109,12 @@ func (g *group) lockPart(ctx context.Context, tx pgx.Tx, seeks int64, p int) (c 
 		return c, false, err
 	}
 	var l grp.Locked
-	if err := tx.QueryRow(ctx, `SELECT partition, coalesce(owner, ''), epoch, pos FROM weft_group_partitions
-		WHERE stream = $1 AND name = $2 AND partition = $3 FOR UPDATE`, g.cfg.Stream, g.cfg.Name, p).Scan(
+	// The true cursor: its row's, or its owner's progress record's when
+	// that lists it and is ahead. (A take skips this row while it is
+	// locked; no batch of this member's runs meanwhile.)
+	if err := tx.QueryRow(ctx, `SELECT p.partition, coalesce(p.owner, ''), p.epoch, greatest(p.pos, (SELECT r.pos FROM weft_group_progress r
+			WHERE r.stream = p.stream AND r.name = p.name AND r.member = p.owner AND p.partition = ANY(r.parts)))
+		FROM weft_group_partitions p WHERE p.stream = $1 AND p.name = $2 AND p.partition = $3 FOR UPDATE OF p`, g.cfg.Stream, g.cfg.Name, p).Scan(
 		&l.Partition, &l.Owner, &l.Epoch, &l.Pos); err != nil {
 		return c, false, fmt.Errorf("lock partition %d: %w", p, err)
 	}
@@ -255,7 +259,7 @@ func (g *group) loadHolds(ctx context.Context, took []grp.Locked) {
 		parts[i] = l.Partition
 	}
 	rows, err := g.n.pool.Query(ctx, `SELECT a.partition, CASE WHEN a.pos > p.pos THEN extract(epoch FROM a.next_at - now())::float8 ELSE 0 END
-		FROM weft_consumer_attempts a JOIN weft_group_partitions p USING (stream, name, partition)
+		FROM weft_consumer_attempts a JOIN weft_group_cursors p USING (stream, name, partition)
 		WHERE a.stream = $1 AND a.name = $2 AND a.partition = ANY($3)`, g.cfg.Stream, g.cfg.Name, parts)
 	if err == nil {
 		type hold struct {

@@ -110,7 +110,62 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
 		t.Fatal(err)
 	}
-	if want, applied := append(want, users[2]), committed(); !slices.Equal(applied, want) {
+	want = append(want, users[2])
+	if applied := committed(); !slices.Equal(applied, want) {
+		t.Fatalf("applied %v; want %v", applied, want)
+	}
+
+	// The fence through the progress record: the member's batches now
+	// commit by writing its record alone. Its lease runs out, another
+	// member takes every partition (folding the record into them), and the
+	// member's next batch, from its stale view, commits nothing.
+	g.mu.Lock()
+	prog := g.prog
+	g.mu.Unlock()
+	if !prog.known || len(prog.parts) != parts {
+		t.Fatalf("the member's progress record as it knows it: %+v; want one of its %d partitions", prog, parts)
+	}
+	reached := g.st.gen.ComputedUpto()
+	for _, u := range users {
+		ids, err := n.Append(ctx, "notices", map[string]string{"user": u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ids[0]
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return g.st.gen.ComputedUpto() >= last }, "persisted-upto behind %d", last)
+	if _, err := n.pool.Exec(ctx, `UPDATE weft_group_members SET lease_until = now() - interval '1 second' WHERE member = $1`, g.id); err != nil {
+		t.Fatal(err)
+	}
+	o, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.id, o.m = "other", grp.NewMember("other", "notices/mailer", parts)
+	var oRenewed time.Time
+	if err := o.step(ctx, &oRenewed); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.m.Owned(); len(got) != parts {
+		t.Fatalf("the other member took %v; want all %d", got, parts)
+	}
+	var lowest int64
+	if err := n.pool.QueryRow(ctx, `SELECT min(pos) FROM weft_group_partitions WHERE name = 'mailer'`).Scan(&lowest); err != nil || lowest < reached {
+		t.Fatalf("the lowest partition row's cursor %d (%v) once taken; want the record's progress, at least %d, folded in", lowest, err, reached)
+	}
+	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
+		t.Fatal(err)
+	}
+	if applied := committed(); !slices.Equal(applied, want) {
+		t.Fatalf("applied %v; want %v (the member's partitions were all taken over)", applied, want)
+	}
+	if got := g.m.Owned(); len(got) != 0 {
+		t.Fatalf("the member still owns %v", got)
+	}
+	if err := o.batch(ctx, o.m.Batch(), o.st.gen.ComputedUpto()); err != nil {
+		t.Fatal(err)
+	}
+	if want, applied := append(want, users...), committed(); !slices.Equal(applied, want) {
 		t.Fatalf("applied %v; want %v", applied, want)
 	}
 }

@@ -91,7 +91,7 @@ func (s Stream) pruneBoundSQL() string {
 		CASE WHEN $3 > 0 THEN coalesce((SELECT %[1]s - 1 FROM %[2]s ORDER BY %[1]s DESC OFFSET $3 - 1 LIMIT 1), 0) ELSE 0 END),
 	coalesce((SELECT min(pos) FROM (
 		SELECT pos FROM weft_consumers WHERE stream = $1 AND partitions IS NULL
-		UNION ALL SELECT pos FROM weft_group_partitions WHERE stream = $1) AS c), 9223372036854775807),
+		UNION ALL SELECT pos FROM weft_group_cursors WHERE stream = $1) AS c), 9223372036854775807),
 	coalesce((SELECT upto FROM stream_persisted WHERE stream = $1), 0))`, id, t)
 }
 

@@ -56,7 +56,7 @@ func TestRetentionKeepsWhatConsumersNeed(t *testing.T) {
 	appendRows(t, w, "logs", 20, 280, 4, row)
 	awaitAppliedOnce(t, pool, "fast", 300)
 	var held int64 // the group's lowest partition cursor
-	if err := pool.QueryRow(ctx, `SELECT min(pos) FROM weft_group_partitions WHERE stream = 'logs' AND name = 'slow'`).Scan(&held); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT min(pos) FROM weft_group_cursors WHERE stream = 'logs' AND name = 'slow'`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.Prune(ctx, "logs"); err != nil {
@@ -202,7 +202,7 @@ func TestRetentionIdlePartitionsKeepUp(t *testing.T) {
 	}
 	var lowest int64
 	wefttest.Eventually(t, 30*time.Second, func() bool {
-		_ = pool.QueryRow(context.Background(), `SELECT min(pos) FROM weft_group_partitions WHERE name = 'g'`).Scan(&lowest)
+		_ = pool.QueryRow(context.Background(), `SELECT min(pos) FROM weft_group_cursors WHERE name = 'g'`).Scan(&lowest)
 		return lowest >= head-1000-100
 	}, "the lowest partition cursor stored is %d with every row up to %d applied: idle partitions hold pruning back", lowest, head)
 }
