@@ -263,7 +263,7 @@ func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err e
 	g.setPaused(paused)
 	g.handover.WithLabelValues("lost").Add(float64(len(lost)))
 	if len(lost) > 0 {
-		g.n.log.Warn("weft: a group member lost partitions it did not release (its lease ran out)", "stream", g.cfg.Stream,
+		g.n.log.Warn("weft: a group member lost partitions it did not release (its lease ran out, or the others took it for dead)", "stream", g.cfg.Stream,
 			"consumer", g.cfg.Name, "partitions", lost)
 	}
 	if len(take) > 0 {
