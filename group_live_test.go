@@ -65,9 +65,14 @@ func (l *logRecorder) count(part string) int {
 
 func newLiveRig(t *testing.T, lease time.Duration) *liveRig {
 	t.Helper()
+	return newLiveRigOn(t, testenv.NewDatabase(t), lease)
+}
+
+func newLiveRigOn(t *testing.T, db string, lease time.Duration) *liveRig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	db, rds := testenv.NewDatabase(t), testenv.StartRedis(t)
+	rds := testenv.StartRedis(t)
 	r := &liveRig{t: t, ctx: ctx, logs: &logRecorder{}, parts: 16}
 	n, err := Open(ctx, Config{Name: "w", DatabaseURL: db, RedisURL: rds.URL(), Insecure: true, AnnounceInterval: 100 * time.Millisecond,
 		LeaseTTL: lease, Streams: []Stream{{Name: "notices"}}, Writes: []string{"notices"}, Logger: slog.New(r.logs)})
@@ -276,6 +281,42 @@ func TestLivenessSessionCutWhileTheMemberRuns(t *testing.T) {
 	}
 	if !r.logs.saw("taken for dead by the others") || !r.logs.saw("lost partitions") && !r.logs.saw("were taken over") {
 		t.Fatalf("b never said it was taken for dead, or never lost a partition for it: %q", r.logs.msgs)
+	}
+	r.check()
+}
+
+// A PostgreSQL restart under load ends every session, liveness ones too:
+// no member is taken for dead for it (a look on the new server forgets
+// the locks seen on the old one), both take their locks again, the group
+// is balanced again and every row is applied once.
+func TestDatabaseRestartTakesNoMemberForDead(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	r := newLiveRigOn(t, pg.NewDatabase(t), 10*time.Second)
+	a, b := r.member("a-member"), r.member("b-member")
+	balanced := func() bool {
+		o := r.owners()
+		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
+	}
+	testenv.Eventually(t, 30*time.Second, balanced, "not balanced: %v", r.owners())
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 && b.g.live.watched.Load() == 1 }, "the members never saw each other's liveness locks")
+	epochs := func() (sum int64) {
+		_ = r.n.pool.QueryRow(r.ctx, `SELECT sum(epoch) FROM weft_group_partitions WHERE name = 'mailer'`).Scan(&sum)
+		return sum
+	}
+	before := epochs()
+	for range 2 {
+		pg.Kill(t)
+		pg.Start(t)
+		testenv.Eventually(t, 30*time.Second, func() bool { return r.n.pool.Ping(r.ctx) == nil }, "the database did not come back")
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return a.g.live.held.Load() && b.g.live.held.Load() && a.g.live.watched.Load() == 1 && b.g.live.watched.Load() == 1
+		}, "the members never took their locks again, or never saw each other's")
+	}
+	testenv.Eventually(t, 30*time.Second, balanced, "not balanced after the restarts: %v", r.owners())
+	wrote := r.wrote.Load()
+	testenv.Eventually(t, 30*time.Second, func() bool { return r.wrote.Load() > wrote+200 }, "the writes did not go on after the restarts")
+	if n := r.logs.count("its liveness session is gone"); n > 0 || epochs() != before {
+		t.Fatalf("%d members taken for dead for the restarts; epochs %d, were %d (a partition moved)", n, epochs(), before)
 	}
 	r.check()
 }
