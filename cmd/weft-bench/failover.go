@@ -34,18 +34,129 @@ const (
 )
 
 func measureFailover(ctx context.Context, e *benchEnv) ([]Sample, error) {
-	seen, err := memberKill(ctx, e, true)
-	if err != nil {
-		return nil, fmt.Errorf("liveness: %w", err)
+	const group = "Failover: kill -9 under load, default 10 s lease"
+	var out []Sample
+	for _, m := range []struct {
+		id, name string
+		kill     func(context.Context, *benchEnv, bool) (time.Duration, error)
+	}{
+		{"failover.writer_kill", "a writer: persisted-upto past its head on every reader, s (raw: the lease only)", writerKill},
+		{"failover.member_kill", "a group member's partitions owned again, s (raw: the lease only)", memberKill},
+	} {
+		seen, err := m.kill(ctx, e, true)
+		if err != nil {
+			return nil, fmt.Errorf("%s, liveness: %w", m.id, err)
+		}
+		leased, err := m.kill(ctx, e, false)
+		if err != nil {
+			return nil, fmt.Errorf("%s, lease only: %w", m.id, err)
+		}
+		e.log.Info("failover", "figure", m.id, "liveness_s", seen.Seconds(), "lease_only_s", leased.Seconds())
+		out = append(out, Sample{ID: m.id, Group: group, Name: m.name, Unit: "s", Weft: seen.Seconds(), Raw: leased.Seconds(), HasRaw: true,
+			Goal: &Goal{Kind: GoalAtMost, Value: 1.5}})
 	}
-	leased, err := memberKill(ctx, e, false)
-	if err != nil {
-		return nil, fmt.Errorf("lease only: %w", err)
+	return out, nil
+}
+
+// writerKill runs one kill of a writer: a writer process of its own
+// (the benchmark's binary in its hidden "writer" mode) and one in this
+// process append steadily, a third node reads; the first is killed with
+// SIGKILL and the figure is the time until persisted-upto on both
+// readers passed the stream's sequence at the kill. Sealers look for
+// dead writers (live) or seal by the lease only (SealDead negative).
+func writerKill(ctx context.Context, e *benchEnv, live bool) (time.Duration, error) {
+	what, sealDead := "failover-writer-lease", -time.Nanosecond
+	if live {
+		what, sealDead = "failover-writer-live", 0
 	}
-	e.log.Info("failover", "member_seen_s", seen.Seconds(), "member_lease_only_s", leased.Seconds())
-	return []Sample{{ID: "failover.member_kill", Group: "Failover: kill -9 under load, default 10 s lease",
-		Name: "a group member's partitions owned again, s (raw: the lease only)", Unit: "s",
-		Weft: seen.Seconds(), Raw: leased.Seconds(), HasRaw: true, Goal: &Goal{Kind: GoalAtMost, Value: 1.5}}}, nil
+	g, err := newGroupEnvSealing(ctx, e, what, sealDead)
+	if err != nil {
+		return 0, err
+	}
+	defer g.Close()
+	reader, err := weft.Open(ctx, g.config(e, what, "reader"))
+	if err != nil {
+		return 0, err
+	}
+	g.nodes = append(g.nodes, reader) // Close closes it
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command(self, "writer", "-db", g.db.URL, "-redis", e.redisURL, "-cluster", e.cluster(what), "-name", "victim")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start the writer: %w", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	wctx, stopWriting := context.WithCancel(ctx)
+	wrote := make(chan error, 1)
+	go func() { wrote <- g.writeSteadily(wctx) }()
+	defer func() { stopWriting(); <-wrote }()
+	if err := waitFor(ctx, 60*time.Second, "the writer process writing", func() (bool, error) {
+		var n int64
+		err := g.pool.QueryRow(ctx, `SELECT count(*) FROM weft_writers w WHERE name = 'victim' AND NOT sealed AND EXISTS (SELECT 1 FROM jobs)`).Scan(&n)
+		return err == nil && n > 0, nil
+	}); err != nil {
+		return 0, err
+	}
+	// Long enough for the sealers to have seen its liveness lock, and for
+	// it to have written under load.
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(2 * time.Second):
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return 0, err
+	}
+	killed := time.Now()
+	var head int64
+	if err := g.pool.QueryRow(ctx, `SELECT last_value FROM jobs_seq`).Scan(&head); err != nil {
+		return 0, err
+	}
+	if err := waitFor(ctx, 60*time.Second, "persisted-upto past the dead writer's head", func() (bool, error) {
+		return g.writer.Generator("jobs").ComputedUpto() >= head && reader.Generator("jobs").ComputedUpto() >= head, nil
+	}); err != nil {
+		return 0, err
+	}
+	return time.Since(killed), nil
+}
+
+// writerMain is the hidden "writer" mode: a writer of stream jobs,
+// appending failoverRate/2 rows a second until killed or interrupted.
+func writerMain(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("writer", flag.ContinueOnError)
+	db := fs.String("db", "", "database URL")
+	rds := fs.String("redis", "", "Redis URL")
+	cluster := fs.String("cluster", "", "cluster name")
+	name := fs.String("name", "w", "process name")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	n, err := weft.Open(ctx, weft.Config{Name: *name, DatabaseURL: *db, RedisURL: *rds, Cluster: *cluster, Secret: benchSecret,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Streams: []weft.Stream{{Name: "jobs"}}, Writes: []string{"jobs"}, SealExpired: -1})
+	if err != nil {
+		return err
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for i := 0; ctx.Err() == nil; i++ {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			rows := make([]any, failoverRate/2/50)
+			for j := range rows {
+				rows[j] = map[string]any{"user": fmt.Sprintf("@w%d:bench", i*len(rows)+j)}
+			}
+			if _, err := n.Append(ctx, "jobs", rows...); err != nil && ctx.Err() == nil {
+				return errors.Join(err, n.Close())
+			}
+		}
+	}
+	return n.Close()
 }
 
 // memberKill runs one kill: members with liveness locks or without, and

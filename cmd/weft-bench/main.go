@@ -58,6 +58,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "writer" { // a writer for the failover measurement (failover.go)
+		if err := writerMain(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weft-bench writer:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "member" { // a group member for the failover measurement (failover.go)
 		if err := memberMain(ctx, os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "weft-bench member:", err)
