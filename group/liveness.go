@@ -1,6 +1,9 @@
 package group
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Look is one look at the liveness of a group's other live members: each
 // member holds a lock on a database session of its own for as long as
@@ -45,8 +48,7 @@ type Watch struct {
 // was absent for grace.
 func NewWatch(grace time.Duration) *Watch { return &Watch{grace: grace} }
 
-// Observe takes in a look and returns the members it finds dead, in no
-// order. A member found dead stays so at the next looks until it is gone
+// Observe takes in a look and returns the members it finds dead, sorted. A member found dead stays so at the next looks until it is gone
 // from them (its lease expired) or its lock is back.
 func (w *Watch) Observe(l Look) (dead []string) {
 	if !l.Server.Equal(w.server) {
@@ -69,6 +71,7 @@ func (w *Watch) Observe(l Look) (dead []string) {
 		}
 	}
 	w.seen = next // a member gone from the looks is forgotten
+	slices.Sort(dead)
 	return dead
 }
 

@@ -88,7 +88,6 @@ func (s *sim) watched(m *simMember, l Look, next func(int64)) bool {
 	if len(dead) == 0 || s.cfg.ignoreDeath {
 		return false
 	}
-	slices.Sort(dead)
 	s.call(m, stmtTimeout, func(answer func(func())) {
 		expired := false
 		for _, id := range dead {
