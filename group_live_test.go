@@ -331,3 +331,35 @@ func TestDatabaseRestartTakesNoMemberForDead(t *testing.T) {
 	}
 	r.check()
 }
+
+// A liveness session ended five times under load while its member runs
+// (a connection reset): the member takes its lock again on a new session
+// at once, each time; whether or not the other took it for dead
+// meanwhile, no row is applied twice and the group is balanced again.
+func TestLivenessSessionEndedBriefly(t *testing.T) {
+	r := newLiveRig(t, 10*time.Second)
+	a, b := r.member("a-member"), r.member("b-member")
+	balanced := func() bool {
+		o := r.owners()
+		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
+	}
+	testenv.Eventually(t, 30*time.Second, balanced, "not balanced: %v", r.owners())
+	for round := range 5 {
+		testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 }, "round %d: a does not see b's liveness lock", round)
+		var pid int
+		if err := r.n.pool.QueryRow(r.ctx, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'weft member b-member %'`).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.n.pool.Exec(r.ctx, `SELECT pg_terminate_backend($1, 5000)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			var back bool
+			_ = r.n.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'weft member b-member %' AND pid <> $1)`, pid).Scan(&back)
+			return back && b.g.live.held.Load()
+		}, "round %d: b never took its lock again", round)
+	}
+	testenv.Eventually(t, 30*time.Second, balanced, "not balanced after the resets: %v", r.owners())
+	t.Logf("b taken for dead %d times in 5 resets", r.logs.count("its liveness session is gone"))
+	r.check()
+}
