@@ -102,7 +102,9 @@ type Config struct {
 	// also looks for writers whose process ended (their liveness session
 	// is gone: killed, crashed) and seals them without waiting for their
 	// lease [250ms; at least 50ms]. Negative: never, the lease only (a
-	// transaction-mode pooler between writers and PostgreSQL).
+	// transaction-mode pooler between writers and PostgreSQL); it also
+	// turns off the consumer group members' liveness locks, so a dead
+	// member's partitions wait for its lease.
 	SealDead time.Duration
 	// HeartbeatInterval: the process announces itself this often; one not
 	// heard from for three is forgotten [5s; at least 100ms].

@@ -65,6 +65,7 @@ type group struct {
 	attempts, dead prometheus.Counter
 	redrive        chan struct{} // a retry of a dead letter was asked for
 	deadLetters    atomic.Int64  // the group's, stored, as last read
+	live           liveness      // its liveness lock and the watch over the others' (group_live.go)
 
 	mu sync.Mutex
 	m  *grp.Member
@@ -134,6 +135,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		dead:     n.m.dead.WithLabelValues(c.Stream, c.Name),
 		redrive:  make(chan struct{}, 1),
 		failing:  map[int]bool{}}
+	g.live.watch = grp.NewWatch(memberGrace)
 	g.readSQL, g.allSQL = g.rowsSQL(), g.allRowsSQL()
 	return g, nil
 }
@@ -159,8 +161,11 @@ func (n *Node) analyzePartitions(ctx context.Context) {
 
 // run is the member until ctx ends: then it leaves the group at once (its
 // partitions, but those of its batch in flight, are free to take), lets
-// the batch in flight commit, and releases the rest.
+// the batch in flight commit, and releases the rest. It holds its
+// liveness lock from before its first round until it has left.
 func (g *group) run(ctx context.Context) {
+	stopLiveness := g.runLiveness(ctx)
+	defer stopLiveness()
 	var wg sync.WaitGroup
 	wg.Go(func() { g.batches(ctx) })
 	g.membership(ctx)
@@ -170,7 +175,9 @@ func (g *group) run(ctx context.Context) {
 }
 
 // membership renews the member's lease, reads the group, and takes and
-// releases partitions, every groupPoll until ctx ends. A failed round is
+// releases partitions, every groupPoll until ctx ends, and at once again
+// after a round that expired a dead member (to take its partitions) or
+// found this one taken for dead (to join again). A failed round is
 // logged once and tried again at the next; the batches go on meanwhile
 // (the fence in each batch is what keeps them right).
 func (g *group) membership(ctx context.Context) {
@@ -179,7 +186,7 @@ func (g *group) membership(ctx context.Context) {
 	var renewed time.Time
 	failing := false
 	for {
-		err := g.step(ctx, &renewed)
+		again, err := g.step(ctx, &renewed)
 		switch {
 		case err != nil && ctx.Err() == nil && !failing:
 			g.n.log.Warn("weft: a group member cannot reach its group; it keeps what it has, and its batches find out what it lost",
@@ -189,6 +196,9 @@ func (g *group) membership(ctx context.Context) {
 			g.n.log.Info("weft: a group member reaches its group again", "stream", g.cfg.Stream, "consumer", g.cfg.Name)
 			failing = false
 		}
+		if again && ctx.Err() == nil {
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -197,10 +207,12 @@ func (g *group) membership(ctx context.Context) {
 	}
 }
 
-// step is one round: renew the lease when a third of it has passed and
-// read the group in one round trip, then take and release what the Member
-// plans.
-func (g *group) step(ctx context.Context, renewed *time.Time) error {
+// step is one round: renew the lease when a third of it has passed, read
+// the group and look at the other members' liveness locks in one round
+// trip, expire the members found dead, then take and release what the
+// Member plans. again: round again at once (a member was expired, or
+// this one found itself taken for dead).
+func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err error) {
 	lease := g.n.cfg.LeaseTTL
 	ctx, cancel := context.WithTimeout(ctx, max(lease/3, time.Second))
 	defer cancel()
@@ -219,12 +231,34 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 	var v grp.View
 	var paused bool
 	queueView(b, g.cfg.Stream, g.cfg.Name, &v, &paused)
+	var look grp.Look
+	if g.liveOn() {
+		g.queueLook(b, &look)
+	}
 	// One implicit transaction: the lease and the view are of one moment.
 	if err := g.n.pool.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("renew and read: %w", err)
+		if g.liveOn() {
+			g.observeLook(nil, err)
+		}
+		return false, fmt.Errorf("renew and read: %w", err)
 	}
 	if renew {
 		*renewed = sent
+	} else if time.Since(*renewed) < lease && !slices.Contains(v.Live, g.id) {
+		g.takenForDead()
+		*renewed = time.Time{}
+		return true, nil
+	}
+	if g.liveOn() {
+		if dead := g.observeLook(&look, nil); len(dead) > 0 {
+			gone, err := g.expireDead(ctx, dead)
+			if err != nil {
+				return false, err
+			}
+			if len(gone) > 0 {
+				return true, nil // read the group again, without them
+			}
+		}
 	}
 	g.mu.Lock()
 	lost := g.m.Observe(v)
@@ -233,18 +267,18 @@ func (g *group) step(ctx context.Context, renewed *time.Time) error {
 	g.setPaused(paused)
 	g.handover.WithLabelValues("lost").Add(float64(len(lost)))
 	if len(lost) > 0 {
-		g.n.log.Warn("weft: a group member lost partitions it did not release (its lease ran out)", "stream", g.cfg.Stream,
+		g.n.log.Warn("weft: a group member lost partitions it did not release (its lease ran out, or the others took it for dead)", "stream", g.cfg.Stream,
 			"consumer", g.cfg.Name, "partitions", lost)
 	}
 	if len(take) > 0 {
 		if err := g.take(ctx, take); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if len(release) > 0 {
-		return g.release(ctx, release)
+		return false, g.release(ctx, release)
 	}
-	return nil
+	return false, nil
 }
 
 // queueView queues the reads of a group's view into v: the live members

@@ -123,7 +123,7 @@ func (g *group) lockPart(ctx context.Context, tx pgx.Tx, seeks int64, p int) (c 
 	g.mu.Unlock()
 	if len(lost) > 0 {
 		g.handover.WithLabelValues("lost").Add(float64(len(lost)))
-		g.n.log.Warn("weft: a group member's partitions were taken over (its lease ran out); it runs them no more",
+		g.n.log.Warn("weft: a group member's partitions were taken over (its lease ran out, or the others took it for dead); it runs them no more",
 			"stream", g.cfg.Stream, "consumer", g.cfg.Name, "partitions", lost)
 	}
 	if len(run) == 0 {

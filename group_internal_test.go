@@ -62,7 +62,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	var renewed time.Time
-	if err := g.step(ctx, &renewed); err != nil {
+	if _, err := g.step(ctx, &renewed); err != nil {
 		t.Fatal(err)
 	}
 	if got := g.m.Owned(); len(got) != parts {
@@ -104,7 +104,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatalf("the member still owns %v", got)
 	}
 	// "other" has no lease: the member takes it back, at a new epoch.
-	if err := g.step(ctx, &renewed); err != nil {
+	if _, err := g.step(ctx, &renewed); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
@@ -143,7 +143,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 	}
 	o.id, o.m = "other", grp.NewMember("other", "notices/mailer", parts)
 	var oRenewed time.Time
-	if err := o.step(ctx, &oRenewed); err != nil {
+	if _, err := o.step(ctx, &oRenewed); err != nil {
 		t.Fatal(err)
 	}
 	if got := o.m.Owned(); len(got) != parts {

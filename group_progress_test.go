@@ -41,7 +41,7 @@ func TestGroupBatchAfterLostCommitAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var renewed time.Time
-	if err := g.step(ctx, &renewed); err != nil {
+	if _, err := g.step(ctx, &renewed); err != nil {
 		t.Fatal(err)
 	}
 	appendUsers := func(from, count int) {

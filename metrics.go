@@ -64,6 +64,8 @@ func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ownedDesc
 	ch <- deadDesc
 	ch <- pausedDesc
+	ch <- livenessHeldDesc
+	ch <- watchedDesc
 }
 
 func (l *lagCollector) Collect(ch chan<- prometheus.Metric) {

@@ -97,6 +97,8 @@ type groupEnv struct {
 	writer *weft.Node
 	nodes  []*weft.Node
 	what   string // the measurement's cluster name (benchEnv.cluster)
+	// sealDead is every node's Config.SealDead (failover.go).
+	sealDead time.Duration
 }
 
 func (g *groupEnv) Close() error {
@@ -114,11 +116,16 @@ func (g *groupEnv) Close() error {
 }
 
 func newGroupEnv(ctx context.Context, e *benchEnv, what string) (*groupEnv, error) {
+	return newGroupEnvSealing(ctx, e, what, 0)
+}
+
+// newGroupEnvSealing is newGroupEnv with every node's Config.SealDead.
+func newGroupEnvSealing(ctx context.Context, e *benchEnv, what string, sealDead time.Duration) (*groupEnv, error) {
 	db, err := createDatabase(ctx, e.adminURL, 4, e.syncCommit, false)
 	if err != nil {
 		return nil, err
 	}
-	g := &groupEnv{db: db, what: what}
+	g := &groupEnv{db: db, what: what, sealDead: sealDead}
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		return nil, errors.Join(err, g.Close())
@@ -135,7 +142,7 @@ func newGroupEnv(ctx context.Context, e *benchEnv, what string) (*groupEnv, erro
 
 func (g *groupEnv) config(e *benchEnv, what, name string) weft.Config {
 	cfg := weft.Config{Name: name, Database: g.pool, RedisURL: e.redisURL, Cluster: e.cluster(what), Secret: benchSecret,
-		Logger: e.nodeLog, Streams: []weft.Stream{{Name: "jobs"}}}
+		Logger: e.nodeLog, Streams: []weft.Stream{{Name: "jobs"}}, SealDead: g.sealDead}
 	if name == "writer" {
 		cfg.Writes = []string{"jobs"}
 	}

@@ -58,6 +58,20 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "writer" { // a writer for the failover measurement (failover.go)
+		if err := writerMain(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weft-bench writer:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "member" { // a group member for the failover measurement (failover.go)
+		if err := memberMain(ctx, os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weft-bench member:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "scale" { // the scale curves (scale.go)
 		redis.SetLogger(quietRedis{})
 		if err := scaleMain(ctx, os.Args[2:]); err != nil {
@@ -240,6 +254,7 @@ func measurements() []measurement {
 		{"longpoll", 3 * time.Minute, measureLongPoll},
 		{"groups", 4 * time.Minute, measureGroups},
 		{"consumers", 2 * time.Minute, measureConsumers},
+		{"failover", 3 * time.Minute, measureFailover},
 	}
 }
 

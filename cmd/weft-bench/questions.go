@@ -53,6 +53,13 @@ waiting. An idle long-poll should cost a write nothing.`},
 members, a handler that waits 5 ms a row, against N times one member's rate (linear).
 Bookkeeping: a handler that does nothing; a group's one member against a single plain consumer,
 and the difference of their 1/rate as the cost per row, at 64 and at 1,024 partitions.`},
+	"failover": {"Failover", `A process killed with SIGKILL under load, with the default 10 s lease.
+A writer: a writer process of its own (250 rows/s) and one in the benchmark's process (500 rows/s) append
+to one stream; the time from the kill until persisted-upto on both readers has passed the
+stream's sequence at the kill. A group member: three members (processes of their own) split a
+stream a writer appends 500 rows/s to; the time from the kill until every partition the dead
+member owned is owned by another. weft: liveness locks the others watch; raw: without them
+(` + "`Config.SealDead`" + ` negative), the lease alone. Seconds: lower is better.`},
 	"consumers": {"Consumer latency", `One process appends 1,000 rows/s and runs a Follower and a
 durable Consumer of the stream, with an announce interval of 3 s. Each row carries the time of
 its Append: append -> handled for the Follower (raw), append -> applied for the Consumer (weft).

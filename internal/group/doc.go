@@ -17,6 +17,12 @@
 // a member that lost a partition, however stale its view, never commits
 // for it again.
 //
+// A member's death is also seen directly: each holds a lock on a
+// database session of its own while it runs, and [Watch] decides from
+// successive looks at the others' locks which died (seen held, then gone
+// for a grace), so that their leases can be expired early; a take still
+// fences as for a lease that ran out.
+//
 // [Member] is a pure state machine: views, takes, releases and the rows
 // read under a batch's locks go in, decisions come out. It does no I/O,
 // keeps no clock and starts no goroutine, so the protocol is simulated

@@ -10,6 +10,18 @@ import (
 // The simulation's checks (see sim_test.go) and its dump of a failing
 // seed.
 
+// lease is a member's lease; a member renews it when a third has
+// passed, and the server ends a transaction idle for half of it.
+func (s *sim) lease() int64 {
+	if s.cfg.lease > 0 {
+		return s.cfg.lease
+	}
+	return leaseTTL
+}
+
+// deathBound: a dead member's partitions are owned again within.
+func (s *sim) deathBound() int64 { return s.lease() + 1000 }
+
 // checkCommit: the committer owns every partition it commits for, at the
 // epoch of its take, and every row it applies is the next of its key.
 func (s *sim) checkCommit(m *simMember, run []Cursor, rows []simRow) {
@@ -64,10 +76,10 @@ func (s *sim) checkCoverage() {
 		if _, ok := s.left[p]; ok && !anyone {
 			s.left[p] = s.Now
 		}
-		if !s.faults && s.Now < s.cfg.faultsFor+deathBound {
+		if !s.faults && s.Now < s.cfg.faultsFor+s.deathBound() {
 			continue // the members just reconnected or restarted
 		}
-		if from := max(s.since[p], s.lastLoss); s.Now-from > deathBound {
+		if from := max(s.since[p], s.lastLoss); s.Now-from > s.deathBound() {
 			s.Failf("partition %d has had no running owner since %dms (owner %q, last death at %dms)", p, s.since[p], pt.Owner, s.lastLoss)
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/weft-dev/weft/internal/simtest"
 )
@@ -21,7 +22,9 @@ import (
 // transaction, until the server's idle-in-transaction timeout ends them),
 // a member cut off from PostgreSQL (its statements get no answer; the
 // server ends its idle transactions the same way), lost answers (a COMMIT
-// that committed reads as failed), graceful leaves and joins. Everything
+// that committed reads as failed), graceful leaves and joins, and the
+// members' liveness locks (sim_live_test.go: dropped by a kill, kept by a
+// stop, reset under a running member: a false signal). Everything
 // random comes from the seed and every map is walked in sorted order, so a
 // seed replays exactly.
 //
@@ -36,7 +39,8 @@ import (
 //     death, and one released by a graceful leave within 1 s (unless a
 //     member that cannot take it is live by its lease meanwhile, so that
 //     it may be assigned to it, or an answer is lost: then within the
-//     bound after a death);
+//     bound after a death), and a killed member's, once another saw its
+//     liveness lock, within 1.5 s (checkKilled);
 //
 // and at the end, with the faults stopped, that every row was applied,
 // every partition is owned by the member the assignment names, and nothing
@@ -48,6 +52,9 @@ type simConfig struct {
 	broken               breakage // a broken member the simulation must catch
 	noIdleTimeout        bool     // the server never ends a transaction left idle
 	fullToTop            bool     // a full batch moves its cursors to the window's top, past rows it did not read
+	lease                int64    // a member's lease, ms (0: leaseTTL)
+	ignoreDeath          bool     // members never expire one whose liveness lock went (sim_live_test.go)
+	stealOnSignal        bool     // a member found dead has its partitions taken at once, not by the take
 }
 
 var defaultSim = simConfig{faultsFor: 4000, settleFor: 5000}
@@ -56,15 +63,12 @@ const (
 	simPartitions = 8
 	simKeys       = 24
 	maxMembers    = 5
-	leaseTTL      = 1000         // ms
-	pollEvery     = 250          // ms between a member's reads of the group
-	renewAfter    = leaseTTL / 3 // a member renews its lease when this old
-	idleTimeout   = leaseTTL / 2 // the server ends a transaction idle this long
-	stmtTimeout   = 200          // a membership statement with no answer fails
-	batchTimeout  = 3000         // a batch statement with no answer fails
+	leaseTTL      = 1000 // ms, unless simConfig.lease says
+	pollEvery     = 250  // ms between a member's reads of the group
+	stmtTimeout   = 200  // a membership statement with no answer fails
+	batchTimeout  = 3000 // a batch statement with no answer fails
 	maxBatch      = 10
-	deathBound    = leaseTTL + 1000 // a dead member's partitions are owned again within
-	leaveBound    = 1000            // a leaving member's partitions are owned again within
+	leaveBound    = 1000 // a leaving member's partitions are owned again within
 )
 
 type simRow struct {
@@ -99,7 +103,9 @@ type simMember struct {
 	held               []func() // its events, frozen by SIGSTOP
 	lastRenew          int64    // when the last renewal that succeeded was sent; -1 never
 	stepping, batching bool
-	idle               bool // the batch loop waits for rows or partitions
+	idle               bool   // the batch loop waits for rows or partitions
+	locked             bool   // it holds its liveness lock (sim_live_test.go)
+	watch              *Watch // its watch over the others' locks
 }
 
 type sim struct {
@@ -125,11 +131,13 @@ type sim struct {
 	lastLost   int64         // the last time an answer was lost
 	since      map[int]int64 // partition -> since when it has had no running owner
 	left       map[int]int64 // partition -> when a graceful leave released it
+	orphans    map[int]orphan
 	stats      simStats
 }
 
 type simStats struct {
 	rows, commits, kills, pauses, cuts, leaves, joins, takes, releases, lostAnswers, idleKills, fenced int
+	resets, longResets, expired, falseDeaths, fastKills                                                int
 }
 
 func (st *simStats) add(o simStats) {
@@ -145,18 +153,25 @@ func (st *simStats) add(o simStats) {
 	st.lostAnswers += o.lostAnswers
 	st.idleKills += o.idleKills
 	st.fenced += o.fenced
+	st.resets += o.resets
+	st.longResets += o.longResets
+	st.expired += o.expired
+	st.falseDeaths += o.falseDeaths
+	st.fastKills += o.fastKills
 }
 
 func (st simStats) String() string {
 	return fmt.Sprintf("%d rows, %d commits, %d kills, %d stops, %d cuts, %d leaves, %d joins, %d takes, %d releases, "+
-		"%d answers lost, %d transactions ended idle, %d partitions fenced off a batch",
-		st.rows, st.commits, st.kills, st.pauses, st.cuts, st.leaves, st.joins, st.takes, st.releases, st.lostAnswers, st.idleKills, st.fenced)
+		"%d answers lost, %d transactions ended idle, %d partitions fenced off a batch, %d liveness sessions reset (%d past the grace), "+
+		"%d members expired by their liveness lock (%d running), %d partitions of killed members taken within %dms",
+		st.rows, st.commits, st.kills, st.pauses, st.cuts, st.leaves, st.joins, st.takes, st.releases, st.lostAnswers, st.idleKills, st.fenced,
+		st.resets, st.longResets, st.expired, st.falseDeaths, st.fastKills, killBound)
 }
 
 func newSim(seed uint64, cfg simConfig) *sim {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0x67726f7570)), label: fmt.Sprintf("s%d/g", seed%89),
 		leases: map[string]int64{}, byKey: map[string][]int64{}, applied: map[string]int{},
-		since: map[int]int64{}, left: map[int]int64{}}
+		since: map[int]int64{}, left: map[int]int64{}, orphans: map[int]orphan{}}
 	for range simPartitions {
 		s.parts = append(s.parts, &simPart{})
 	}
@@ -227,7 +242,8 @@ func (s *sim) Run() []string {
 	s.After(s.cfg.faultsFor, s.heal)
 	for s.Next(end) {
 		s.checkCoverage()
-		if !s.faults && s.Now > s.cfg.faultsFor+deathBound && s.Now-s.moves > 1500 && s.allApplied() {
+		s.checkKilled()
+		if !s.faults && s.Now > s.cfg.faultsFor+s.deathBound() && s.Now-s.moves > 1500 && s.allApplied() {
 			break
 		}
 	}
@@ -276,19 +292,21 @@ func (s *sim) chaos() {
 	if len(run) > 0 {
 		m = run[s.rng.IntN(len(run))]
 	}
-	switch r := s.rng.IntN(12); {
+	switch r := s.rng.IntN(13); {
 	case r < 2 && m != nil:
 		s.kill(m)
 		s.After(100+int64(s.rng.IntN(1500)), s.restart)
 	case r < 4 && m != nil && !m.paused:
-		s.pause(m, 100+int64(s.rng.IntN(3*leaseTTL)))
+		s.pause(m, 100+int64(s.rng.IntN(int(3*s.lease()))))
 	case r < 6 && m != nil && !m.cut:
-		s.cutOff(m, 100+int64(s.rng.IntN(2*leaseTTL)))
+		s.cutOff(m, 100+int64(s.rng.IntN(int(2*s.lease()))))
 	case r < 8 && m != nil:
 		s.leave(m)
 		s.After(200+int64(s.rng.IntN(1000)), s.restart)
 	case r < 9 && len(run) < maxMembers:
 		s.join()
+	case r < 10 && m != nil:
+		s.resetSession(m)
 	default:
 		s.lossy = !s.lossy
 	}
@@ -323,6 +341,8 @@ func (s *sim) join() {
 	m := &simMember{id: fmt.Sprintf("m%02d", s.names), running: true, lastRenew: -1, idle: true}
 	m.node = NewMember(m.id, s.label, simPartitions)
 	m.node.broken = s.cfg.broken
+	m.watch = NewWatch(livenessGrace * time.Millisecond)
+	s.takeLock(m, s.rtt())
 	s.members = append(s.members, m)
 	s.stats.joins++
 	s.at(m, int64(s.rng.IntN(pollEvery)), func() { s.step(m) })
@@ -330,6 +350,7 @@ func (s *sim) join() {
 
 func (s *sim) kill(m *simMember) {
 	s.stats.kills++
+	s.killed(m)
 	m.running = false
 	s.lastLoss = s.Now
 	for _, tx := range s.openTxs(m) {
@@ -361,6 +382,7 @@ func (s *sim) cutOff(m *simMember, d int64) {
 	s.stats.cuts++
 	m.cut = true
 	s.lastLoss = s.Now
+	s.cutLock(m, d)
 	s.After(d, func() { m.cut = false })
 }
 
@@ -409,30 +431,43 @@ func (s *sim) step(m *simMember) {
 	if m.leaving {
 		return
 	}
-	next := func() {
+	again := func(d int64) { // d < 0: at the next poll
 		m.stepping = false
-		s.at(m, pollEvery-10+int64(s.rng.IntN(20)), func() { s.step(m) })
+		if d < 0 {
+			d = pollEvery - 10 + int64(s.rng.IntN(20))
+		}
+		s.at(m, d, func() { s.step(m) })
 	}
+	next := func() { again(-1) }
 	if m.stepping {
 		return
 	}
 	m.stepping = true
-	renew := m.lastRenew < 0 || s.Now-m.lastRenew >= renewAfter
+	renew := m.lastRenew < 0 || s.Now-m.lastRenew >= s.lease()/3
 	sent := s.Now
 	s.call(m, stmtTimeout, func(answer func(func())) {
 		if renew {
-			s.leases[m.id] = s.Now + leaseTTL
+			s.leases[m.id] = s.Now + s.lease()
 		}
-		v := s.view()
+		v, look := s.view(), s.look(m)
 		answer(func() {
 			if renew {
 				m.lastRenew = sent
+			} else if s.takenForDead(m, v) {
+				again(0)
+				return
+			}
+			if s.watched(m, look, again) {
+				return
 			}
 			s.observe(m, v)
 			take, release := m.node.Plan()
 			s.takeAndRelease(m, take, release, next)
 		})
-	}, next)
+	}, func() {
+		m.watch.Failed()
+		next()
+	})
 }
 
 func (s *sim) view() View {
@@ -699,14 +734,14 @@ func (s *sim) lockNext(tx *simTx) {
 }
 
 // answered marks tx idle in its transaction from now: the server ends it
-// after idleTimeout unless its next statement arrives first.
+// after half the lease unless its next statement arrives first.
 func (s *sim) answered(tx *simTx) {
 	tx.idleSince = s.Now
 	if s.cfg.noIdleTimeout {
 		return
 	}
 	at := s.Now
-	s.After(idleTimeout, func() {
+	s.After(s.lease()/2, func() {
 		if !tx.ended && tx.idleSince == at {
 			s.stats.idleKills++
 			s.end(tx)
