@@ -244,6 +244,13 @@ func TestSyncAnswersAreBoundedInBytes(t *testing.T) {
 			t.Fatal("paging does not end")
 		}
 		code, b, err := getBody(ctx, srv.url()+"/v1/sync?since="+url.QueryEscape(tok)+"&timeout_ms=0")
+		for try := 0; err != nil && try < 5; try++ {
+			// The 2 s write timeout that cut the non-reader off above
+			// also cuts a page whose answer a starved host (load 38)
+			// did not finish in time: the client asks again, as any does.
+			t.Logf("page %d: %v; asking again", page, err)
+			code, b, err = getBody(ctx, srv.url()+"/v1/sync?since="+url.QueryEscape(tok)+"&timeout_ms=0")
+		}
 		if err != nil || code != 200 {
 			t.Fatalf("page %d: %d %.200s %v", page, code, b, err)
 		}

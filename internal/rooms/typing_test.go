@@ -44,7 +44,8 @@ func (n *typingNode) Reset(k core.Key) { n.live.Reset(k.Stream, k.Writer) }
 // settled waits until the node has delivered every change written.
 func (n *typingNode) settled(t testing.TB) *typingNode {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, func() bool { return n.node.View(typingKey) >= n.e.Position() },
+	// 60 s: 20,000 puts reached the view 16,259 deep after 10 s at load 38.
+	testenv.Eventually(t, 60*time.Second, func() bool { return n.node.View(typingKey) >= n.e.Position() },
 		"typing view %d, written %d", n.node.View(typingKey), n.e.Position())
 	return n
 }
