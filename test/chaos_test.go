@@ -187,7 +187,7 @@ func (ch *chaos) run(name string, fault func(ch *chaos)) {
 	for g := range 6 {
 		loadWG.Go(func() { ch.w.writer(loadCtx, t, g, ch.targets) })
 	}
-	testenv.Eventually(t, 30*time.Second, func() bool { return ch.w.ackedCount() >= 200 }, "no load before the fault")
+	testenv.Eventually(t, 60*time.Second, func() bool { return ch.w.ackedCount() >= 200 }, "no load before the fault") // 60 s as loadFor: 171 in 30 s at load 38
 
 	start := time.Now()
 	fault(ch)

@@ -11,7 +11,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -27,10 +31,30 @@ var given struct {
 
 // Next returns a port of 127.0.0.1 that was free a moment ago and that
 // none of the last Remembered calls returned. Another process may still
-// take it before the caller binds it.
+// take it before the caller binds it, but only by naming it too: Next
+// picks below the kernel's ephemeral range (ip_local_port_range), which
+// outgoing connections and binds of port 0 draw from. (A port from that
+// range, handed to a process started later, was taken by some other
+// process's connection first under .ci/run: "bind: address already in
+// use".)
 func Next() (int, error) {
 	given.Lock()
 	defer given.Unlock()
+	if lo, hi, ok := belowEphemeral(); ok {
+		for range 100 {
+			port := lo + rand.IntN(hi-lo+1)
+			if given.set[port] {
+				continue
+			}
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				continue // taken
+			}
+			l.Close()
+			remember(port)
+			return port, nil
+		}
+	}
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -45,6 +69,24 @@ func Next() (int, error) {
 		return port, nil
 	}
 	return 0, errors.New("freeport: the kernel offered only ports handed out already, 100 times")
+}
+
+// belowEphemeral is the range Next picks from: from 10000 up to the
+// start of the ephemeral range, when that leaves at least 1,000 ports.
+func belowEphemeral() (lo, hi int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0, false
+	}
+	start, err := strconv.Atoi(f[0])
+	if err != nil || start-1 < 11000 {
+		return 0, 0, false
+	}
+	return 10000, start - 1, true
 }
 
 // Listen listens on a port of 127.0.0.1 that none of the last Remembered
