@@ -87,3 +87,40 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("good message: %d %s, forwarded %v %q %q", w.Code, w.Body, ok, key, task.Kind)
 	}
 }
+
+// TestRecomputeIsAnOperatorsRoute: recompute runs in its writer's shared
+// commit, so a client must not loop it. The client API does not serve it;
+// AdminRoutes serve it behind the bearer secret, and nothing is forwarded
+// without it.
+func TestRecomputeIsAnOperatorsRoute(t *testing.T) {
+	const room, secret = "!r:x", "admin-s3cret"
+	fwd := &fakeForwarder{}
+	s := NewService(Config{EventsForwarder: fwd, TypingForwarder: fwd, TypingWriter: "master", Live: NewLive(), AdminSecret: secret})
+	client, admin := http.NewServeMux(), http.NewServeMux()
+	s.Routes(client)
+	s.AdminRoutes(admin)
+	call := func(h http.Handler, auth string) int {
+		r := apiRequest("POST", []string{"v1", "rooms", room, "recompute"}, "")
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := call(client, "Bearer "+secret); code != http.StatusNotFound {
+		t.Fatalf("the client API answered recompute %d, want 404", code)
+	}
+	for _, auth := range []string{"", "Bearer wrong", "Basic " + secret} {
+		if code := call(admin, auth); code != http.StatusUnauthorized {
+			t.Fatalf("recompute with %q: %d, want 401", auth, code)
+		}
+		if _, task, ok := fwd.last(); ok {
+			t.Fatalf("recompute with %q forwarded %s", auth, task.Kind)
+		}
+	}
+	code := call(admin, "Bearer "+secret)
+	if key, task, ok := fwd.last(); code != http.StatusServiceUnavailable || !ok || key != room || task.Kind != KindRecompute {
+		t.Fatalf("recompute with the secret: %d, forwarded %v %q %q", code, ok, key, task.Kind)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/weft-dev/weft/catchup"
 	"github.com/weft-dev/weft/fabric"
 	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/telemetry"
 	"github.com/weft-dev/weft/shard"
 	"github.com/weft-dev/weft/streams"
@@ -40,6 +41,7 @@ type Service struct {
 	eventsFwd    Forwarder
 	typingFwd    Forwarder
 	typingWriter string
+	admin        httpx.Secret // AdminRoutes' bearer
 	log          *slog.Logger
 	visible      time.Duration
 	closeCtx     context.Context // done after Close: long-polls answer now
@@ -109,6 +111,9 @@ type Config struct {
 	// WriteTimeout bounds writing one answer of a read route: a client
 	// that does not read it by then is disconnected [DefaultWriteTimeout].
 	WriteTimeout time.Duration
+	// AdminSecret is the bearer secret AdminRoutes require ("Authorization:
+	// Bearer <AdminSecret>"); empty: none (development only).
+	AdminSecret string
 }
 
 // NewService builds the client API.
@@ -121,7 +126,7 @@ func NewService(cfg Config) *Service {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}
 	s := &Service{pool: cfg.Pool, reads: cfg.Reads, events: cfg.Events, node: cfg.Node, live: cfg.Live,
-		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout}
+		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, admin: httpx.NewSecret(cfg.AdminSecret), log: log, visible: cfg.VisibleTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())
 	s.polls.max = int64(cfg.MaxLongPolls)
 	s.answers = answerGate{slots: make(chan struct{}, cmp.Or(max(cfg.MaxAnswers, 0), DefaultMaxAnswers))}
@@ -139,10 +144,18 @@ func (s *Service) Close() { s.close() }
 func (s *Service) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/rooms/{room}/messages", s.postMessage)
 	mux.HandleFunc("PUT /v1/rooms/{room}/state/{key}", s.putState)
-	mux.HandleFunc("POST /v1/rooms/{room}/recompute", s.recompute)
 	mux.HandleFunc("GET /v1/rooms/{room}/state", s.getState)
 	mux.HandleFunc("PUT /v1/rooms/{room}/typing/{user}", s.putTyping)
 	mux.HandleFunc("GET /v1/sync", s.sync)
+}
+
+// AdminRoutes registers the operator's routes on mux, each behind the
+// bearer Config.AdminSecret: POST /v1/rooms/{room}/recompute, which
+// rebuilds a room's state inside its writer's shared commit (looped on a
+// big room, it slows every other room of that writer), so that a client
+// cannot run it.
+func (s *Service) AdminRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/rooms/{room}/recompute", s.recompute)
 }
 
 // pathParam reads a path parameter and answers 400 naming it when it does
@@ -425,6 +438,11 @@ func (s *Service) writeToken(ctx context.Context, writer string) (streams.Token,
 }
 
 func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
+	if !s.admin.Allows(r) {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong bearer secret: recompute is an operator's route"})
+		return
+	}
 	room, ok := s.room(w, r)
 	if !ok {
 		return

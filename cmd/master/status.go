@@ -31,6 +31,11 @@ type statusCmd struct {
 	JSON     bool          `name:"json" help:"Print the asked instance's /status document as JSON."`
 	Watch    bool          `name:"watch" short:"w" help:"Refresh until interrupted: in place on a terminal, one snapshot after another otherwise."`
 	Interval time.Duration `name:"interval" help:"Time between refreshes with --watch (>= 100ms)." default:"2s"`
+	// The bearer for instances run with --status-auth, read as the
+	// instances read it (the same variables), so that beside one it just
+	// works.
+	Secret     string `name:"secret" help:"Send this bearer secret: instances run with --status-auth require it (prefer --secret-file, out of ps)." env:"WEFT_SECRET"`
+	SecretFile string `name:"secret-file" help:"Read the bearer secret from this file (one line)." env:"WEFT_SECRET_FILE"`
 }
 
 // askTimeout bounds one /status request.
@@ -44,6 +49,13 @@ func (c *statusCmd) validate() error {
 		c.URL = defaultStatusURL(os.Getenv("WEFT_ADVERTISE_URL"), os.Getenv("WEFT_HTTP_ADDR"))
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
+	if c.SecretFile != "" && c.Secret == "" {
+		b, err := os.ReadFile(c.SecretFile)
+		if err != nil {
+			return fmt.Errorf("--secret-file: %w", err)
+		}
+		c.Secret = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	}
 	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
 		return fmt.Errorf("--url %q: want http(s)://host:port", redact.URL(c.URL))
 	}
@@ -103,7 +115,7 @@ func (c *statusCmd) run(ctx context.Context, o out) error {
 
 // once prints one snapshot.
 func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
-	body, st, err := fetchStatus(ctx, c.URL)
+	body, st, err := fetchStatus(ctx, c.URL, c.Secret)
 	if err != nil {
 		return err
 	}
@@ -111,10 +123,11 @@ func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
 		_, err := w.Write(body)
 		return err
 	}
-	return printCluster(w, redact.URL(c.URL), st, askPeers(ctx, st))
+	return printCluster(w, redact.URL(c.URL), st, askPeers(ctx, st, c.Secret))
 }
 
-func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error) {
+// fetchStatus asks base for its /status, with bearer if not empty.
+func fetchStatus(ctx context.Context, base, bearer string) ([]byte, server.Status, error) {
 	var st server.Status
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
@@ -125,6 +138,9 @@ func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error
 	if err != nil {
 		return nil, st, fmt.Errorf("%s: not a URL", shown)
 	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, st, fmt.Errorf("cannot reach %s/status: %s", shown, shortError(err))
@@ -133,6 +149,9 @@ func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
 		return nil, st, fmt.Errorf("ask %s: %s", shown, shortError(err))
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		return nil, st, fmt.Errorf("%s/status: %s: the instance runs with --status-auth; give its secret (--secret-file, WEFT_SECRET_FILE or WEFT_SECRET)", shown, resp.Status)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, st, fmt.Errorf("%s/status: %s", shown, resp.Status)
@@ -150,7 +169,7 @@ type peerStatus struct {
 }
 
 // askPeers asks every live peer of st for its own /status, at once.
-func askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
+func askPeers(ctx context.Context, st server.Status, bearer string) map[string]peerStatus {
 	out := map[string]peerStatus{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -159,7 +178,7 @@ func askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
 			continue
 		}
 		wg.Go(func() {
-			_, ps, err := fetchStatus(ctx, strings.TrimRight(p.URL, "/"))
+			_, ps, err := fetchStatus(ctx, strings.TrimRight(p.URL, "/"), bearer)
 			if err == nil && ps.Instance != id {
 				err = fmt.Errorf("%s is now %s", p.URL, ps.Instance)
 			}

@@ -29,7 +29,10 @@ type Config struct {
 	DatabaseURL       string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
 	DatabaseReadURL   string        `name:"database-read-url" help:"PostgreSQL streaming replica for readers' range reads (sync, catch-up); empty: the primary serves them." env:"WEFT_DATABASE_READ_URL"`
 	HTTPAddr          string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
-	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
+	AdminAddr         string        `name:"admin-addr" help:"Serve the operator's routes (recompute, the master's /_weft/v1/writers, /status, /metrics) on this address of their own, and no longer on --http-addr; empty: on --http-addr." env:"WEFT_ADMIN_ADDR"`
+	AdminWeft         bool          `name:"admin-weft" help:"With --admin-addr: serve /_weft/ (between instances) there too, and not on --http-addr; --advertise-url then defaults to http://<admin-addr>." env:"WEFT_ADMIN_WEFT"`
+	StatusAuth        bool          `name:"status-auth" help:"/status and /metrics require the bearer secret, like every /_weft/ route (default: they answer anyone who reaches their listener)." env:"WEFT_STATUS_AUTH"`
+	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr> (http://<admin-addr> with --admin-weft)." env:"WEFT_ADVERTISE_URL"`
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	SecretFile        string        `name:"secret-file" help:"Read --secret from this file (one line; a trailing newline is dropped), as Docker and Kubernetes secrets are mounted: it stays out of ps and the environment." env:"WEFT_SECRET_FILE" type:"path"`
@@ -119,6 +122,9 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		return bad("http-addr", "WEFT_HTTP_ADDR", "%q: %v", c.HTTPAddr, err)
 	}
+	if err := c.validateAdmin(); err != nil {
+		return err
+	}
 	if c.AdvertiseURL != "" {
 		u, err := url.Parse(c.AdvertiseURL)
 		switch {
@@ -140,6 +146,9 @@ func (c *Config) Validate() error {
 	}
 	if p := httpx.SecretProblem(c.Secret); p != "" {
 		return bad("secret", "WEFT_SECRET", "%s", p)
+	}
+	if c.StatusAuth && c.Secret == "" {
+		return bad("status-auth", "WEFT_STATUS_AUTH", "needs a secret (--secret or --secret-file): with --insecure there is no bearer to require")
 	}
 	if len(c.EventWriters) == 0 {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")
@@ -185,12 +194,34 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Advertise is the URL other instances use to reach this one.
+// validateAdmin checks --admin-addr and --admin-weft.
+func (c *Config) validateAdmin() error {
+	if c.AdminAddr == "" {
+		if c.AdminWeft {
+			return bad("admin-weft", "WEFT_ADMIN_WEFT", "needs --admin-addr (WEFT_ADMIN_ADDR): the listener to serve /_weft/ on")
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+		return bad("admin-addr", "WEFT_ADMIN_ADDR", "%q: %v", c.AdminAddr, err)
+	}
+	if c.AdminAddr == c.HTTPAddr {
+		return bad("admin-addr", "WEFT_ADMIN_ADDR", "%q is --http-addr too: the admin listener must be apart (leave it empty to serve everything there)", c.AdminAddr)
+	}
+	return nil
+}
+
+// Advertise is the URL other instances use to reach this one: where
+// /_weft/ is served.
 func (c *Config) Advertise() string {
 	if c.AdvertiseURL != "" {
 		return strings.TrimRight(c.AdvertiseURL, "/")
 	}
-	host, port, _ := net.SplitHostPort(c.HTTPAddr)
+	addr := c.HTTPAddr
+	if c.AdminWeft {
+		addr = c.AdminAddr
+	}
+	host, port, _ := net.SplitHostPort(addr)
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
