@@ -30,6 +30,9 @@ const (
 	DefaultWriteTimeout = 15 * time.Second
 )
 
+// defaultForwardTimeout is Config.ForwardTimeout's default.
+const defaultForwardTimeout = 15 * time.Second
+
 // answerGate holds the answers being read and written at once.
 type answerGate struct{ slots chan struct{} }
 

@@ -1,11 +1,15 @@
 package rooms
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/weft-dev/weft/shard"
 )
 
 // TestBadRequests checks that the client API answers each kind of bad input
@@ -122,5 +126,49 @@ func TestRecomputeIsAnOperatorsRoute(t *testing.T) {
 	code := call(admin, "Bearer "+secret)
 	if key, task, ok := fwd.last(); code != http.StatusServiceUnavailable || !ok || key != room || task.Kind != KindRecompute {
 		t.Fatalf("recompute with the secret: %d, forwarded %v %q %q", code, ok, key, task.Kind)
+	}
+}
+
+// blockedForwarder is an owner that never answers (a room of a writer
+// name no instance runs): it returns when the request's context ends.
+type blockedForwarder struct{}
+
+func (blockedForwarder) Do(ctx context.Context, _ string, _ shard.Task, _ string) (shard.Result, error) {
+	<-ctx.Done()
+	return shard.Result{}, ctx.Err()
+}
+
+// TestWritesHaveAServerSideDeadline: a write whose owner never answers is
+// answered 503 at ForwardTimeout, although its client would wait longer.
+func TestWritesHaveAServerSideDeadline(t *testing.T) {
+	s := NewService(Config{EventsForwarder: blockedForwarder{}, TypingForwarder: blockedForwarder{}, TypingWriter: "master",
+		Live: NewLive(), ForwardTimeout: 50 * time.Millisecond})
+	mux := http.NewServeMux()
+	s.Routes(mux)
+	s.AdminRoutes(mux)
+	for _, tc := range []struct {
+		method string
+		path   []string
+		body   string
+	}{
+		{"POST", []string{"v1", "rooms", "!r:x", "messages"}, `{"sender":"@a:x","body":"hi","txn_id":"1"}`},
+		{"PUT", []string{"v1", "rooms", "!r:x", "state", "topic"}, `{"value":1,"sender":"@a:x","txn_id":"2"}`},
+		{"PUT", []string{"v1", "rooms", "!r:x", "typing", "@a:x"}, `{"typing":true}`},
+		{"POST", []string{"v1", "rooms", "!r:x", "recompute"}, ``},
+	} {
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() {
+			w := httptest.NewRecorder()
+			mux.ServeHTTP(w, apiRequest(tc.method, tc.path, tc.body)) // the client never gives up
+			done <- w
+		}()
+		select {
+		case w := <-done:
+			if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "did not answer within") {
+				t.Errorf("%s %v: %d %s, want 503 saying it did not answer in time", tc.method, tc.path, w.Code, w.Body)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s %v: no answer after a minute", tc.method, tc.path)
+		}
 	}
 }

@@ -50,6 +50,7 @@ type Service struct {
 	answers      answerGate
 	maxBytes     int
 	writeTimeout time.Duration
+	fwdTimeout   time.Duration
 }
 
 // apiError is the JSON error body of every 4xx/5xx.
@@ -111,6 +112,11 @@ type Config struct {
 	// WriteTimeout bounds writing one answer of a read route: a client
 	// that does not read it by then is disconnected [DefaultWriteTimeout].
 	WriteTimeout time.Duration
+	// ForwardTimeout bounds a write (a message, a state event, typing, a
+	// recompute) from its arrival to its owner's answer, queueing and a
+	// hand-over's wait included: past it the client gets 503 and retries
+	// with the same txn_id safely [15 s].
+	ForwardTimeout time.Duration
 	// AdminSecret is the bearer secret AdminRoutes require ("Authorization:
 	// Bearer <AdminSecret>"); empty: none (development only).
 	AdminSecret string
@@ -132,6 +138,7 @@ func NewService(cfg Config) *Service {
 	s.answers = answerGate{slots: make(chan struct{}, cmp.Or(max(cfg.MaxAnswers, 0), DefaultMaxAnswers))}
 	s.maxBytes = cmp.Or(max(cfg.MaxAnswerBytes, 0), DefaultMaxAnswerBytes)
 	s.writeTimeout = cmp.Or(max(cfg.WriteTimeout, 0), DefaultWriteTimeout)
+	s.fwdTimeout = cmp.Or(max(cfg.ForwardTimeout, 0), defaultForwardTimeout)
 	return s
 }
 
@@ -340,7 +347,11 @@ type forwarded struct {
 //     and the retry finds it by (sender, txn_id); the owner remembers no
 //     failure, so the retry runs again instead of replaying the 500.
 func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t forwarded) (json.RawMessage, bool) {
-	res, err := f.Do(r.Context(), t.key, t.task, t.idem)
+	// A server-side deadline: a write must not wait as long as its client
+	// does (a room whose owner no instance runs waits until one does).
+	ctx, cancel := context.WithTimeout(r.Context(), s.fwdTimeout)
+	defer cancel()
+	res, err := f.Do(ctx, t.key, t.task, t.idem)
 	if err == nil && res.Err == nil {
 		return res.Value, true
 	}
@@ -363,6 +374,10 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t
 			level = slog.LevelDebug // the client left; nobody reads the answer
 		}
 		s.log.Log(r.Context(), level, "could not run a task on its owner", "kind", t.task.Kind, "key", t.key, "err", err)
+		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			unavailable(w, fmt.Sprintf("%s did not answer within %v; retry", t.owner, s.fwdTimeout))
+			return nil, false
+		}
 		unavailable(w, t.owner+" is unavailable; retry")
 	}
 	return nil, false
