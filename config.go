@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -63,6 +64,12 @@ type Config struct {
 	// ["http://" + Listen when Listen names a host]. Empty: they read
 	// what they miss from PostgreSQL instead.
 	Advertise string
+	// HTTPClient calls the other processes' catch-up endpoint (their
+	// Advertise URLs): set one whose transport trusts their certificates
+	// (and presents this process's, if they ask) when they serve HTTPS.
+	// It must not follow redirects: requests carry Secret. Nil: a client
+	// of weft's own, trusting the system's roots.
+	HTTPClient *http.Client
 	// Role is announced to the other processes, which list their peers
 	// with it ["weft"].
 	Role string

@@ -397,7 +397,7 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 	if err != nil {
 		return err
 	}
-	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, Fallback: fallback, Registerer: reg, Logger: n.log}); err != nil {
+	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, HTTPClient: n.cfg.HTTPClient, Fallback: fallback, Registerer: reg, Logger: n.log}); err != nil {
 		return err
 	}
 	n.fab, err = fabric.New(fabric.Config{

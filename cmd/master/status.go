@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +38,18 @@ type statusCmd struct {
 	// works.
 	Secret     string `name:"secret" help:"Send this bearer secret: instances run with --status-auth require it (prefer --secret-file, out of ps)." env:"WEFT_SECRET"`
 	SecretFile string `name:"secret-file" help:"Read the bearer secret from this file (one line)." env:"WEFT_SECRET_FILE"`
+	// TLS as the instances call each other: the same variables.
+	TLSCA   string `name:"tls-ca" help:"PEM CA file to trust for https:// instances (default: the system's roots)." env:"WEFT_TLS_CA"`
+	TLSCert string `name:"tls-cert" help:"PEM client certificate for instances run with --tls-client-ca, with --tls-key." env:"WEFT_TLS_CERT"`
+	TLSKey  string `name:"tls-key" help:"PEM private key of --tls-cert." env:"WEFT_TLS_KEY"`
+
+	ask asker
+}
+
+// asker asks instances for their /status.
+type asker struct {
+	hc     *http.Client
+	bearer string
 }
 
 // askTimeout bounds one /status request.
@@ -55,6 +69,28 @@ func (c *statusCmd) validate() error {
 			return fmt.Errorf("--secret-file: %w", err)
 		}
 		c.Secret = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	}
+	c.ask = asker{hc: http.DefaultClient, bearer: c.Secret}
+	if c.TLSCA != "" || c.TLSCert != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.TLSCA != "" {
+			b, err := os.ReadFile(c.TLSCA)
+			if err != nil {
+				return fmt.Errorf("--tls-ca: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(b) {
+				return fmt.Errorf("--tls-ca: %s holds no PEM certificate", c.TLSCA)
+			}
+		}
+		if c.TLSCert != "" {
+			cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+			if err != nil {
+				return fmt.Errorf("--tls-cert: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		c.ask.hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
 	}
 	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
 		return fmt.Errorf("--url %q: want http(s)://host:port", redact.URL(c.URL))
@@ -115,7 +151,7 @@ func (c *statusCmd) run(ctx context.Context, o out) error {
 
 // once prints one snapshot.
 func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
-	body, st, err := fetchStatus(ctx, c.URL, c.Secret)
+	body, st, err := c.ask.fetchStatus(ctx, c.URL)
 	if err != nil {
 		return err
 	}
@@ -123,11 +159,11 @@ func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
 		_, err := w.Write(body)
 		return err
 	}
-	return printCluster(w, redact.URL(c.URL), st, askPeers(ctx, st, c.Secret))
+	return printCluster(w, redact.URL(c.URL), st, c.ask.askPeers(ctx, st))
 }
 
-// fetchStatus asks base for its /status, with bearer if not empty.
-func fetchStatus(ctx context.Context, base, bearer string) ([]byte, server.Status, error) {
+// fetchStatus asks base for its /status, with the bearer if any.
+func (a asker) fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error) {
 	var st server.Status
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
@@ -138,10 +174,10 @@ func fetchStatus(ctx context.Context, base, bearer string) ([]byte, server.Statu
 	if err != nil {
 		return nil, st, fmt.Errorf("%s: not a URL", shown)
 	}
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
+	if a.bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+a.bearer)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := a.hc.Do(req)
 	if err != nil {
 		return nil, st, fmt.Errorf("cannot reach %s/status: %s", shown, shortError(err))
 	}
@@ -169,7 +205,7 @@ type peerStatus struct {
 }
 
 // askPeers asks every live peer of st for its own /status, at once.
-func askPeers(ctx context.Context, st server.Status, bearer string) map[string]peerStatus {
+func (a asker) askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
 	out := map[string]peerStatus{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -178,7 +214,7 @@ func askPeers(ctx context.Context, st server.Status, bearer string) map[string]p
 			continue
 		}
 		wg.Go(func() {
-			_, ps, err := fetchStatus(ctx, strings.TrimRight(p.URL, "/"), bearer)
+			_, ps, err := a.fetchStatus(ctx, strings.TrimRight(p.URL, "/"))
 			if err == nil && ps.Instance != id {
 				err = fmt.Errorf("%s is now %s", p.URL, ps.Instance)
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/pem"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -143,5 +144,28 @@ func TestStatusSendsTheSecret(t *testing.T) {
 	stderr.Reset()
 	if code := run([]string{"status", "--url", srv.URL, "--json", "--secret-file", file}, out{&stdout, &stderr}); code != 0 || !strings.Contains(stdout.String(), `"i1"`) {
 		t.Fatalf("with --secret-file: status %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestStatusOverTLS: master status trusts --tls-ca (WEFT_TLS_CA) for an
+// https:// instance, and fails without it.
+func TestStatusOverTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"instance":"i1","name":"master","role":"master"}`))
+	}))
+	defer srv.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WEFT_TLS_CA", "")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"status", "--url", srv.URL, "--json"}, out{&stdout, &stderr}); code == 0 {
+		t.Fatalf("without --tls-ca: status 0, stdout %q; want a failure (unknown authority)", stdout.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
+	if code := run([]string{"status", "--url", srv.URL, "--json", "--tls-ca", ca}, out{&stdout, &stderr}); code != 0 || !strings.Contains(stdout.String(), `"i1"`) {
+		t.Fatalf("with --tls-ca: status %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }

@@ -6,6 +6,7 @@ package httpx
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -99,9 +100,16 @@ func WriteError(w http.ResponseWriter, code int, reason, field string) {
 // on its own transport keeping idlePerHost idle connections per host. It
 // never follows a redirect, and answers with the redirect itself: the
 // request carries the bearer secret, which must not go anywhere else.
-func NewClient(idlePerHost int) *http.Client {
+func NewClient(idlePerHost int) *http.Client { return NewClientTLS(idlePerHost, nil) }
+
+// NewClientTLS is NewClient whose HTTPS connections use tc (the roots to
+// trust, a client certificate to present); nil: the system's roots.
+func NewClientTLS(idlePerHost int, tc *tls.Config) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = idlePerHost
+	if tc != nil {
+		t.TLSClientConfig = tc
+	}
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}

@@ -9,6 +9,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,6 +88,18 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 		}
 		lns = append(lns, aln)
 	}
+	tc, err := cfg.serverTLS()
+	if err != nil {
+		for _, l := range lns {
+			_ = l.Close()
+		}
+		return err
+	}
+	if tc != nil {
+		for i, l := range lns {
+			lns[i] = tls.NewListener(l, tc)
+		}
+	}
 	wait := &waitingPage{cfg: cfg, role: role}
 	r := &runner{cfg: cfg, role: role, log: log, wait: wait}
 	serveErr := make(chan error, len(lns))
@@ -94,6 +107,9 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 		var h switchHandler
 		h.set(canonicalPaths(wait.on(cfg, i == len(lns)-1)))
 		srv := catchup.NewHTTPServer(l.Addr().String(), &h)
+		// net/http's own lines (a failed TLS handshake, an accept error)
+		// go through the instance's logger, in its format.
+		srv.ErrorLog = slog.NewLogLogger(log.With("component", "net/http").Handler(), slog.LevelWarn)
 		r.srvs, r.handlers = append(r.srvs, srv), append(r.handlers, &h)
 		go func() { serveErr <- srv.Serve(lns[i]) }()
 	}
@@ -140,11 +156,17 @@ type runner struct {
 	srvs     []*http.Server
 	handlers []*switchHandler // srvs' handlers: --http-addr's, then --admin-addr's
 	wait     *waitingPage
-	stopped  atomic.Bool // the HTTP servers were shut down
+	peers    *http.Client // calls other instances' /_weft/
+	stopped  atomic.Bool  // the HTTP servers were shut down
 }
 
 func (r *runner) run(ctx context.Context) error {
 	cfg, log := r.cfg, r.log
+	pc, err := cfg.peerClient()
+	if err != nil {
+		return err
+	}
+	r.peers = pc
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -237,13 +259,13 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	eventsFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
-		Registerer: queueReg("events"), Logger: log})
+		HTTPClient: r.peers, Registerer: queueReg("events"), Logger: log})
 	if err != nil {
 		return err
 	}
 	defer eventsFwd.Close()
 	typingFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
-		Registerer: queueReg("typing"), Logger: log})
+		HTTPClient: r.peers, Registerer: queueReg("typing"), Logger: log})
 	if err != nil {
 		return err
 	}
@@ -357,7 +379,7 @@ func (r *runner) weftConfig(pool *pgxpool.Pool, reg prometheus.Registerer, live 
 		Streams: rooms.Streams(), Writes: writes,
 		Followers:        []weft.Follower{{Stream: rooms.EventsStream, Handler: live}, {Stream: rooms.TypingStream, Handler: live}},
 		AnnounceInterval: cfg.AnnounceInterval, HeartbeatInterval: cfg.HeartbeatInterval, LeaseTTL: cfg.LeaseTTL, SealExpired: seal, SealDead: cfg.SealDead,
-		OnWait: r.wait.set, Logger: r.log, Registerer: reg,
+		HTTPClient: r.peers, OnWait: r.wait.set, Logger: r.log, Registerer: reg,
 	}
 }
 

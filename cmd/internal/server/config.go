@@ -32,7 +32,11 @@ type Config struct {
 	AdminAddr         string        `name:"admin-addr" help:"Serve the operator's routes (recompute, the master's /_weft/v1/writers, /status, /metrics) on this address of their own, and no longer on --http-addr; empty: on --http-addr." env:"WEFT_ADMIN_ADDR"`
 	AdminWeft         bool          `name:"admin-weft" help:"With --admin-addr: serve /_weft/ (between instances) there too, and not on --http-addr; --advertise-url then defaults to http://<admin-addr>." env:"WEFT_ADMIN_WEFT"`
 	StatusAuth        bool          `name:"status-auth" help:"/status and /metrics require the bearer secret, like every /_weft/ route (default: they answer anyone who reaches their listener)." env:"WEFT_STATUS_AUTH"`
-	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr> (http://<admin-addr> with --admin-weft)." env:"WEFT_ADVERTISE_URL"`
+	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr> (http://<admin-addr> with --admin-weft; https:// with --tls-cert)." env:"WEFT_ADVERTISE_URL"`
+	TLSCert           string        `name:"tls-cert" help:"PEM certificate (chain) file: every HTTP listener serves HTTPS only, with --tls-key; also presented to other instances that ask for a client certificate." env:"WEFT_TLS_CERT"`
+	TLSKey            string        `name:"tls-key" help:"PEM private key file of --tls-cert." env:"WEFT_TLS_KEY"`
+	TLSClientCA       string        `name:"tls-client-ca" help:"PEM CA file: every HTTP listener requires a client certificate it signed (mutual TLS)." env:"WEFT_TLS_CLIENT_CA"`
+	TLSCA             string        `name:"tls-ca" help:"PEM CA file the calls to other instances trust (catch-up, forwarding); default: the system's roots." env:"WEFT_TLS_CA"`
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	SecretFile        string        `name:"secret-file" help:"Read --secret from this file (one line; a trailing newline is dropped), as Docker and Kubernetes secrets are mounted: it stays out of ps and the environment." env:"WEFT_SECRET_FILE" type:"path"`
@@ -123,6 +127,9 @@ func (c *Config) Validate() error {
 		return bad("http-addr", "WEFT_HTTP_ADDR", "%q: %v", c.HTTPAddr, err)
 	}
 	if err := c.validateAdmin(); err != nil {
+		return err
+	}
+	if err := c.validateTLS(); err != nil {
 		return err
 	}
 	if c.AdvertiseURL != "" {
@@ -225,7 +232,11 @@ func (c *Config) Advertise() string {
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	scheme := "http://"
+	if c.tlsEnabled() {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(host, port)
 }
 
 // WritesEvents reports whether this instance holds an events writer by
