@@ -52,6 +52,12 @@ type Config struct {
 	// line on Redis and guards the HTTP catch-up endpoint. Required unless
 	// Insecure.
 	Secret string
+	// PreviousSecret is accepted besides Secret (lines signed with it,
+	// requests that carry it), never sent: to rotate the secret without a
+	// stop, every process first accepts the new one as PreviousSecret,
+	// then sends it as Secret and accepts the old one as PreviousSecret,
+	// then drops it (three rolling restarts).
+	PreviousSecret string
 	// Insecure allows an empty Secret: anyone who reaches Redis or the
 	// endpoint is trusted. For tests and laptops.
 	Insecure bool
@@ -229,6 +235,12 @@ func (c Config) Validate() error {
 	}
 	if c.Secret != strings.TrimSpace(c.Secret) || strings.ContainsAny(c.Secret, "\r\n\x00") {
 		return fail("Secret", "has leading or trailing white space or a control character: it cannot travel in an HTTP header")
+	}
+	if c.PreviousSecret != "" && c.Secret == "" {
+		return fail("PreviousSecret", "set without Secret: it is accepted besides Secret during a rotation")
+	}
+	if c.PreviousSecret != strings.TrimSpace(c.PreviousSecret) || strings.ContainsAny(c.PreviousSecret, "\r\n\x00") {
+		return fail("PreviousSecret", "has leading or trailing white space or a control character: it cannot travel in an HTTP header")
 	}
 	if c.AnnounceInterval < 50*time.Millisecond {
 		return fail("AnnounceInterval", "%v is below 50ms", c.AnnounceInterval)

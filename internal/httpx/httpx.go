@@ -18,16 +18,25 @@ import (
 // zero Secret (built from "") allows every request: a server in insecure
 // mode.
 type Secret struct {
-	digest [sha256.Size]byte // compared as digests: no length leak
-	set    bool
+	digest   [sha256.Size]byte // compared as digests: no length leak
+	previous [sha256.Size]byte // also accepted, while a rotation lasts
+	set, two bool
 }
 
 // NewSecret returns the check for secret; "" allows everything.
-func NewSecret(secret string) Secret {
+func NewSecret(secret string) Secret { return NewSecrets(secret, "") }
+
+// NewSecrets is NewSecret that accepts previous too (unless it is ""): a
+// rotation, while some processes still send the previous secret.
+func NewSecrets(secret, previous string) Secret {
 	if secret == "" {
 		return Secret{}
 	}
-	return Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+	s := Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+	if previous != "" {
+		s.previous, s.two = sha256.Sum256([]byte(previous)), true
+	}
+	return s
 }
 
 // SecretProblem says why secret cannot travel as "Authorization: Bearer
@@ -59,7 +68,11 @@ func (s Secret) Allows(r *http.Request) bool {
 		return false
 	}
 	got := sha256.Sum256([]byte(h[len(scheme):]))
-	return subtle.ConstantTimeCompare(got[:], s.digest[:]) == 1
+	ok := subtle.ConstantTimeCompare(got[:], s.digest[:]) == 1
+	if s.two {
+		ok = subtle.ConstantTimeCompare(got[:], s.previous[:]) == 1 || ok
+	}
+	return ok
 }
 
 // ErrorBody is the JSON of every error answer: what is wrong, and the

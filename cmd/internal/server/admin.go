@@ -77,7 +77,7 @@ func unhex(c byte) byte {
 // running instance serves it (on the last listener: --admin-addr's if
 // set), behind the bearer with --status-auth.
 func (p *waitingPage) on(cfg Config, servesStatus bool) http.Handler {
-	secret := httpx.NewSecret(cfg.Secret)
+	secret := httpx.NewSecrets(cfg.Secret, cfg.SecretPrevious)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/status" {
 			switch {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alecthomas/kong"
+
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -125,5 +127,69 @@ func TestAdminListener(t *testing.T) {
 	code, body := call(t, "GET", adminURL+"/status", testSecret)
 	if code != 200 || !strings.Contains(body, `"url": "`+adminURL+`"`) {
 		t.Errorf("/status with the secret: %d %.300s; want 200 advertising %s", code, body, adminURL)
+	}
+}
+
+// TestSecretRotationWithoutAStop: in the middle of a rotation one
+// instance still sends the old secret and accepts the new one, another
+// sends the new one and accepts the old: each takes the other's Redis
+// lines (both are ready) and requests (a write through the second is
+// forwarded to the first, its owner, and read back on the second).
+func TestSecretRotationWithoutAStop(t *testing.T) {
+	const oldS, newS = "old-s3cret-old-s3cret", "new-s3cret-new-s3cret"
+	db, redisURL, cluster := testenv.NewDatabase(t), testenv.SharedRedisURL(t), fmt.Sprintf("rotate-%d", time.Now().UnixNano())
+	start := func(name, role, secret, previous string) string {
+		var c flags
+		p, err := kong.New(&c, kong.Vars{"default_name": "worker"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Parse([]string{"--secret=" + secret, "--secret-previous=" + previous, "--database-url=" + db, "--redis-url=" + redisURL,
+			"--cluster=" + cluster, fmt.Sprintf("--http-addr=127.0.0.1:%d", testenv.FreePort(t)), "--name=" + name, "--event-writers=master", "--announce-interval=100ms", "--log-level=warn"}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := Config(c)
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		addr := make(chan string, 1)
+		done := make(chan error, 1)
+		go func() { done <- Run(ctx, cfg, role, func(a string) { addr <- a }) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run %s: %v", name, err)
+			}
+		})
+		return "http://" + <-addr
+	}
+	master := start("master", RoleMaster, oldS, newS)
+	reader := start("sync1", RoleWorker, newS, oldS)
+	for _, base := range []string{master, reader} {
+		testenv.Eventually(t, 30*time.Second, func() bool { c, _ := call(t, "GET", base+"/readyz", ""); return c == 200 }, "%s never ready", base)
+	}
+	req, _ := http.NewRequest("POST", reader+"/v1/rooms/!r:x/messages", strings.NewReader(`{"sender":"@a:x","body":"rotated","txn_id":"1"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a write through the reader, forwarded with the new secret to the master: %d %s", resp.StatusCode, body)
+	}
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		code, body := call(t, "GET", reader+"/v1/sync?since=m0&timeout_ms=0", "")
+		if code != 200 || !strings.Contains(body, "rotated") {
+			return fmt.Errorf("sync on the reader: %d %.300s", code, body)
+		}
+		return nil
+	})
+	// Both bearers open the master's /_weft/ routes; no other does.
+	for bearer, want := range map[string]int{oldS: 200, newS: 200, "other-s3cret-other": 401} {
+		if code, _ := call(t, "GET", master+"/_weft/v1/writers", bearer); code != want {
+			t.Errorf("writers with bearer %.5s...: %d, want %d", bearer, code, want)
+		}
 	}
 }

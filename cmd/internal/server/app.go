@@ -292,7 +292,7 @@ func (r *runner) run(ctx context.Context) error {
 	if cfg.AdminWeft {
 		peers = admin
 	}
-	secret := httpx.NewSecret(cfg.Secret)
+	secret := httpx.NewSecrets(cfg.Secret, cfg.SecretPrevious)
 	svc.Routes(client)
 	svc.AdminRoutes(admin)
 	peers.Handle("/_weft/v1/streams/", node.Handler()) // catch-up, served by weft
@@ -375,7 +375,7 @@ func (r *runner) weftConfig(pool *pgxpool.Pool, reg prometheus.Registerer, live 
 	}
 	return weft.Config{
 		Name: cfg.Name, Database: pool, DatabaseReadURL: cfg.DatabaseReadURL, RedisURL: cfg.RedisURL, RedisCluster: cfg.RedisCluster,
-		Cluster: cfg.Cluster, Secret: cfg.Secret, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
+		Cluster: cfg.Cluster, Secret: cfg.Secret, PreviousSecret: cfg.SecretPrevious, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
 		Streams: rooms.Streams(), Writes: writes,
 		Followers:        []weft.Follower{{Stream: rooms.EventsStream, Handler: live}, {Stream: rooms.TypingStream, Handler: live}},
 		AnnounceInterval: cfg.AnnounceInterval, HeartbeatInterval: cfg.HeartbeatInterval, LeaseTTL: cfg.LeaseTTL, SealExpired: seal, SealDead: cfg.SealDead,

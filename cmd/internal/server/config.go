@@ -40,6 +40,8 @@ type Config struct {
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	SecretFile        string        `name:"secret-file" help:"Read --secret from this file (one line; a trailing newline is dropped), as Docker and Kubernetes secrets are mounted: it stays out of ps and the environment." env:"WEFT_SECRET_FILE" type:"path"`
+	SecretPrevious    string        `name:"secret-previous" help:"Also accept this secret (Redis lines signed with it, bearers that carry it), never send it: rotating --secret without a stop (docs/SECURITY.md)." env:"WEFT_SECRET_PREVIOUS"`
+	SecretPrevFile    string        `name:"secret-previous-file" help:"Read --secret-previous from this file (one line)." env:"WEFT_SECRET_PREVIOUS_FILE"`
 	Insecure          bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
 	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in any order: the shard map's first version (after that, master writers add/remove change it in the database)." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
 	EventWriter       bool          `name:"event-writer" help:"Hold an events writer under --name although the shard map does not list it (yet), so that master writers add can give it rooms at runtime." env:"WEFT_EVENT_WRITER"`
@@ -56,6 +58,7 @@ type Config struct {
 	WriteTimeout      time.Duration `name:"write-timeout" help:"How long a client may take to read a sync answer or state page before it is disconnected (1s..10m)." env:"WEFT_WRITE_TIMEOUT" default:"15s"`
 
 	secretFrom string // the SecretFile Secret was read from
+	prevFrom   string // the SecretPrevFile SecretPrevious was read from
 }
 
 // Bounds of the answer flags: an answer holds at least 64 KiB (a whole
@@ -107,6 +110,36 @@ func (c *Config) loadSecretFile() error {
 	return nil
 }
 
+// validatePrevious reads --secret-previous-file once and checks the
+// previous secret.
+func (c *Config) validatePrevious() error {
+	if c.SecretPrevFile != "" && c.prevFrom != c.SecretPrevFile {
+		if c.SecretPrevious != "" {
+			return bad("secret-previous-file", "WEFT_SECRET_PREVIOUS_FILE", "given with --secret-previous (WEFT_SECRET_PREVIOUS): set one of them")
+		}
+		b, err := os.ReadFile(c.SecretPrevFile)
+		if err != nil {
+			return bad("secret-previous-file", "WEFT_SECRET_PREVIOUS_FILE", "%v", err)
+		}
+		c.SecretPrevious, c.prevFrom = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), c.SecretPrevFile
+		if c.SecretPrevious == "" {
+			return bad("secret-previous-file", "WEFT_SECRET_PREVIOUS_FILE", "%s is empty", c.SecretPrevFile)
+		}
+	}
+	switch {
+	case c.SecretPrevious == "":
+		return nil
+	case c.Secret == "":
+		return bad("secret-previous", "WEFT_SECRET_PREVIOUS", "set without --secret: it is accepted besides --secret while a rotation lasts")
+	case c.SecretPrevious == c.Secret:
+		return bad("secret-previous", "WEFT_SECRET_PREVIOUS", "the same as --secret")
+	}
+	if p := httpx.SecretProblem(c.SecretPrevious); p != "" {
+		return bad("secret-previous", "WEFT_SECRET_PREVIOUS", "%s", p)
+	}
+	return nil
+}
+
 // Validate checks every field and names the first bad one.
 func (c *Config) Validate() error {
 	if c.Cluster == "" || strings.ContainsAny(c.Cluster, " \t\r\n") || len(c.Cluster) > 64 {
@@ -153,6 +186,9 @@ func (c *Config) Validate() error {
 	}
 	if p := httpx.SecretProblem(c.Secret); p != "" {
 		return bad("secret", "WEFT_SECRET", "%s", p)
+	}
+	if err := c.validatePrevious(); err != nil {
+		return err
 	}
 	if c.StatusAuth && c.Secret == "" {
 		return bad("status-auth", "WEFT_STATUS_AUTH", "needs a secret (--secret or --secret-file): with --insecure there is no bearer to require")

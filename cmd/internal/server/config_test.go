@@ -264,3 +264,30 @@ func TestAdminFlags(t *testing.T) {
 		t.Errorf("--status-auth --insecure: %v, want a ConfigError naming --status-auth", err)
 	}
 }
+
+// --secret-previous (or its file) needs --secret and differs from it; a
+// bad one names its flag.
+func TestSecretPreviousFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "previous")
+	if err := os.WriteFile(file, []byte("old-s3cret-old-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c := parse(t, "--secret-previous-file="+file); c.Validate() != nil || c.SecretPrevious != "old-s3cret-old-s3cret" {
+		t.Fatalf("--secret-previous-file: %v, read %q", c.Validate(), c.SecretPrevious)
+	}
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--secret-previous=s3cret-s3cret-s3cret"}, "secret-previous"}, // parse's --secret
+		{[]string{"--secret-previous=bad\tone"}, "secret-previous"},
+		{[]string{"--secret-previous=x", "--secret-previous-file=" + file}, "secret-previous-file"},
+		{[]string{"--secret-previous-file=/nonexistent"}, "secret-previous-file"},
+	} {
+		c := parse(t, tc.args...)
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Flag != tc.flag {
+			t.Errorf("%v: %v, want a ConfigError naming --%s", tc.args, err, tc.flag)
+		}
+	}
+}

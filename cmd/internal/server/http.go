@@ -21,7 +21,7 @@ func newShardServer(sc shard.ServerConfig, cfg Config, reg prometheus.Registerer
 	if sc.Queue == nil {
 		return nil, nil
 	}
-	sc.Secret, sc.Insecure, sc.Registerer, sc.Logger = cfg.Secret, cfg.Insecure, reg, log
+	sc.Secret, sc.PreviousSecret, sc.Insecure, sc.Registerer, sc.Logger = cfg.Secret, cfg.SecretPrevious, cfg.Insecure, reg, log
 	return shard.NewServer(sc)
 }
 
