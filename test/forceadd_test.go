@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/internal/roomsapi"
+	"github.com/weft-dev/weft/internal/shard"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/shard"
 )
 
 // A name no instance runs, force-added (issue 45, case 3): only the rooms
