@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -51,6 +52,12 @@ type Config struct {
 	// line on Redis and guards the HTTP catch-up endpoint. Required unless
 	// Insecure.
 	Secret string
+	// PreviousSecret is accepted besides Secret (lines signed with it,
+	// requests that carry it), never sent: to rotate the secret without a
+	// stop, every process first accepts the new one as PreviousSecret,
+	// then sends it as Secret and accepts the old one as PreviousSecret,
+	// then drops it (three rolling restarts).
+	PreviousSecret string
 	// Insecure allows an empty Secret: anyone who reaches Redis or the
 	// endpoint is trusted. For tests and laptops.
 	Insecure bool
@@ -63,6 +70,12 @@ type Config struct {
 	// ["http://" + Listen when Listen names a host]. Empty: they read
 	// what they miss from PostgreSQL instead.
 	Advertise string
+	// HTTPClient calls the other processes' catch-up endpoint (their
+	// Advertise URLs): set one whose transport trusts their certificates
+	// (and presents this process's, if they ask) when they serve HTTPS.
+	// It must not follow redirects: requests carry Secret. Nil: a client
+	// of weft's own, trusting the system's roots.
+	HTTPClient *http.Client
 	// Role is announced to the other processes, which list their peers
 	// with it ["weft"].
 	Role string
@@ -225,6 +238,12 @@ func (c Config) Validate() error {
 	}
 	if c.Secret != strings.TrimSpace(c.Secret) || strings.ContainsAny(c.Secret, "\r\n\x00") {
 		return fail("Secret", "has leading or trailing white space or a control character: it cannot travel in an HTTP header")
+	}
+	if c.PreviousSecret != "" && c.Secret == "" {
+		return fail("PreviousSecret", "set without Secret: it is accepted besides Secret during a rotation")
+	}
+	if c.PreviousSecret != strings.TrimSpace(c.PreviousSecret) || strings.ContainsAny(c.PreviousSecret, "\r\n\x00") {
+		return fail("PreviousSecret", "has leading or trailing white space or a control character: it cannot travel in an HTTP header")
 	}
 	if c.AnnounceInterval < 50*time.Millisecond {
 		return fail("AnnounceInterval", "%v is below 50ms", c.AnnounceInterval)

@@ -394,16 +394,16 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 			gens = append(gens, st.gen)
 		}
 	}
-	srv, err := catchup.NewServer(catchup.ServerConfig{Secret: n.cfg.Secret, Insecure: n.cfg.Insecure, Sources: sources, Registerer: reg, Logger: n.log})
+	srv, err := catchup.NewServer(catchup.ServerConfig{Secret: n.cfg.Secret, PreviousSecret: n.cfg.PreviousSecret, Insecure: n.cfg.Insecure, Sources: sources, Registerer: reg, Logger: n.log})
 	if err != nil {
 		return err
 	}
-	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, Fallback: fallback, Registerer: reg, Logger: n.log}); err != nil {
+	if n.client, err = catchup.NewClient(catchup.ClientConfig{Secret: n.cfg.Secret, HTTPClient: n.cfg.HTTPClient, Fallback: fallback, Registerer: reg, Logger: n.log}); err != nil {
 		return err
 	}
 	n.fab, err = fabric.New(fabric.Config{
 		Instance: n.inst, Cluster: n.cfg.Cluster, RedisURL: n.cfg.RedisURL, RedisCluster: n.cfg.RedisCluster,
-		Secret: n.cfg.Secret, Epoch: uint64(n.epoch),
+		Secret: n.cfg.Secret, PreviousSecret: n.cfg.PreviousSecret, Epoch: uint64(n.epoch),
 		Hello:   wire.Hello{Name: n.cfg.Name, Role: n.cfg.Role, URL: n.cfg.Advertise, Version: n.cfg.Version},
 		Streams: specs, Writers: writers, Ephemerals: ephemerals, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,
 		AnnounceInterval: n.cfg.AnnounceInterval, HeartbeatInterval: n.cfg.HeartbeatInterval, SealExpired: max(n.cfg.SealExpired, 0), SealDead: n.cfg.SealDead,

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +33,23 @@ type statusCmd struct {
 	JSON     bool          `name:"json" help:"Print the asked instance's /status document as JSON."`
 	Watch    bool          `name:"watch" short:"w" help:"Refresh until interrupted: in place on a terminal, one snapshot after another otherwise."`
 	Interval time.Duration `name:"interval" help:"Time between refreshes with --watch (>= 100ms)." default:"2s"`
+	// The bearer for instances run with --status-auth, read as the
+	// instances read it (the same variables), so that beside one it just
+	// works.
+	Secret     string `name:"secret" help:"Send this bearer secret: instances run with --status-auth require it (prefer --secret-file, out of ps)." env:"WEFT_SECRET"`
+	SecretFile string `name:"secret-file" help:"Read the bearer secret from this file (one line)." env:"WEFT_SECRET_FILE"`
+	// TLS as the instances call each other: the same variables.
+	TLSCA   string `name:"tls-ca" help:"PEM CA file to trust for https:// instances (default: the system's roots)." env:"WEFT_TLS_CA"`
+	TLSCert string `name:"tls-cert" help:"PEM client certificate for instances run with --tls-client-ca, with --tls-key." env:"WEFT_TLS_CERT"`
+	TLSKey  string `name:"tls-key" help:"PEM private key of --tls-cert." env:"WEFT_TLS_KEY"`
+
+	ask asker
+}
+
+// asker asks instances for their /status.
+type asker struct {
+	hc     *http.Client
+	bearer string
 }
 
 // askTimeout bounds one /status request.
@@ -44,6 +63,35 @@ func (c *statusCmd) validate() error {
 		c.URL = defaultStatusURL(os.Getenv("WEFT_ADVERTISE_URL"), os.Getenv("WEFT_HTTP_ADDR"))
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
+	if c.SecretFile != "" && c.Secret == "" {
+		b, err := os.ReadFile(c.SecretFile)
+		if err != nil {
+			return fmt.Errorf("--secret-file: %w", err)
+		}
+		c.Secret = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	}
+	c.ask = asker{hc: http.DefaultClient, bearer: c.Secret}
+	if c.TLSCA != "" || c.TLSCert != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.TLSCA != "" {
+			b, err := os.ReadFile(c.TLSCA)
+			if err != nil {
+				return fmt.Errorf("--tls-ca: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(b) {
+				return fmt.Errorf("--tls-ca: %s holds no PEM certificate", c.TLSCA)
+			}
+		}
+		if c.TLSCert != "" {
+			cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+			if err != nil {
+				return fmt.Errorf("--tls-cert: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		c.ask.hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+	}
 	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
 		return fmt.Errorf("--url %q: want http(s)://host:port", redact.URL(c.URL))
 	}
@@ -103,7 +151,7 @@ func (c *statusCmd) run(ctx context.Context, o out) error {
 
 // once prints one snapshot.
 func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
-	body, st, err := fetchStatus(ctx, c.URL)
+	body, st, err := c.ask.fetchStatus(ctx, c.URL)
 	if err != nil {
 		return err
 	}
@@ -111,10 +159,11 @@ func (c *statusCmd) once(ctx context.Context, w io.Writer) error {
 		_, err := w.Write(body)
 		return err
 	}
-	return printCluster(w, redact.URL(c.URL), st, askPeers(ctx, st))
+	return printCluster(w, redact.URL(c.URL), st, c.ask.askPeers(ctx, st))
 }
 
-func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error) {
+// fetchStatus asks base for its /status, with the bearer if any.
+func (a asker) fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error) {
 	var st server.Status
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
@@ -125,7 +174,10 @@ func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error
 	if err != nil {
 		return nil, st, fmt.Errorf("%s: not a URL", shown)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	if a.bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+a.bearer)
+	}
+	resp, err := a.hc.Do(req)
 	if err != nil {
 		return nil, st, fmt.Errorf("cannot reach %s/status: %s", shown, shortError(err))
 	}
@@ -133,6 +185,9 @@ func fetchStatus(ctx context.Context, base string) ([]byte, server.Status, error
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
 		return nil, st, fmt.Errorf("ask %s: %s", shown, shortError(err))
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		return nil, st, fmt.Errorf("%s/status: %s: the instance runs with --status-auth; give its secret (--secret-file, WEFT_SECRET_FILE or WEFT_SECRET)", shown, resp.Status)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, st, fmt.Errorf("%s/status: %s", shown, resp.Status)
@@ -150,7 +205,7 @@ type peerStatus struct {
 }
 
 // askPeers asks every live peer of st for its own /status, at once.
-func askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
+func (a asker) askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
 	out := map[string]peerStatus{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -159,7 +214,7 @@ func askPeers(ctx context.Context, st server.Status) map[string]peerStatus {
 			continue
 		}
 		wg.Go(func() {
-			_, ps, err := fetchStatus(ctx, strings.TrimRight(p.URL, "/"))
+			_, ps, err := a.fetchStatus(ctx, strings.TrimRight(p.URL, "/"))
 			if err == nil && ps.Instance != id {
 				err = fmt.Errorf("%s is now %s", p.URL, ps.Instance)
 			}

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/pem"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -111,5 +114,58 @@ func TestStatusURLRedacted(t *testing.T) {
 				t.Errorf("master status --url %q printed %q: %s%s", u, part, stdout.String(), stderr.String())
 			}
 		}
+	}
+}
+
+// TestStatusSendsTheSecret: master status sends the bearer from
+// --secret-file (or the instances' variables) to an instance run with
+// --status-auth, and says what to give when it is refused.
+func TestStatusSendsTheSecret(t *testing.T) {
+	const secret = "status-s3cret"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+secret {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte(`{"instance":"i1","name":"master","role":"master"}`))
+	}))
+	defer srv.Close()
+	t.Setenv("WEFT_SECRET", "")
+	t.Setenv("WEFT_SECRET_FILE", "")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"status", "--url", srv.URL, "--json"}, out{&stdout, &stderr}); code == 0 || !strings.Contains(stderr.String(), "--status-auth") {
+		t.Fatalf("without the secret: status %d, stderr %q; want a failure naming --status-auth", code, stderr.String())
+	}
+	file := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(file, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	stderr.Reset()
+	if code := run([]string{"status", "--url", srv.URL, "--json", "--secret-file", file}, out{&stdout, &stderr}); code != 0 || !strings.Contains(stdout.String(), `"i1"`) {
+		t.Fatalf("with --secret-file: status %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestStatusOverTLS: master status trusts --tls-ca (WEFT_TLS_CA) for an
+// https:// instance, and fails without it.
+func TestStatusOverTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"instance":"i1","name":"master","role":"master"}`))
+	}))
+	defer srv.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WEFT_TLS_CA", "")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"status", "--url", srv.URL, "--json"}, out{&stdout, &stderr}); code == 0 {
+		t.Fatalf("without --tls-ca: status 0, stdout %q; want a failure (unknown authority)", stdout.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
+	if code := run([]string{"status", "--url", srv.URL, "--json", "--tls-ca", ca}, out{&stdout, &stderr}); code != 0 || !strings.Contains(stdout.String(), `"i1"`) {
+		t.Fatalf("with --tls-ca: status %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }

@@ -82,6 +82,8 @@ type ServerConfig struct {
 	// Secret is the shared bearer secret every /_weft/ request must carry.
 	// Required unless Insecure.
 	Secret string
+	// PreviousSecret is accepted too, while a rotation of Secret lasts.
+	PreviousSecret string
 	// Insecure allows an empty Secret: every request is then accepted. For
 	// development only. With a Secret set, Insecure changes nothing.
 	Insecure bool
@@ -164,7 +166,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("catchup: server metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, log: log, m: m, secret: httpx.NewSecret(cfg.Secret),
+	s := &Server{cfg: cfg, log: log, m: m, secret: httpx.NewSecrets(cfg.Secret, cfg.PreviousSecret),
 		sources: make(map[string]Source, len(cfg.Sources)), mux: http.NewServeMux()}
 	for name, src := range cfg.Sources {
 		s.sources[name] = src

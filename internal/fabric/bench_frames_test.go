@@ -44,7 +44,7 @@ func readerFrames(b *testing.B, lines int) {
 		Handler: sink, Fetcher: fetcher, ReplicateWait: 100 * time.Millisecond,
 	})
 	testenv.Eventually(b, 10*time.Second, func() bool { return ready(reader) }, "reader not ready")
-	env := newEnvelope(secret, 0)
+	env := newEnvelope(secret, "", 0)
 	encode := func(cmd wire.Command) []byte {
 		line, err := wire.Encode(nil, cmd)
 		if err != nil {

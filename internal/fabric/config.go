@@ -73,6 +73,9 @@ type Config struct {
 	// a forged position could otherwise make readers skip rows. Every
 	// instance of a cluster must use the same secret.
 	Secret string
+	// PreviousSecret, when set with Secret, is accepted too and never
+	// used to sign: a rotation, while some instances still sign with it.
+	PreviousSecret string
 	// Epoch is the epoch of the writer name this instance holds when it
 	// writes only ephemeral streams (streams.ClaimName's); the Writers'
 	// leases give it otherwise. 0 when it holds none. Every line carries

@@ -255,7 +255,7 @@ func New(cfg Config) (*Node, error) {
 		n.epoch = max(n.epoch, w.epoch())
 		n.writers = append(n.writers, w)
 	}
-	n.env = newEnvelope(cfg.Secret, n.epoch)
+	n.env = newEnvelope(cfg.Secret, cfg.PreviousSecret, n.epoch)
 	hello := cfg.Hello
 	hello.Streams = hello.Streams[:0:0]
 	for s := range writes {

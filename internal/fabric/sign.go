@@ -37,16 +37,23 @@ const sigChars = 22
 // (lines are stamped as they are sent, in order); the opening side from
 // its serve loops.
 type envelope struct {
-	epoch   uint64
-	pool    *sync.Pool // of hash.Hash; nil: unsigned
-	lastSeq uint64     // the publisher's only
+	epoch    uint64
+	pool     *sync.Pool // of hash.Hash; nil: unsigned
+	previous *sync.Pool // the previous secret's, also accepted; nil: none
+	lastSeq  uint64     // the publisher's only
 }
 
-func newEnvelope(secret string, epoch uint64) *envelope {
+func newEnvelope(secret, previous string, epoch uint64) *envelope {
 	e := &envelope{epoch: epoch}
-	if secret != "" {
+	macs := func(secret string) *sync.Pool {
 		key := []byte(secret)
-		e.pool = &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
+		return &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
+	}
+	if secret != "" {
+		e.pool = macs(secret)
+		if previous != "" {
+			e.previous = macs(previous)
+		}
 	}
 	return e
 }
@@ -79,8 +86,12 @@ func (e *envelope) sign(channel string, frame []byte) []byte {
 }
 
 func (e *envelope) mac(channel string, stamped, dst []byte) []byte {
-	h := e.pool.Get().(hash.Hash)
-	defer e.pool.Put(h)
+	return macWith(e.pool, channel, stamped, dst)
+}
+
+func macWith(pool *sync.Pool, channel string, stamped, dst []byte) []byte {
+	h := pool.Get().(hash.Hash)
+	defer pool.Put(h)
 	h.Reset()
 	h.Write([]byte(channel))
 	h.Write([]byte{'\n'})
@@ -107,7 +118,8 @@ func (e *envelope) openFrame(channel string, frame []byte) (body []byte, reason 
 		return nil, reasonBadSignature
 	}
 	var buf [sigChars + 2]byte
-	if !hmac.Equal(e.mac(channel, frame[:n], buf[:0]), frame[n+1:]) {
+	if !hmac.Equal(e.mac(channel, frame[:n], buf[:0]), frame[n+1:]) &&
+		(e.previous == nil || !hmac.Equal(macWith(e.previous, channel, frame[:n], buf[:0]), frame[n+1:])) {
 		return nil, reasonBadSignature
 	}
 	return frame[:n], ""

@@ -33,7 +33,7 @@ func (e *envelope) open(channel string, line []byte) (cmd []byte, st wire.Stamp,
 
 func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	e := newEnvelope("k1", 7)
+	e := newEnvelope("k1", "", 7)
 	line := []byte(`RDATA events w-aaaaaaaa 1 2 [{"a":" #x"}]`)
 	sealed := e.seal("weft:a", append([]byte(nil), line...), now)
 	got, st, reason := e.open("weft:a", sealed)
@@ -48,8 +48,8 @@ func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 	for name, bad := range map[string][]byte{
 		"unsigned":     line,
 		"stamp only":   wire.AppendStamp(append([]byte(nil), line...), wire.Stamp{Seq: 5}),
-		"other key":    newEnvelope("k2", 7).seal("weft:a", append([]byte(nil), line...), now),
-		"other chan":   newEnvelope("k1", 7).seal("weft:b", append([]byte(nil), line...), now),
+		"other key":    newEnvelope("k2", "", 7).seal("weft:a", append([]byte(nil), line...), now),
+		"other chan":   newEnvelope("k1", "", 7).seal("weft:b", append([]byte(nil), line...), now),
 		"tampered":     []byte(strings.Replace(string(sealed), " 1 2 ", " 1 9 ", 1)),
 		"new sequence": []byte(strings.Replace(string(sealed), fmt.Sprintf(".%d.", st.Seq), fmt.Sprintf(".%d.", st.Seq+1000), 1)),
 		"new epoch":    []byte(strings.Replace(string(sealed), " #7.", " #8.", 1)),
@@ -60,7 +60,7 @@ func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 			t.Errorf("%s line: reason %q, want %q", name, reason, reasonBadSignature)
 		}
 	}
-	open := newEnvelope("", 0)
+	open := newEnvelope("", "", 0)
 	if _, _, reason := open.open("weft:a", line); reason != reasonUnstamped {
 		t.Errorf("unstamped line without a secret: reason %q", reason)
 	}
@@ -77,7 +77,7 @@ func TestEnvelopeRoundTripAndTamper(t *testing.T) {
 // channel or tampered with anywhere are refused.
 func TestEnvelopeFrames(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	e := newEnvelope("k1", 7)
+	e := newEnvelope("k1", "", 7)
 	frameOf := func(e *envelope, channel string, cmds ...string) []byte {
 		var f []byte
 		for i, c := range cmds {
@@ -112,7 +112,7 @@ func TestEnvelopeFrames(t *testing.T) {
 		"cut short":        []byte(strings.Join(lines[1:], "\n") + string(frame[len(body):])),
 		"two joined":       append(append(append([]byte(nil), frame...), '\n'), other...),
 		"another channel":  frameOf(e, "weft:b", cmds...),
-		"another key":      frameOf(newEnvelope("k2", 7), "weft:a", cmds...),
+		"another key":      frameOf(newEnvelope("k2", "", 7), "weft:a", cmds...),
 		"a line tampered":  []byte(strings.Replace(string(frame), "[2]", "[9]", 1)),
 		"lines reordered":  []byte(lines[1] + "\n" + lines[0] + "\n" + lines[2] + string(frame[len(body):])),
 		"unsigned":         body,
@@ -153,7 +153,7 @@ func TestNodeRejectsForgedCommands(t *testing.T) {
 			forged := []string{
 				`POSITION events persister1-aaaaaaaa 1000000 1000000`,
 				`RDATA events persister1-aaaaaaaa 999999 1000000 [{"forged":true}]`,
-				string(newEnvelope("wrong-secret", 0).seal(eventsChannel, []byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`), time.Now())),
+				string(newEnvelope("wrong-secret", "", 0).seal(eventsChannel, []byte(`POSITION events persister1-aaaaaaaa 2000000 2000000`), time.Now())),
 			}
 			// Each alone, then all three as one frame: its lines are
 			// judged one by one.
@@ -170,5 +170,36 @@ func TestNodeRejectsForgedCommands(t *testing.T) {
 	}
 	if got := reader.node.View(eventsKey("persister1")); got >= 1000000 {
 		t.Fatalf("view jumped to the forged position %d", got)
+	}
+}
+
+// TestEnvelopeAcceptsThePreviousSecret: during a rotation a node accepts
+// lines signed with its previous secret as well as its own, signs with
+// its own only, and still refuses any other key.
+func TestEnvelopeAcceptsThePreviousSecret(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	line := []byte(`POSITION events w-aaaaaaaa 1 2`)
+	rotating := newEnvelope("new", "old", 7)
+	for name, tc := range map[string]struct {
+		from *envelope
+		ok   bool
+	}{
+		"own":      {newEnvelope("new", "", 7), true},
+		"previous": {newEnvelope("old", "", 7), true},
+		"other":    {newEnvelope("k3", "", 7), false},
+	} {
+		_, _, reason := rotating.open("weft:a", tc.from.seal("weft:a", append([]byte(nil), line...), now))
+		if (reason == "") != tc.ok {
+			t.Errorf("a line signed with the %s key: reason %q, want accepted %v", name, reason, tc.ok)
+		}
+	}
+	// It signs with the new secret: a node that knows only the old one
+	// refuses its lines, one that knows only the new one opens them.
+	sealed := rotating.seal("weft:a", append([]byte(nil), line...), now)
+	if _, _, reason := newEnvelope("old", "", 7).open("weft:a", sealed); reason != reasonBadSignature {
+		t.Errorf("signed with the previous secret (reason %q)", reason)
+	}
+	if _, _, reason := newEnvelope("new", "", 7).open("weft:a", sealed); reason != "" {
+		t.Errorf("not signed with the new secret: %q", reason)
 	}
 }

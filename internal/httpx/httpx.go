@@ -6,6 +6,7 @@ package httpx
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,16 +18,25 @@ import (
 // zero Secret (built from "") allows every request: a server in insecure
 // mode.
 type Secret struct {
-	digest [sha256.Size]byte // compared as digests: no length leak
-	set    bool
+	digest   [sha256.Size]byte // compared as digests: no length leak
+	previous [sha256.Size]byte // also accepted, while a rotation lasts
+	set, two bool
 }
 
 // NewSecret returns the check for secret; "" allows everything.
-func NewSecret(secret string) Secret {
+func NewSecret(secret string) Secret { return NewSecrets(secret, "") }
+
+// NewSecrets is NewSecret that accepts previous too (unless it is ""): a
+// rotation, while some processes still send the previous secret.
+func NewSecrets(secret, previous string) Secret {
 	if secret == "" {
 		return Secret{}
 	}
-	return Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+	s := Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+	if previous != "" {
+		s.previous, s.two = sha256.Sum256([]byte(previous)), true
+	}
+	return s
 }
 
 // SecretProblem says why secret cannot travel as "Authorization: Bearer
@@ -58,7 +68,11 @@ func (s Secret) Allows(r *http.Request) bool {
 		return false
 	}
 	got := sha256.Sum256([]byte(h[len(scheme):]))
-	return subtle.ConstantTimeCompare(got[:], s.digest[:]) == 1
+	ok := subtle.ConstantTimeCompare(got[:], s.digest[:]) == 1
+	if s.two {
+		ok = subtle.ConstantTimeCompare(got[:], s.previous[:]) == 1 || ok
+	}
+	return ok
 }
 
 // ErrorBody is the JSON of every error answer: what is wrong, and the
@@ -99,9 +113,16 @@ func WriteError(w http.ResponseWriter, code int, reason, field string) {
 // on its own transport keeping idlePerHost idle connections per host. It
 // never follows a redirect, and answers with the redirect itself: the
 // request carries the bearer secret, which must not go anywhere else.
-func NewClient(idlePerHost int) *http.Client {
+func NewClient(idlePerHost int) *http.Client { return NewClientTLS(idlePerHost, nil) }
+
+// NewClientTLS is NewClient whose HTTPS connections use tc (the roots to
+// trust, a client certificate to present); nil: the system's roots.
+func NewClientTLS(idlePerHost int, tc *tls.Config) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = idlePerHost
+	if tc != nil {
+		t.TLSClientConfig = tc
+	}
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}

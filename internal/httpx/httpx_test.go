@@ -61,3 +61,20 @@ func TestSecretProblem(t *testing.T) {
 		}
 	}
 }
+
+func TestSecretsAcceptThePrevious(t *testing.T) {
+	req := func(auth string) *http.Request {
+		r := httptest.NewRequest("GET", "/_weft/v1/ping", nil)
+		r.Header.Set("Authorization", auth)
+		return r
+	}
+	s := NewSecrets("new-secret", "old-secret")
+	for auth, want := range map[string]bool{"Bearer new-secret": true, "Bearer old-secret": true, "Bearer other": false, "Bearer ": false} {
+		if got := s.Allows(req(auth)); got != want {
+			t.Errorf("Allows(%q) = %v, want %v", auth, got, want)
+		}
+	}
+	if NewSecrets("new-secret", "").Allows(req("Bearer ")) {
+		t.Error("an empty previous secret let an empty bearer in")
+	}
+}

@@ -176,3 +176,56 @@ func TestFollowerHearsChanges(t *testing.T) {
 	must(t)(s.Add(ctx, "events", "d")) // an announced change makes c read the seal too
 	testenv.Eventually(t, 10*time.Second, func() bool { return c.Settled() >= 2 }, "c never settled epoch 2 (settled %d)", c.Settled())
 }
+
+// A name no instance ever held (added with --force, or only registered)
+// is fenced at the epoch read: it holds up no barrier, so the keys that
+// stayed run and removing it brings its keys back. A name held by a live
+// instance is not: its release is awaited.
+func TestFollowerFencesNamesNeverHeld(t *testing.T) {
+	s, pool := newStore(t)
+	ctx := context.Background()
+	holdName(t, pool, "a", "inst-a")
+	holdName(t, pool, "b", "inst-b")
+	if _, err := pool.Exec(ctx, `INSERT INTO weft_writers (name) VALUES ('r')`); err != nil { // registered, never claimed
+		t.Fatal(err)
+	}
+	a, b := follower(t, s, "a"), follower(t, s, "b")
+	refresh := func() {
+		t.Helper()
+		for _, f := range []*membership.Follower{a, b} {
+			if err := f.Refresh(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	refresh()
+	stays := keyMoving(t, "a", []string{"a", "b"}, "a", []string{"a", "b", "r", "x"})
+	back := keyMoving(t, "a", []string{"a", "b"}, "x", []string{"a", "b", "r", "x"})
+	must(t)(s.Add(ctx, "events", "x"))
+	must(t)(s.Add(ctx, "events", "r"))
+	refresh()
+	refresh() // the releases recorded by the first round
+	if a.Settled() != 3 {
+		t.Fatalf("a's settled epoch %d with x and r never held, want 3", a.Settled())
+	}
+	if d := a.Admit(stays, 3); d.Verdict != handover.Accept || !a.Runnable(stays) {
+		t.Fatalf("a key that stayed with a: %+v runnable %v", d, a.Runnable(stays))
+	}
+	a.Done(stays)
+	must(t)(s.Remove(ctx, "events", "x"))
+	refresh()
+	refresh()
+	if d := a.Admit(back, 4); d.Verdict != handover.Accept || !a.Runnable(back) || a.Settled() != 4 {
+		t.Fatalf("the key back from x: %+v runnable %v settled %d", d, a.Runnable(back), a.Settled())
+	}
+	a.Done(back)
+
+	// A name a live instance holds must release.
+	holdName(t, pool, "y", "inst-y")
+	must(t)(s.Add(ctx, "events", "y"))
+	refresh()
+	refresh()
+	if a.Settled() != 4 {
+		t.Fatalf("a settled epoch 5 (%d) without y's release: y is held", a.Settled())
+	}
+}

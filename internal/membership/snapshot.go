@@ -18,7 +18,11 @@ type snapshot struct {
 // writers whose lease is sealed. A sealed writer's holder can never commit
 // again, and a later holder claims the name only after this read, so it
 // learns the map at this epoch or later: the writer is fenced at this
-// epoch. Reading both in one statement is what makes that true.
+// epoch. Reading both in one statement is what makes that true. A name of
+// the map that no instance ever held (added with --force) is fenced at
+// this epoch for the same reason: it admitted nothing, and its first
+// holder comes after this read; else it would hold up every barrier
+// after it joined, and removing it would not help.
 func (s *Store) snapshot(ctx context.Context, mapName string) (snapshot, error) {
 	var snap snapshot
 	var rel, fen []byte
@@ -26,7 +30,11 @@ func (s *Store) snapshot(ctx context.Context, mapName string) (snapshot, error) 
 		SELECT
 			(SELECT coalesce(max(epoch), 0) FROM weft_shard_maps WHERE map = $1),
 			(SELECT coalesce(json_object_agg(writer, epoch), '{}') FROM weft_shard_releases WHERE map = $1),
-			(SELECT coalesce(json_agg(name), '[]') FROM weft_writers WHERE sealed)`, mapName).Scan(&snap.epoch, &rel, &fen)
+			(SELECT coalesce(json_agg(name), '[]') FROM (
+				SELECT name FROM weft_writers WHERE sealed
+				UNION
+				SELECT w FROM weft_shard_maps m CROSS JOIN LATERAL unnest(m.writers) AS w
+				WHERE m.map = $1 AND NOT EXISTS (SELECT 1 FROM weft_writers ww WHERE ww.name = w AND ww.instance IS NOT NULL)) f)`, mapName).Scan(&snap.epoch, &rel, &fen)
 	if err != nil {
 		return snapshot{}, fmt.Errorf("membership: map %s: read epoch, releases and seals: %w", mapName, err)
 	}

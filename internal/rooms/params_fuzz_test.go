@@ -70,6 +70,7 @@ func newTestAPI() (http.Handler, *fakeForwarder) {
 		TypingWriter: "master", Live: NewLive()})
 	mux := http.NewServeMux()
 	s.Routes(mux)
+	s.AdminRoutes(mux)
 	return mux, fwd
 }
 

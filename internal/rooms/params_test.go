@@ -1,11 +1,15 @@
 package rooms
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/weft-dev/weft/internal/shard"
 )
 
 // TestBadRequests checks that the client API answers each kind of bad input
@@ -85,5 +89,86 @@ func TestBadRequests(t *testing.T) {
 	key, task, ok := fwd.last()
 	if w.Code != http.StatusServiceUnavailable || !ok || key != room || task.Kind != KindPersist {
 		t.Fatalf("good message: %d %s, forwarded %v %q %q", w.Code, w.Body, ok, key, task.Kind)
+	}
+}
+
+// TestRecomputeIsAnOperatorsRoute: recompute runs in its writer's shared
+// commit, so a client must not loop it. The client API does not serve it;
+// AdminRoutes serve it behind the bearer secret, and nothing is forwarded
+// without it.
+func TestRecomputeIsAnOperatorsRoute(t *testing.T) {
+	const room, secret = "!r:x", "admin-s3cret"
+	fwd := &fakeForwarder{}
+	s := NewService(Config{EventsForwarder: fwd, TypingForwarder: fwd, TypingWriter: "master", Live: NewLive(), AdminSecret: secret})
+	client, admin := http.NewServeMux(), http.NewServeMux()
+	s.Routes(client)
+	s.AdminRoutes(admin)
+	call := func(h http.Handler, auth string) int {
+		r := apiRequest("POST", []string{"v1", "rooms", room, "recompute"}, "")
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := call(client, "Bearer "+secret); code != http.StatusNotFound {
+		t.Fatalf("the client API answered recompute %d, want 404", code)
+	}
+	for _, auth := range []string{"", "Bearer wrong", "Basic " + secret} {
+		if code := call(admin, auth); code != http.StatusUnauthorized {
+			t.Fatalf("recompute with %q: %d, want 401", auth, code)
+		}
+		if _, task, ok := fwd.last(); ok {
+			t.Fatalf("recompute with %q forwarded %s", auth, task.Kind)
+		}
+	}
+	code := call(admin, "Bearer "+secret)
+	if key, task, ok := fwd.last(); code != http.StatusServiceUnavailable || !ok || key != room || task.Kind != KindRecompute {
+		t.Fatalf("recompute with the secret: %d, forwarded %v %q %q", code, ok, key, task.Kind)
+	}
+}
+
+// blockedForwarder is an owner that never answers (a room of a writer
+// name no instance runs): it returns when the request's context ends.
+type blockedForwarder struct{}
+
+func (blockedForwarder) Do(ctx context.Context, _ string, _ shard.Task, _ string) (shard.Result, error) {
+	<-ctx.Done()
+	return shard.Result{}, ctx.Err()
+}
+
+// TestWritesHaveAServerSideDeadline: a write whose owner never answers is
+// answered 503 at ForwardTimeout, although its client would wait longer.
+func TestWritesHaveAServerSideDeadline(t *testing.T) {
+	s := NewService(Config{EventsForwarder: blockedForwarder{}, TypingForwarder: blockedForwarder{}, TypingWriter: "master",
+		Live: NewLive(), ForwardTimeout: 50 * time.Millisecond})
+	mux := http.NewServeMux()
+	s.Routes(mux)
+	s.AdminRoutes(mux)
+	for _, tc := range []struct {
+		method string
+		path   []string
+		body   string
+	}{
+		{"POST", []string{"v1", "rooms", "!r:x", "messages"}, `{"sender":"@a:x","body":"hi","txn_id":"1"}`},
+		{"PUT", []string{"v1", "rooms", "!r:x", "state", "topic"}, `{"value":1,"sender":"@a:x","txn_id":"2"}`},
+		{"PUT", []string{"v1", "rooms", "!r:x", "typing", "@a:x"}, `{"typing":true}`},
+		{"POST", []string{"v1", "rooms", "!r:x", "recompute"}, ``},
+	} {
+		done := make(chan *httptest.ResponseRecorder, 1)
+		go func() {
+			w := httptest.NewRecorder()
+			mux.ServeHTTP(w, apiRequest(tc.method, tc.path, tc.body)) // the client never gives up
+			done <- w
+		}()
+		select {
+		case w := <-done:
+			if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "did not answer within") {
+				t.Errorf("%s %v: %d %s, want 503 saying it did not answer in time", tc.method, tc.path, w.Code, w.Body)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s %v: no answer after a minute", tc.method, tc.path)
+		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/weft-dev/weft/internal/catchup"
 	"github.com/weft-dev/weft/internal/fabric"
 	"github.com/weft-dev/weft/internal/fabric/core"
+	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/shard"
 	"github.com/weft-dev/weft/internal/streams"
 	"github.com/weft-dev/weft/internal/telemetry"
@@ -40,6 +41,7 @@ type Service struct {
 	eventsFwd    Forwarder
 	typingFwd    Forwarder
 	typingWriter string
+	admin        httpx.Secret // AdminRoutes' bearer
 	log          *slog.Logger
 	visible      time.Duration
 	fwdTimeout   time.Duration   // forwardTimeout; shorter in tests
@@ -117,6 +119,14 @@ type Config struct {
 	// WriteTimeout bounds writing one answer of a read route: a client
 	// that does not read it by then is disconnected [DefaultWriteTimeout].
 	WriteTimeout time.Duration
+	// ForwardTimeout bounds a write (a message, a state event, typing, a
+	// recompute) from its arrival to its owner's answer, queueing and a
+	// hand-over's wait included: past it the client gets 503 and retries
+	// with the same txn_id safely [5 s].
+	ForwardTimeout time.Duration
+	// AdminSecret is the bearer secret AdminRoutes require ("Authorization:
+	// Bearer <AdminSecret>"); empty: none (development only).
+	AdminSecret string
 }
 
 // NewService builds the client API.
@@ -129,13 +139,14 @@ func NewService(cfg Config) *Service {
 		cfg.MaxLongPolls = DefaultMaxLongPolls
 	}
 	s := &Service{pool: cfg.Pool, reads: cfg.Reads, events: cfg.Events, node: cfg.Node, live: cfg.Live,
-		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, log: log, visible: cfg.VisibleTimeout,
+		eventsFwd: cfg.EventsForwarder, typingFwd: cfg.TypingForwarder, typingWriter: cfg.TypingWriter, admin: httpx.NewSecret(cfg.AdminSecret), log: log, visible: cfg.VisibleTimeout,
 		fwdTimeout: forwardTimeout}
 	s.closeCtx, s.close = context.WithCancel(context.Background())
 	s.polls.max = int64(cfg.MaxLongPolls)
 	s.answers = answerGate{slots: make(chan struct{}, cmp.Or(max(cfg.MaxAnswers, 0), DefaultMaxAnswers))}
 	s.maxBytes = cmp.Or(max(cfg.MaxAnswerBytes, 0), DefaultMaxAnswerBytes)
 	s.writeTimeout = cmp.Or(max(cfg.WriteTimeout, 0), DefaultWriteTimeout)
+	s.fwdTimeout = cmp.Or(max(cfg.ForwardTimeout, 0), forwardTimeout)
 	return s
 }
 
@@ -148,10 +159,18 @@ func (s *Service) Close() { s.close() }
 func (s *Service) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/rooms/{room}/messages", s.postMessage)
 	mux.HandleFunc("PUT /v1/rooms/{room}/state/{key}", s.putState)
-	mux.HandleFunc("POST /v1/rooms/{room}/recompute", s.recompute)
 	mux.HandleFunc("GET /v1/rooms/{room}/state", s.getState)
 	mux.HandleFunc("PUT /v1/rooms/{room}/typing/{user}", s.putTyping)
 	mux.HandleFunc("GET /v1/sync", s.sync)
+}
+
+// AdminRoutes registers the operator's routes on mux, each behind the
+// bearer Config.AdminSecret: POST /v1/rooms/{room}/recompute, which
+// rebuilds a room's state inside its writer's shared commit (looped on a
+// big room, it slows every other room of that writer), so that a client
+// cannot run it.
+func (s *Service) AdminRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/rooms/{room}/recompute", s.recompute)
 }
 
 // pathParam reads a path parameter and answers 400 naming it when it does
@@ -341,8 +360,9 @@ type forwarded struct {
 func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t forwarded) (json.RawMessage, bool) {
 	// A stalled owner (SIGSTOP, a frozen VM) accepts connections and never
 	// answers: without a bound its clients would wait for every attempt's
-	// timeout, past its lease. The task may still run; the client's retry
-	// with the same idempotency key finds it.
+	// timeout, past its lease, and a room whose owner no instance runs
+	// would wait until one does. The task may still run; the client's
+	// retry with the same idempotency key finds it.
 	ctx, cancel := context.WithTimeout(r.Context(), s.fwdTimeout)
 	defer cancel()
 	res, err := f.Do(ctx, t.key, t.task, t.idem)
@@ -375,6 +395,10 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, f Forwarder, t
 			level = slog.LevelDebug // the client left; nobody reads the answer
 		}
 		s.log.Log(r.Context(), level, "could not run a task on its owner", "kind", t.task.Kind, "key", t.key, "err", err)
+		if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			unavailable(w, fmt.Sprintf("%s did not answer within %v; retry", t.owner, s.fwdTimeout))
+			return nil, false
+		}
 		unavailable(w, t.owner+" is unavailable; retry")
 	}
 	return nil, false
@@ -450,6 +474,11 @@ func (s *Service) writeToken(ctx context.Context, writer string) (streams.Token,
 }
 
 func (s *Service) recompute(w http.ResponseWriter, r *http.Request) {
+	if !s.admin.Allows(r) {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong bearer secret: recompute is an operator's route"})
+		return
+	}
 	room, ok := s.room(w, r)
 	if !ok {
 		return

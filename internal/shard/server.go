@@ -47,6 +47,8 @@ type ServerConfig struct {
 	// Secret is the shared bearer secret every request must carry.
 	// Required unless Insecure.
 	Secret string
+	// PreviousSecret is accepted too, while a rotation of Secret lasts.
+	PreviousSecret string
 	// Insecure allows an empty Secret: every request is then accepted.
 	// For development only. With a Secret set, Insecure changes nothing.
 	Insecure bool
@@ -131,7 +133,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Secret != "" && len(cfg.Secret) < shortSecret {
 		log.Warn("shard forwarding secret is short: use at least 16 random bytes", "length", len(cfg.Secret))
 	}
-	return &Server{cfg: cfg, log: log, m: newServerMetrics(reg), secret: httpx.NewSecret(cfg.Secret),
+	return &Server{cfg: cfg, log: log, m: newServerMetrics(reg), secret: httpx.NewSecrets(cfg.Secret, cfg.PreviousSecret),
 		dedup: newDedup(cfg.IdempotencyEntries, cfg.IdempotencyTTL, cfg.now)}, nil
 }
 

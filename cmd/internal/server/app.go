@@ -9,6 +9,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -79,22 +80,53 @@ func Run(ctx context.Context, cfg Config, role string, ready func(addr string)) 
 	if err != nil {
 		return fmt.Errorf("app: --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
+	lns := []net.Listener{ln}
+	if cfg.AdminAddr != "" {
+		aln, err := net.Listen("tcp", cfg.AdminAddr)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("app: --admin-addr %s: %w", cfg.AdminAddr, err)
+		}
+		lns = append(lns, aln)
+	}
+	tc, err := cfg.serverTLS()
+	if err != nil {
+		for _, l := range lns {
+			_ = l.Close()
+		}
+		return err
+	}
+	if tc != nil {
+		for i, l := range lns {
+			lns[i] = tls.NewListener(l, tc)
+		}
+	}
 	wait := &waitingPage{cfg: cfg, role: role}
-	var handler switchHandler
-	handler.set(wait)
-	srv := catchup.NewHTTPServer(cfg.HTTPAddr, &handler)
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	r := &runner{cfg: cfg, role: role, log: log, wait: wait}
+	serveErr := make(chan error, len(lns))
+	for i, l := range lns {
+		var h switchHandler
+		h.set(canonicalPaths(wait.on(cfg, i == len(lns)-1)))
+		srv := catchup.NewHTTPServer(l.Addr().String(), &h)
+		// net/http's own lines (a failed TLS handshake, an accept error)
+		// go through the instance's logger, in its format.
+		srv.ErrorLog = slog.NewLogLogger(log.With("component", "net/http").Handler(), slog.LevelWarn)
+		r.srvs, r.handlers = append(r.srvs, srv), append(r.handlers, &h)
+		go func() { serveErr <- srv.Serve(lns[i]) }()
+	}
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
-	r := &runner{cfg: cfg, role: role, log: log, srv: srv, handler: &handler, wait: wait}
 	err = r.run(ctx)
 	if r.stopped.CompareAndSwap(false, true) { // never got to serve: nothing to drain
-		_ = srv.Close()
+		for _, srv := range r.srvs {
+			_ = srv.Close()
+		}
 	}
-	if serr := <-serveErr; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = fmt.Errorf("app: http: %w", serr)
+	for range lns {
+		if serr := <-serveErr; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+			err = fmt.Errorf("app: http: %w", serr)
+		}
 	}
 	r.log.Info("instance stopped")
 	return err
@@ -119,17 +151,23 @@ func (s *switchHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // runner is one instance's run: what it built, to stop it in order.
 type runner struct {
-	cfg     Config
-	role    string
-	log     *slog.Logger // with the instance ID once the node is open
-	srv     *http.Server
-	handler *switchHandler
-	wait    *waitingPage
-	stopped atomic.Bool // the HTTP server was shut down
+	cfg      Config
+	role     string
+	log      *slog.Logger // with the instance ID once the node is open
+	srvs     []*http.Server
+	handlers []*switchHandler // srvs' handlers: --http-addr's, then --admin-addr's
+	wait     *waitingPage
+	peers    *http.Client // calls other instances' /_weft/
+	stopped  atomic.Bool  // the HTTP servers were shut down
 }
 
 func (r *runner) run(ctx context.Context) error {
 	cfg, log := r.cfg, r.log
+	pc, err := cfg.peerClient()
+	if err != nil {
+		return err
+	}
+	r.peers = pc
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -223,13 +261,13 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	eventsFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(writesEvents), Placement: follower, Local: eventsQ, Resolve: hold.resolve, Secret: cfg.Secret,
-		Registerer: queueReg("events"), Logger: log})
+		HTTPClient: r.peers, Registerer: queueReg("events"), Logger: log})
 	if err != nil {
 		return err
 	}
 	defer eventsFwd.Close()
 	typingFwd, err := shard.NewForwarder(shard.ForwarderConfig{Self: r.ownerSelfName(cfg.WritesTyping()), Holds: typingHolds, Map: typingMap, Local: typingQ, Resolve: hold.resolve, Secret: cfg.Secret,
-		Registerer: queueReg("typing"), Logger: log})
+		HTTPClient: r.peers, Registerer: queueReg("typing"), Logger: log})
 	if err != nil {
 		return err
 	}
@@ -237,7 +275,7 @@ func (r *runner) run(ctx context.Context) error {
 	events := eng.Generator(rooms.EventsStream)
 	svc := rooms.NewService(rooms.Config{Pool: pool, Reads: eng.Reads, Events: events, Node: eng.Fabric, Live: live,
 		EventsForwarder: eventsFwd, TypingForwarder: prefixed{typingFwd}, TypingWriter: cfg.TypingWriter,
-		MaxLongPolls: cfg.MaxLongPolls, MaxAnswerBytes: cfg.MaxAnswerBytes, MaxAnswers: cfg.MaxAnswers, WriteTimeout: cfg.WriteTimeout, Logger: log})
+		MaxLongPolls: cfg.MaxLongPolls, MaxAnswerBytes: cfg.MaxAnswerBytes, MaxAnswers: cfg.MaxAnswers, WriteTimeout: cfg.WriteTimeout, AdminSecret: cfg.Secret, Logger: log})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls",
 			Help: "Syncs and room state reads in progress on this instance now, waiting or not."}, func() float64 { return float64(svc.LongPolls().Active) }),
@@ -246,17 +284,34 @@ func (r *runner) run(ctx context.Context) error {
 
 	status := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: eng.Fabric, pool: pool, gen: events,
 		queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}
-	mux := http.NewServeMux()
-	svc.Routes(mux)
-	mux.Handle("/_weft/v1/streams/", node.Handler()) // catch-up, served by weft
-	mux.Handle("/_weft/v1/ping", node.Handler())
-	mux.Handle("POST /_weft/v1/shard/{key}", shardDispatch{events: eventsSrv, typing: typingSrv})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", status.readyz)
-	mux.HandleFunc("GET /status", status.serve)
+	// The client API on --http-addr; the operator's routes, and /_weft/
+	// with --admin-weft, on --admin-addr when it is set.
+	client, admin := http.NewServeMux(), http.NewServeMux()
+	if cfg.AdminAddr == "" {
+		admin = client
+	}
+	peers := client
+	if cfg.AdminWeft {
+		peers = admin
+	}
+	secret := httpx.NewSecrets(cfg.Secret, cfg.SecretPrevious)
+	svc.Routes(client)
+	svc.AdminRoutes(admin)
+	peers.Handle("/_weft/v1/streams/", node.Handler()) // catch-up, served by weft
+	peers.Handle("/_weft/v1/ping", node.Handler())
+	peers.Handle("POST /_weft/v1/shard/{key}", shardDispatch{events: eventsSrv, typing: typingSrv})
+	var metrics, statusH http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), http.HandlerFunc(status.serve)
+	if cfg.StatusAuth {
+		metrics, statusH = requireBearer(secret, metrics), requireBearer(secret, statusH)
+	}
+	admin.Handle("GET /metrics", metrics)
+	admin.Handle("GET /status", statusH)
+	for _, mux := range uniqueMuxes(client, admin) {
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("GET /readyz", status.readyz)
+	}
 	if r.role == RoleMaster {
-		(&writersAPI{store: members, secret: httpx.NewSecret(cfg.Secret), log: log}).routes(mux)
+		(&writersAPI{store: members, secret: secret, log: log}).routes(admin)
 	}
 
 	// Everything below runs until ctx ends; the node outlives the rest so
@@ -277,8 +332,11 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	wg.Go(func() { refreshHolders(workCtx, hold, cfg.AnnounceInterval) })
 	wg.Go(func() { errs <- wrap("membership", follower.Run(workCtx)) })
-	r.handler.set(instrument(mux, reg))
-	log.Info("instance started", "role", r.role, "name", cfg.Name, "http", r.cfg.HTTPAddr, "advertise", cfg.Advertise(),
+	httpm := newHTTPMetrics(reg)
+	for i, mux := range uniqueMuxes(client, admin) {
+		r.handlers[i].set(canonicalPaths(httpm.instrument(mux)))
+	}
+	log.Info("instance started", "role", r.role, "name", cfg.Name, "http", r.cfg.HTTPAddr, "admin", cfg.AdminAddr, "advertise", cfg.Advertise(),
 		"writes_events", writesEvents, "writes_typing", cfg.WritesTyping(), "event_writers", follower.Version().Writers)
 
 	var runErr error
@@ -319,11 +377,11 @@ func (r *runner) weftConfig(pool *pgxpool.Pool, reg prometheus.Registerer, live 
 	}
 	return weft.Config{
 		Name: cfg.Name, Database: pool, DatabaseReadURL: cfg.DatabaseReadURL, RedisURL: cfg.RedisURL, RedisCluster: cfg.RedisCluster,
-		Cluster: cfg.Cluster, Secret: cfg.Secret, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
+		Cluster: cfg.Cluster, Secret: cfg.Secret, PreviousSecret: cfg.SecretPrevious, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
 		Streams: rooms.Streams(), Writes: writes,
 		Followers:        []weft.Follower{{Stream: rooms.EventsStream, Handler: live}, {Stream: rooms.TypingStream, Handler: live}},
 		AnnounceInterval: cfg.AnnounceInterval, HeartbeatInterval: cfg.HeartbeatInterval, LeaseTTL: cfg.LeaseTTL, SealExpired: seal, SealDead: cfg.SealDead,
-		OnWait: r.wait.set, Logger: r.log, Registerer: reg,
+		HTTPClient: r.peers, OnWait: r.wait.set, Logger: r.log, Registerer: reg,
 	}
 }
 
@@ -341,14 +399,18 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	// Every answer from now on says Connection: close, so a client does
 	// not send its next long-poll on a connection the stop is about to
 	// close (that request would be cut: EOF).
-	r.srv.SetKeepAlivesEnabled(false)
+	for _, srv := range r.srvs {
+		srv.SetKeepAlivesEnabled(false)
+	}
 	svc.Close() // long-polls answer now, with what they have
-	wg.Go(func() {
-		if err := r.srv.Shutdown(ctx); err != nil {
-			log.Warn("stop: requests still running after the budget; closing their connections", "budget", StopRequests, "err", err)
-			_ = r.srv.Close()
-		}
-	})
+	for _, srv := range r.srvs {
+		wg.Go(func() {
+			if err := srv.Shutdown(ctx); err != nil {
+				log.Warn("stop: requests still running after the budget; closing their connections", "budget", StopRequests, "addr", srv.Addr, "err", err)
+				_ = srv.Close()
+			}
+		})
+	}
 	for _, q := range []*shard.Queue{eventsQ, typingQ} {
 		if q != nil {
 			wg.Go(func() {
@@ -360,6 +422,14 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	}
 	wg.Wait()
 	log.Info("stop: requests ended and queues drained; sealing the writer and saying BYE", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// uniqueMuxes is client and admin, or client alone when they are one.
+func uniqueMuxes(client, admin *http.ServeMux) []*http.ServeMux {
+	if client == admin {
+		return []*http.ServeMux{client}
+	}
+	return []*http.ServeMux{client, admin}
 }
 
 // refreshHolders keeps the writer registry read at the announce pace, for

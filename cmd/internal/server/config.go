@@ -29,10 +29,19 @@ type Config struct {
 	DatabaseURL       string        `name:"database-url" help:"PostgreSQL URL." env:"WEFT_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/weft?sslmode=disable"`
 	DatabaseReadURL   string        `name:"database-read-url" help:"PostgreSQL streaming replica for readers' range reads (sync, catch-up); empty: the primary serves them." env:"WEFT_DATABASE_READ_URL"`
 	HTTPAddr          string        `name:"http-addr" help:"Address the HTTP server listens on (client API, /_weft/, /metrics, health)." env:"WEFT_HTTP_ADDR" default:"127.0.0.1:8080"`
-	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr>." env:"WEFT_ADVERTISE_URL"`
+	AdminAddr         string        `name:"admin-addr" help:"Serve the operator's routes (recompute, the master's /_weft/v1/writers, /status, /metrics) on this address of their own, and no longer on --http-addr; empty: on --http-addr." env:"WEFT_ADMIN_ADDR"`
+	AdminWeft         bool          `name:"admin-weft" help:"With --admin-addr: serve /_weft/ (between instances) there too, and not on --http-addr; --advertise-url then defaults to http://<admin-addr>." env:"WEFT_ADMIN_WEFT"`
+	StatusAuth        bool          `name:"status-auth" help:"/status and /metrics require the bearer secret, like every /_weft/ route (default: they answer anyone who reaches their listener)." env:"WEFT_STATUS_AUTH"`
+	AdvertiseURL      string        `name:"advertise-url" help:"How other instances reach this one; default http://<http-addr> (http://<admin-addr> with --admin-weft; https:// with --tls-cert)." env:"WEFT_ADVERTISE_URL"`
+	TLSCert           string        `name:"tls-cert" help:"PEM certificate (chain) file: every HTTP listener serves HTTPS only, with --tls-key; also presented to other instances that ask for a client certificate." env:"WEFT_TLS_CERT"`
+	TLSKey            string        `name:"tls-key" help:"PEM private key file of --tls-cert." env:"WEFT_TLS_KEY"`
+	TLSClientCA       string        `name:"tls-client-ca" help:"PEM CA file: every HTTP listener requires a client certificate it signed (mutual TLS)." env:"WEFT_TLS_CLIENT_CA"`
+	TLSCA             string        `name:"tls-ca" help:"PEM CA file the calls to other instances trust (catch-up, forwarding); default: the system's roots." env:"WEFT_TLS_CA"`
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	SecretFile        string        `name:"secret-file" help:"Read --secret from this file (one line; a trailing newline is dropped), as Docker and Kubernetes secrets are mounted: it stays out of ps and the environment." env:"WEFT_SECRET_FILE" type:"path"`
+	SecretPrevious    string        `name:"secret-previous" help:"Also accept this secret (Redis lines signed with it, bearers that carry it), never send it: rotating --secret without a stop (docs/SECURITY.md)." env:"WEFT_SECRET_PREVIOUS"`
+	SecretPrevFile    string        `name:"secret-previous-file" help:"Read --secret-previous from this file (one line)." env:"WEFT_SECRET_PREVIOUS_FILE"`
 	Insecure          bool          `help:"Allow running without --secret (development only)." env:"WEFT_INSECURE"`
 	EventWriters      []string      `name:"event-writers" help:"Writer names that persist room events, in any order: the shard map's first version (after that, master writers add/remove change it in the database)." env:"WEFT_EVENT_WRITERS" default:"persister1,persister2" sep:","`
 	EventWriter       bool          `name:"event-writer" help:"Hold an events writer under --name although the shard map does not list it (yet), so that master writers add can give it rooms at runtime." env:"WEFT_EVENT_WRITER"`
@@ -49,6 +58,7 @@ type Config struct {
 	WriteTimeout      time.Duration `name:"write-timeout" help:"How long a client may take to read a sync answer or state page before it is disconnected (1s..10m)." env:"WEFT_WRITE_TIMEOUT" default:"15s"`
 
 	secretFrom string // the SecretFile Secret was read from
+	prevFrom   string // the SecretPrevFile SecretPrevious was read from
 }
 
 // Bounds of the answer flags: an answer holds at least 64 KiB (a whole
@@ -100,6 +110,36 @@ func (c *Config) loadSecretFile() error {
 	return nil
 }
 
+// validatePrevious reads --secret-previous-file once and checks the
+// previous secret.
+func (c *Config) validatePrevious() error {
+	if c.SecretPrevFile != "" && c.prevFrom != c.SecretPrevFile {
+		if c.SecretPrevious != "" {
+			return bad("secret-previous-file", "WEFT_SECRET_PREVIOUS_FILE", "given with --secret-previous (WEFT_SECRET_PREVIOUS): set one of them")
+		}
+		b, err := os.ReadFile(c.SecretPrevFile)
+		if err != nil {
+			return bad("secret-previous-file", "WEFT_SECRET_PREVIOUS_FILE", "%v", err)
+		}
+		c.SecretPrevious, c.prevFrom = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), c.SecretPrevFile
+		if c.SecretPrevious == "" {
+			return bad("secret-previous-file", "WEFT_SECRET_PREVIOUS_FILE", "%s is empty", c.SecretPrevFile)
+		}
+	}
+	switch {
+	case c.SecretPrevious == "":
+		return nil
+	case c.Secret == "":
+		return bad("secret-previous", "WEFT_SECRET_PREVIOUS", "set without --secret: it is accepted besides --secret while a rotation lasts")
+	case c.SecretPrevious == c.Secret:
+		return bad("secret-previous", "WEFT_SECRET_PREVIOUS", "the same as --secret")
+	}
+	if p := httpx.SecretProblem(c.SecretPrevious); p != "" {
+		return bad("secret-previous", "WEFT_SECRET_PREVIOUS", "%s", p)
+	}
+	return nil
+}
+
 // Validate checks every field and names the first bad one.
 func (c *Config) Validate() error {
 	if c.Cluster == "" || strings.ContainsAny(c.Cluster, " \t\r\n") || len(c.Cluster) > 64 {
@@ -118,6 +158,12 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		return bad("http-addr", "WEFT_HTTP_ADDR", "%q: %v", c.HTTPAddr, err)
+	}
+	if err := c.validateAdmin(); err != nil {
+		return err
+	}
+	if err := c.validateTLS(); err != nil {
+		return err
 	}
 	if c.AdvertiseURL != "" {
 		u, err := url.Parse(c.AdvertiseURL)
@@ -140,6 +186,12 @@ func (c *Config) Validate() error {
 	}
 	if p := httpx.SecretProblem(c.Secret); p != "" {
 		return bad("secret", "WEFT_SECRET", "%s", p)
+	}
+	if err := c.validatePrevious(); err != nil {
+		return err
+	}
+	if c.StatusAuth && c.Secret == "" {
+		return bad("status-auth", "WEFT_STATUS_AUTH", "needs a secret (--secret or --secret-file): with --insecure there is no bearer to require")
 	}
 	if len(c.EventWriters) == 0 {
 		return bad("event-writers", "WEFT_EVENT_WRITERS", "empty: name at least one writer")
@@ -185,16 +237,42 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Advertise is the URL other instances use to reach this one.
+// validateAdmin checks --admin-addr and --admin-weft.
+func (c *Config) validateAdmin() error {
+	if c.AdminAddr == "" {
+		if c.AdminWeft {
+			return bad("admin-weft", "WEFT_ADMIN_WEFT", "needs --admin-addr (WEFT_ADMIN_ADDR): the listener to serve /_weft/ on")
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+		return bad("admin-addr", "WEFT_ADMIN_ADDR", "%q: %v", c.AdminAddr, err)
+	}
+	if c.AdminAddr == c.HTTPAddr {
+		return bad("admin-addr", "WEFT_ADMIN_ADDR", "%q is --http-addr too: the admin listener must be apart (leave it empty to serve everything there)", c.AdminAddr)
+	}
+	return nil
+}
+
+// Advertise is the URL other instances use to reach this one: where
+// /_weft/ is served.
 func (c *Config) Advertise() string {
 	if c.AdvertiseURL != "" {
 		return strings.TrimRight(c.AdvertiseURL, "/")
 	}
-	host, port, _ := net.SplitHostPort(c.HTTPAddr)
+	addr := c.HTTPAddr
+	if c.AdminWeft {
+		addr = c.AdminAddr
+	}
+	host, port, _ := net.SplitHostPort(addr)
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	scheme := "http://"
+	if c.tlsEnabled() {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(host, port)
 }
 
 // WritesEvents reports whether this instance holds an events writer by

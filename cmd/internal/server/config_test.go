@@ -226,3 +226,68 @@ func TestSecretFile(t *testing.T) {
 		}
 	}
 }
+
+// The admin flags: a bad or clashing --admin-addr, --admin-weft without
+// it, and --status-auth without a secret are refused naming the flag.
+func TestAdminFlags(t *testing.T) {
+	if c := parse(t, "--admin-addr=127.0.0.1:9090", "--admin-weft", "--status-auth"); c.Validate() != nil || c.Advertise() != "http://127.0.0.1:9090" {
+		t.Fatalf("valid admin flags: %v, advertise %s", c.Validate(), c.Advertise())
+	}
+	if c := parse(t, "--admin-addr=127.0.0.1:9090"); c.Advertise() != "http://127.0.0.1:8080" {
+		t.Fatalf("without --admin-weft the advertised URL is %s, want --http-addr's", c.Advertise())
+	}
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--admin-addr=nope"}, "admin-addr"},
+		{[]string{"--admin-addr=127.0.0.1:8080"}, "admin-addr"},
+		{[]string{"--admin-weft"}, "admin-weft"},
+	} {
+		c := parse(t, tc.args...)
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Flag != tc.flag {
+			t.Errorf("%v: %v, want a ConfigError naming --%s", tc.args, err, tc.flag)
+		}
+	}
+	var c flags
+	p, err := kong.New(&c, kong.Vars{"default_name": "worker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse([]string{"--insecure", "--status-auth"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config(c)
+	var ce *ConfigError
+	if err := cfg.Validate(); !errors.As(err, &ce) || ce.Flag != "status-auth" {
+		t.Errorf("--status-auth --insecure: %v, want a ConfigError naming --status-auth", err)
+	}
+}
+
+// --secret-previous (or its file) needs --secret and differs from it; a
+// bad one names its flag.
+func TestSecretPreviousFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "previous")
+	if err := os.WriteFile(file, []byte("old-s3cret-old-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c := parse(t, "--secret-previous-file="+file); c.Validate() != nil || c.SecretPrevious != "old-s3cret-old-s3cret" {
+		t.Fatalf("--secret-previous-file: %v, read %q", c.Validate(), c.SecretPrevious)
+	}
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--secret-previous=s3cret-s3cret-s3cret"}, "secret-previous"}, // parse's --secret
+		{[]string{"--secret-previous=bad\tone"}, "secret-previous"},
+		{[]string{"--secret-previous=x", "--secret-previous-file=" + file}, "secret-previous-file"},
+		{[]string{"--secret-previous-file=/nonexistent"}, "secret-previous-file"},
+	} {
+		c := parse(t, tc.args...)
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Flag != tc.flag {
+			t.Errorf("%v: %v, want a ConfigError naming --%s", tc.args, err, tc.flag)
+		}
+	}
+}

@@ -21,7 +21,7 @@ func newShardServer(sc shard.ServerConfig, cfg Config, reg prometheus.Registerer
 	if sc.Queue == nil {
 		return nil, nil
 	}
-	sc.Secret, sc.Insecure, sc.Registerer, sc.Logger = cfg.Secret, cfg.Insecure, reg, log
+	sc.Secret, sc.PreviousSecret, sc.Insecure, sc.Registerer, sc.Logger = cfg.Secret, cfg.SecretPrevious, cfg.Insecure, reg, log
 	return shard.NewServer(sc)
 }
 
@@ -54,11 +54,28 @@ func (p prefixed) Do(ctx context.Context, key string, t shard.Task, idem string)
 // instrument counts HTTP requests by route pattern and code, and answers
 // the requests no route takes as JSON.
 func instrument(h *http.ServeMux, reg prometheus.Registerer) http.Handler {
-	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "http",
-		Name: "requests_total", Help: "HTTP requests by route and status code."}, []string{"route", "code"})
-	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "weft", Subsystem: "http",
-		Name: "request_duration_seconds", Help: "HTTP request latency by route.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"route"})
-	reg.MustRegister(reqs, dur)
+	return newHTTPMetrics(reg).instrument(h)
+}
+
+// httpMetrics count the requests of every listener of an instance.
+type httpMetrics struct {
+	reqs *prometheus.CounterVec
+	dur  *prometheus.HistogramVec
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) httpMetrics {
+	m := httpMetrics{
+		reqs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "http",
+			Name: "requests_total", Help: "HTTP requests by route and status code."}, []string{"route", "code"}),
+		dur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "weft", Subsystem: "http",
+			Name: "request_duration_seconds", Help: "HTTP request latency by route.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"route"}),
+	}
+	reg.MustRegister(m.reqs, m.dur)
+	return m
+}
+
+func (m httpMetrics) instrument(h *http.ServeMux) http.Handler {
+	reqs, dur := m.reqs, m.dur
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}

@@ -126,6 +126,8 @@ const (
 	fenceVouches              // a fenced writer counts as released
 	releaseUndrained          // release with admitted tasks of lost keys left
 	releaseAhead              // release an epoch whose earlier barriers do not hold
+	gainedAtSettled           // every key counts as held since the settled epoch, moved or not
+	unmovedWaits              // a key that did not move counts as gained after the settled epoch
 )
 
 // New returns the state of writer name self, which knows no map yet.
@@ -234,13 +236,16 @@ func (n *Node) Admit(key string, senderEpoch int64) Decision {
 	switch {
 	case ks == nil:
 		n.keys[key] = &keyState{tasks: 1, gained: g}
-	case ks.gained != g:
+	case ks.gained < g && !n.ownedFrom(key, ks.gained, g):
 		// Admitted under an earlier ownership: the key moved away and
 		// back since. Those tasks finish first (the writer between may
 		// wait for them), then this one is admitted.
 		return Decision{Verdict: Wait, Epoch: n.cur}
 	default:
+		// The same ownership (g moves up as epochs settle): the older
+		// start stands for both.
 		ks.tasks++
+		ks.gained = min(ks.gained, g)
 	}
 	return Decision{Verdict: Accept, Epoch: n.cur}
 }
@@ -312,14 +317,34 @@ func (n *Node) drainedFor(e int64) bool {
 }
 
 // gainedAt is the first epoch of self's current, unbroken ownership of
-// key, looking back no further than the settled epochs (all of whose
-// barriers hold anyway).
+// key, looking back no further than the newest settled epoch (whose
+// barrier, and every one before, holds anyway). A key self owned at the
+// settled epoch and ever since did not move: its tasks run at once,
+// whatever barrier of a later epoch waits (a writer added that no
+// instance runs never releases, and must stop only the keys it gained).
 func (n *Node) gainedAt(key string) int64 {
 	g := n.cur
-	for e := n.cur - 1; e > n.settled && e >= n.oldest && n.owns(key, e); e-- {
+	for e := n.cur - 1; e >= n.settled && e >= n.oldest && n.owns(key, e); e-- {
+		if e == n.settled && n.broken == unmovedWaits {
+			break
+		}
 		g = e
 	}
+	if n.broken == gainedAtSettled {
+		g = min(g, max(n.settled, n.oldest))
+	}
 	return g
+}
+
+// ownedFrom reports whether self owned key at every epoch from..to-1
+// (every version known).
+func (n *Node) ownedFrom(key string, from, to int64) bool {
+	for e := from; e < to; e++ {
+		if !n.owns(key, e) {
+			return false
+		}
+	}
+	return true
 }
 
 func (n *Node) owns(key string, e int64) bool {

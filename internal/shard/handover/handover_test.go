@@ -3,6 +3,7 @@ package handover
 import (
 	"bytes"
 	"crypto/sha256"
+	"strings"
 	"testing"
 
 	"github.com/weft-dev/weft/internal/simtest"
@@ -75,4 +76,44 @@ func testOwner(key string, writers []string) string {
 		}
 	}
 	return owner
+}
+
+// Names no instance runs, added and removed (issue 45, case 3): among the
+// faults every check holds and, once they are removed, every task
+// commits; without faults a key that stayed with a running writer is
+// served within a second of simulated time.
+func TestSimulationAbsentWriters(t *testing.T) {
+	for name, cfg := range map[string]simConfig{"faults": absentSim, "calm": calmAbsentSim} {
+		t.Run(name, func(t *testing.T) {
+			var total simStats
+			n := simtest.Run(t, simtest.Seeds(t, 2000, 200), "./shard/handover/", func(seed uint64) *sim { return newSim(seed, cfg) },
+				func(s *sim) { total.add(s.stats) })
+			t.Logf("%d seeds: %s", n, total)
+			if total.changes < int(n) || total.refused == 0 {
+				t.Fatalf("the seeds exercised too little: %s", total)
+			}
+		})
+	}
+}
+
+// The simulation catches the hand-over of 1995db6 (a name never held is
+// not fenced, so it holds up every barrier after it is added, and a key
+// that stayed waits for one), and a fence that lets a key run as if it
+// had stayed although it moved.
+func TestSimulationAbsentWritersCatchesBreakage(t *testing.T) {
+	for name, cfg := range map[string]simConfig{
+		"absent name not fenced, calm":   {noAbsentFence: true},
+		"absent name not fenced, faults": {noAbsentFence: true},
+		"moved key taken as stayed":      {broken: gainedAtSettled},
+		"1995db6, calm":                  {broken: unmovedWaits, noAbsentFence: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			base := absentSim
+			if strings.HasSuffix(name, "calm") {
+				base = calmAbsentSim
+			}
+			base.broken, base.noAbsentFence = cfg.broken, cfg.noAbsentFence
+			simtest.Catches(t, simtest.Seeds(t, 2000, 200), func(seed uint64) *sim { return newSim(seed, base) })
+		})
+	}
 }

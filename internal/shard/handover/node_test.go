@@ -153,3 +153,55 @@ func TestNodeMemoryBounded(t *testing.T) {
 		t.Fatal("a version older than the window was kept")
 	}
 }
+
+// A writer added that never releases (a name no instance runs, added
+// with --force) holds up only the keys it gained: a key that stayed with
+// its owner runs at once, before and after the owner learns the change,
+// while a key that moved between two running writers still waits for its
+// barrier.
+func TestUnmovedKeyRunsWhileAnAddedWriterHasNotReleased(t *testing.T) {
+	v1 := Version{Epoch: 1, Writers: []string{"a", "b"}}
+	v2 := Version{Epoch: 2, Writers: []string{"a", "b", "x"}}
+	stays := keyOf(t, "a", v1.Writers, "a", v2.Writers)
+	moves := keyOf(t, "a", v1.Writers, "x", v2.Writers)
+	a := New("a", 0, testOwner)
+	a.Learn(v1)
+	if a.Admit(stays, 1).Verdict != Accept || !a.Runnable(stays) {
+		t.Fatal("a does not run its own key at epoch 1")
+	}
+	a.Learn(v2)
+	if d := a.Admit(stays, 2); d.Verdict != Accept || !a.Runnable(stays) {
+		t.Fatalf("a's key that did not move, after x was added: %+v runnable %v (settled %d), want accept and runnable", d, a.Runnable(stays), a.Settled())
+	}
+	a.Done(stays)
+	a.Done(stays)
+	if d := a.Admit(stays, 2); d.Verdict != Accept || !a.Runnable(stays) {
+		t.Fatalf("a fresh task of the key that did not move: %+v runnable %v, want accept and runnable", d, a.Runnable(stays))
+	}
+	if d := a.Admit(moves, 2); d.Verdict != Refuse || d.Owner != "x" {
+		t.Fatalf("the key that moved: %+v, want refuse naming x", d)
+	}
+	if e, ok := a.Release(); !ok || e != 2 {
+		t.Fatalf("a's release: %d %v, want 2: it holds nothing of the moved key", e, ok)
+	}
+
+	// x is removed again: the key comes back to a, and runs once x is
+	// fenced (no instance ever held it) and b released.
+	v3 := Version{Epoch: 3, Writers: []string{"a", "b"}}
+	a.Released("a", 2)
+	a.Learn(v3)
+	if a.Admit(moves, 3).Verdict != Accept {
+		t.Fatal("a does not admit the key back")
+	}
+	if a.Runnable(moves) {
+		t.Fatal("the key back from x runs before x is fenced or released")
+	}
+	if !a.Runnable(stays) {
+		t.Fatal("the key that never moved stopped")
+	}
+	a.Released("b", 3)
+	a.Fenced("x", 3)
+	if !a.Runnable(moves) || a.Settled() != 3 {
+		t.Fatalf("with x fenced and b released: runnable %v, settled %d; want runnable, 3", a.Runnable(moves), a.Settled())
+	}
+}

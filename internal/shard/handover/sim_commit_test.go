@@ -167,6 +167,7 @@ func (s *sim) end(tx *simTxn, o outcome) {
 	}
 	s.commits[tx.key] = append(s.commits[tx.key], t.id)
 	s.stats.committed++
+	s.checkServed(t)
 }
 
 // lostAnswer is tx's writer finding its connection broken after COMMIT.

@@ -50,6 +50,14 @@ type simConfig struct {
 	readEarly     bool // it is resolved without waiting for the COMMIT to end: no row yet reads as a rollback
 	doneAtBegin   bool // a task ends in the Node as its transaction begins
 	deadUnfenced  bool // a holder found dead is sealed without waiting for its transactions
+
+	// Names no instance runs, which the operator adds (--force) and
+	// removes (sim_absent_test.go).
+	absent   int   // names x0..x{n-1}
+	calm     bool  // no crashes, partitions or loss: only map changes
+	servedIn int64 // ms: with calm, a task whose key kept one running owner commits within it (0: unchecked)
+
+	noAbsentFence bool // broken: a name never held is not fenced, so it must release like a running one
 }
 
 var defaultSim = simConfig{writers: 4, keys: 6, forwarders: 6, faultsFor: 1500, settleFor: 8000}
@@ -63,6 +71,8 @@ const (
 
 type simTask struct {
 	id       int
+	born     int64 // when its forwarder created it
+	epoch    int64 // the map's epoch then
 	key      string
 	fwd      int
 	admitted map[string]admission // live admissions, by writer
@@ -137,6 +147,7 @@ type sim struct {
 	pending  map[string][]int // key -> uncommitted task IDs
 
 	writers []*simWriter
+	absent  []string // names no instance runs
 	fwds    []*simFwd
 	nextID  int
 	stats   simStats
@@ -159,6 +170,9 @@ func newSim(seed uint64, cfg simConfig) *sim {
 	salt := fmt.Sprint(seed % 97)
 	s.owner = func(key string, writers []string) string { return testOwner(salt+key, writers) }
 	s.versions = []Version{{Epoch: 1, Writers: []string{"w0", "w1"}}}
+	for i := range cfg.absent {
+		s.absent = append(s.absent, fmt.Sprintf("x%d", i))
+	}
 	for i := range cfg.writers {
 		w := &simWriter{name: fmt.Sprintf("w%d", i)}
 		s.writers = append(s.writers, w)
@@ -200,6 +214,7 @@ func (s *sim) Run() []string {
 		for _, w := range s.writers {
 			s.heal(w)
 		}
+		s.removeAbsent()
 	})
 	for s.Next(end) {
 		s.checkPositions()
@@ -238,9 +253,9 @@ func (s *sim) operator() {
 	}
 	cur := s.versions[len(s.versions)-1].Writers
 	var next []string
-	name := fmt.Sprintf("w%d", s.rng.IntN(s.cfg.writers))
+	name := s.opName(s.rng.IntN(s.cfg.writers + s.cfg.absent))
 	switch {
-	case slices.Contains(cur, name) && len(cur) > 1:
+	case slices.Contains(cur, name) && s.running(cur, name) > 0:
 		next = slices.DeleteFunc(slices.Clone(cur), func(w string) bool { return w == name })
 	case !slices.Contains(cur, name):
 		next = append(slices.Clone(cur), name)
@@ -258,7 +273,7 @@ func (s *sim) operator() {
 }
 
 func (s *sim) chaos() {
-	if !s.faults {
+	if !s.faults || s.cfg.calm {
 		return
 	}
 	w := s.writers[s.rng.IntN(len(s.writers))]
@@ -377,8 +392,9 @@ func (s *sim) snapshot(w *simWriter) {
 	for _, n := range slices.Sorted(maps.Keys(s.released)) {
 		w.node.Released(n, s.released[n])
 	}
-	for _, n := range slices.Sorted(maps.Keys(s.fenced)) {
-		w.node.Fenced(n, s.fenced[n])
+	fen := s.fences()
+	for _, n := range slices.Sorted(maps.Keys(fen)) {
+		w.node.Fenced(n, fen[n])
 	}
 }
 
@@ -410,7 +426,7 @@ func (s *sim) poll(w *simWriter) {
 		s.lease[w.name] = s.Now + leaseTTL
 		s.stored[w.name] = max(s.stored[w.name], pos)
 		vs := slices.Clone(s.versions[max(0, len(s.versions)-KeepVersions):])
-		rel, fen := maps.Clone(s.released), maps.Clone(s.fenced)
+		rel, fen := maps.Clone(s.released), s.fences()
 		head := s.head
 		s.net(nil, w, func() {
 			if !w.alive || w.inc != inc {
@@ -531,7 +547,7 @@ func (s *sim) nextTask(f *simFwd) {
 		return
 	}
 	s.nextID++
-	t := &simTask{id: s.nextID, key: fmt.Sprintf("!k%d:test", s.rng.IntN(s.cfg.keys)), fwd: f.id, admitted: map[string]admission{}}
+	t := &simTask{id: s.nextID, born: s.Now, epoch: s.epoch(), key: fmt.Sprintf("!k%d:test", s.rng.IntN(s.cfg.keys)), fwd: f.id, admitted: map[string]admission{}}
 	s.tasks[t.id] = t
 	s.pending[t.key] = append(s.pending[t.key], t.id)
 	f.task = t.id
@@ -555,7 +571,9 @@ func (s *sim) send(f *simFwd) {
 		}
 	}
 	f.state = "offered"
-	s.net(nil, w, func() { s.offer(w, f, attempt, t, f.epoch) })
+	if w != nil { // else a name no instance runs: nobody answers, and the forwarder retries
+		s.net(nil, w, func() { s.offer(w, f, attempt, t, f.epoch) })
+	}
 	s.After(offerTimeout, func() {
 		if f.attempt == attempt && f.state == "offered" {
 			s.refresh(f, attempt)
