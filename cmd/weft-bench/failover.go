@@ -244,7 +244,7 @@ func memberKill(ctx context.Context, e *benchEnv, live bool) (time.Duration, err
 	}
 	if err := waitFor(ctx, 30*time.Second, "rows applied", func() (bool, error) {
 		var n int64
-		err := g.pool.QueryRow(ctx, `SELECT count(*) FROM weft_group_partitions WHERE name = 'g' AND pos > 0`).Scan(&n)
+		err := g.pool.QueryRow(ctx, `SELECT count(*) FROM weft_group_cursors WHERE name = 'g' AND pos > 0`).Scan(&n)
 		return err == nil && n > 0, nil
 	}); err != nil {
 		return 0, err
