@@ -18,7 +18,7 @@ func renderDocSection(h header, rs []result) string {
 	b.WriteString("Every row is applied with one effect, an INSERT into an effects table in the consumer's transaction (JetStream: committed, then acked; River: JobCompleteTx in it, 100 workers per client). ")
 	b.WriteString("Producers are processes of their own, 100 rows per call. Each cell: median over the passes, (its ratio to raw's in the same pass). ")
 	b.WriteString("*Group of 4*: 4 weft nodes of one keyed consumer, 4 River clients, 4 JetStream pull subscribers, 4 raw loops. ")
-	b.WriteString("CPU: the consumers' process, PostgreSQL, Redis and nats-server, per row drained. ")
+	b.WriteString("CPU: the consumers' process and all three servers, per row drained. ")
 	b.WriteString("Every run checks the effects table; full tables and the checks: [bench/consumers/results.md](../bench/consumers/results.md).\n\n")
 	b.WriteString("| peer | append -> effect committed at 1,000 rows/s: p50 / p99 / p99.9 ms | live rows/s: 1 / group of 4 | drain rows/s: 1 / group of 4 | CPU us/row, drain: 1 / 4 | runs keeping the promise |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- |\n")
