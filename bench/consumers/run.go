@@ -52,7 +52,7 @@ const (
 	// of the latency scenario is done: a peer that falls behind is
 	// reported as not done, its figures over the rows it applied.
 	latencyGrace = 15 * time.Second
-	producers   = 2 // producer processes of the live and drain scenarios
+	producers    = 2 // producer processes of the live and drain scenarios
 )
 
 func (o runOpts) sizes() sizes {
