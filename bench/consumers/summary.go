@@ -16,6 +16,7 @@ func renderDocSection(h header, rs []result) string {
 	fmt.Fprintf(&b, "`make peers-consumers` (`bench/consumers/run.sh`, -passes %d) on %s, %s, private PostgreSQL (synchronous commits), Redis and nats-server (JetStream, file storage). ",
 		h.Passes, h.Commit, h.Taken.Format("2006-01-02 15:04 UTC"))
 	b.WriteString("Every row is applied with one effect, an INSERT into an effects table in the consumer's transaction (JetStream: committed, then acked; River: JobCompleteTx in it, 100 workers per client). ")
+	b.WriteString("Latency: from the append call to the NOTIFY the effect's transaction sends, heard at its commit. ")
 	b.WriteString("Producers are processes of their own, 100 rows per call. Each cell: median over the passes, (its ratio to raw's in the same pass). ")
 	b.WriteString("*Group of 4*: 4 weft nodes of one keyed consumer, 4 River clients, 4 JetStream pull subscribers, 4 raw loops. ")
 	b.WriteString("CPU: the consumers' process and all three servers, per row drained. ")
