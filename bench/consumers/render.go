@@ -91,7 +91,7 @@ func renderSummary(h header, rs []result) string {
 	}
 	ms := func(f func(result) float64) figure { return f }
 	tables := []table{
-		{[]string{"latency"}, "Append -> effect committed, 1,000 rows/s offered for the run's length by 1 producer process (1 writer), 1 consumer",
+		{[]string{"latency", "latency4w"}, "Append -> effect committed, 1,000 rows/s offered for the run's length by 1 producer process (1 writer; *latency4w*: 4 processes, 4 writers, 250 rows/s each), 1 consumer",
 			[]string{"p50 ms", "p99 ms", "p99.9 ms"},
 			[]figure{ms(func(r result) float64 { return r.P50 }), ms(func(r result) float64 { return r.P99 }), ms(func(r result) float64 { return r.P999 })},
 			[]bool{true, true, true}},
@@ -141,7 +141,11 @@ func renderSummary(h header, rs []result) string {
 				if len(mine) == 0 {
 					continue
 				}
-				fmt.Fprintf(&b, "| %s | %d |", p, mine[0].Members)
+				label := p
+				if sc == "latency4w" {
+					label += ", 4 writers"
+				}
+				fmt.Fprintf(&b, "| %s | %d |", label, mine[0].Members)
 				for i, f := range t.figs {
 					fmt.Fprintf(&b, " %s |", spread(mine, f))
 					if t.ratio[i] {

@@ -100,7 +100,7 @@ func runMain(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.Quick, "quick", false, "one short pass (a smoke run)")
 	fs.IntVar(&o.Passes, "passes", 3, "passes (the peers interleaved in each)")
 	peers := fs.String("peers", "weft,river,jetstream,raw", "peers")
-	scen := fs.String("scenarios", "latency,live1,live4,drain1,drain4", "scenarios")
+	scen := fs.String("scenarios", "latency,latency4w,live1,live4,drain1,drain4", "scenarios")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -215,8 +215,18 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 	var prod []produced
 
 	switch {
-	case sc == "latency":
+	case strings.HasPrefix(sc, "latency"):
 		r.Rows = int(sz.LatencyFor.Seconds() * latencyRate)
+		// latency4w: the same 1,000 rows/s from 4 writers, 250 each.
+		writers := 1
+		if sc == "latency4w" {
+			writers = 4
+		}
+		var ps []produceOpts
+		for i := range writers {
+			ps = append(ps, produceOpts{ID: i, N: r.Rows / writers, Rate: latencyRate / writers, Batch: 100})
+			sent[i] = r.Rows / writers
+		}
 		copts.Notify = true
 		lat, stopListen, err := listen(ctx, e.DB, time.Now().Add(sz.Warm))
 		if err != nil {
@@ -229,8 +239,7 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 		}
 		cpu0, t0 = sampleCPU(o.pids), time.Now()
 		lat.warm.Store(t0.Add(sz.Warm).UnixNano())
-		prod, err = o.produce(ctx, p.Name(), e, []produceOpts{{ID: 0, N: r.Rows, Rate: latencyRate, Batch: 100}})
-		sent[0] = r.Rows
+		prod, err = o.produce(ctx, p.Name(), e, ps)
 		if err == nil {
 			r.Done, err = o.waitApplied(ctx, e.DB, &applied, r.Rows, latencyGrace)
 		}
@@ -305,7 +314,7 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 	r.verdict = check(effects, sent)
 	r.Holds = r.verdict.holds(r.Promise)
 	r.Secs = t1.Sub(t0).Seconds()
-	if sc != "latency" {
+	if !strings.HasPrefix(sc, "latency") {
 		r.RowsPerSec = float64(r.Applied) / r.Secs
 	}
 	if len(prod) > 0 {
