@@ -38,6 +38,8 @@ func main() {
 		err = runMain(ctx, os.Args[2:])
 	case "produce":
 		err = produceMain(ctx, os.Args[2:])
+	case "consume":
+		err = consumeMain(ctx, os.Args[2:])
 	case "natsd":
 		err = natsdMain(ctx, os.Args[2:])
 	case "render":

@@ -103,6 +103,10 @@ func renderSummary(h header, rs []result) string {
 			[]string{"applied rows/s", "CPU us/row", "consumer's CPU us/row"},
 			[]figure{func(r result) float64 { return r.RowsPerSec }, func(r result) float64 { return r.CPUUsPerRow }, consumerCPU},
 			[]bool{true, true, true}},
+		{[]string{"kill"}, fmt.Sprintf("One consumer, a process of its own, killed -9 a third of the way through while %d producer processes offer %s rows/s, and a new one started at once", producers, thousands(killRate)),
+			[]string{"s from the kill to the next effect", "rows applied twice"},
+			[]figure{func(r result) float64 { return r.ResumeSecs }, func(r result) float64 { return float64(r.Doubled) }},
+			[]bool{true, false}},
 	}
 	peers := peersOf(rs)
 	for _, t := range tables {

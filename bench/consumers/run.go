@@ -43,6 +43,7 @@ type sizes struct {
 	LatencyFor  time.Duration // at latencyRate rows/s
 	Warm        time.Duration // latency samples before it are left out
 	Live, Drain int           // rows
+	Kill        int           // rows, offered at killRate
 	Timeout     time.Duration // a live or drain scenario's bound
 }
 
@@ -57,9 +58,9 @@ const (
 
 func (o runOpts) sizes() sizes {
 	if o.Quick {
-		return sizes{LatencyFor: 2 * time.Second, Warm: 200 * time.Millisecond, Live: 2000, Drain: 2000, Timeout: 30 * time.Second}
+		return sizes{LatencyFor: 2 * time.Second, Warm: 200 * time.Millisecond, Live: 2000, Drain: 2000, Kill: 3000, Timeout: 30 * time.Second}
 	}
-	return sizes{LatencyFor: 10 * time.Second, Warm: time.Second, Live: 40_000, Drain: 100_000, Timeout: 45 * time.Second}
+	return sizes{LatencyFor: 10 * time.Second, Warm: time.Second, Live: 40_000, Drain: 100_000, Kill: 20_000, Timeout: 45 * time.Second}
 }
 
 // result is one JSON line: one peer in one scenario of one pass.
@@ -76,6 +77,7 @@ type result struct {
 	P50         float64 `json:"p50_ms,omitempty"`
 	P99         float64 `json:"p99_ms,omitempty"`
 	P999        float64 `json:"p999_ms,omitempty"`
+	ResumeSecs  float64 `json:"resume_s,omitempty"` // the kill scenario: from the kill to the next effect
 	CPUSelfMs   float64 `json:"cpu_consumer_ms"`
 	CPUPGMs     float64 `json:"cpu_pg_ms"`
 	CPURedisMs  float64 `json:"cpu_redis_ms"`
@@ -100,7 +102,7 @@ func runMain(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.Quick, "quick", false, "one short pass (a smoke run)")
 	fs.IntVar(&o.Passes, "passes", 3, "passes (the peers interleaved in each)")
 	peers := fs.String("peers", "weft,river,jetstream,raw", "peers")
-	scen := fs.String("scenarios", "latency,latency4w,live1,live4,drain1,drain4", "scenarios")
+	scen := fs.String("scenarios", "latency,latency4w,live1,live4,drain1,drain4,kill", "scenarios")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -298,6 +300,10 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 			return r, err
 		}
 		prod = nil // the producers ran before: their rate is no figure here
+	case sc == "kill":
+		if err := o.killRun(ctx, p, e, &r, sent); err != nil {
+			return r, err
+		}
 	default:
 		return r, fmt.Errorf("no scenario %q", sc)
 	}
@@ -314,7 +320,7 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 	r.verdict = check(effects, sent)
 	r.Holds = r.verdict.holds(r.Promise)
 	r.Secs = t1.Sub(t0).Seconds()
-	if !strings.HasPrefix(sc, "latency") {
+	if !strings.HasPrefix(sc, "latency") && sc != "kill" {
 		r.RowsPerSec = float64(r.Applied) / r.Secs
 	}
 	if len(prod) > 0 {

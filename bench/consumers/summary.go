@@ -15,12 +15,12 @@ func renderDocSection(h header, rs []result) string {
 	b.WriteString("\n## Consumers: weft beside River, NATS JetStream and a raw SKIP LOCKED loop\n\n")
 	fmt.Fprintf(&b, "`make peers-consumers` (`bench/consumers/run.sh`, -passes %d) on %s, %s, private PostgreSQL (synchronous commits), Redis and nats-server (JetStream, file storage). ",
 		h.Passes, h.Commit, h.Taken.Format("2006-01-02 15:04 UTC"))
-	b.WriteString("Every row is applied with one effect, an INSERT into an effects table in the consumer's transaction (JetStream: committed, then acked; River: JobCompleteTx in it, 100 workers per client). ")
-	b.WriteString("Latency: from the append call to the NOTIFY the effect's transaction sends, heard at its commit. ")
-	b.WriteString("Producers are processes of their own, 100 rows per call. Each cell: median over the passes, (its ratio to raw's in the same pass). ")
+	b.WriteString("Each row's effect is an INSERT in the consumer's transaction (JetStream: committed, then acked; River: with JobCompleteTx, 100 workers per client). ")
+	b.WriteString("Latency: append call -> the effect transaction's NOTIFY, heard at commit. ")
+	b.WriteString("Producers are processes of their own. Cells: median over the passes (ratio to raw's in the same pass). ")
 	b.WriteString("*Group of 4*: 4 weft nodes of one keyed consumer, 4 River clients, 4 JetStream pull subscribers, 4 raw loops. ")
 	b.WriteString("CPU: the consumers' process and all three servers, per row drained. ")
-	b.WriteString("Every run checks the effects table; full tables and the checks: [bench/consumers/results.md](../bench/consumers/results.md).\n\n")
+	b.WriteString("Every run checks the effects table; all figures: [bench/consumers/results.md](../bench/consumers/results.md).\n\n")
 	b.WriteString("| peer | append -> effect committed at 1,000 rows/s: p50 / p99 / p99.9 ms | live rows/s: 1 / group of 4 | drain rows/s: 1 / group of 4 | CPU us/row, drain: 1 / 4 | runs keeping the promise |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- |\n")
 	for _, p := range peersOf(rs) {
@@ -62,6 +62,23 @@ func renderDocSection(h header, rs []result) string {
 			cell("live1", rps), cell("live4", rps), cell("drain1", rps), cell("drain4", rps), cell("drain1", cpu), cell("drain4", cpu),
 			holds, runs, promiseText(pr, group))
 	}
+	var killed []string
+	for _, p := range peersOf(rs) {
+		if k := only(rs, "kill", p); len(k) > 0 {
+			doubled, undone := 0, countUndone(k)
+			for _, r := range k {
+				doubled += r.Doubled
+			}
+			s := fmt.Sprintf("%s %d twice, resumed in %s s", p, doubled, num(median(k, func(r result) float64 { return r.ResumeSecs })))
+			if undone > 0 {
+				s += fmt.Sprintf(" (%d/%d runs not done in time)", undone, len(k))
+			}
+			killed = append(killed, s)
+		}
+	}
+	if len(killed) > 0 {
+		fmt.Fprintf(&b, "\nA consumer killed -9 mid-run, a new one started at once (rows applied twice, all passes; median time from the kill to the next effect): %s.\n", strings.Join(killed, "; "))
+	}
 	b.WriteString("\nGoals (issue 46), weft's medians:\n\n")
 	lat := func(q func(result) float64) float64 { return median(only(rs, "latency", "weft"), q) }
 	p50, p99 := lat(func(r result) float64 { return r.P50 }), lat(func(r result) float64 { return r.P99 })
@@ -73,13 +90,18 @@ func renderDocSection(h header, rs []result) string {
 			num(median(only(rs, "latency4w", "raw"), func(r result) float64 { return r.P99 })), metText(p50 <= 2 && p99 <= 10))
 	}
 	b.WriteString("\n")
-	for _, sc := range []string{"live1", "live4", "drain1", "drain4"} {
+	b.WriteString("- applied rows/s at least JetStream's, 10x River's and raw's:")
+	for i, sc := range []string{"live1", "live4", "drain1", "drain4"} {
 		rps := func(r result) float64 { return r.RowsPerSec }
 		w := median(only(rs, sc, "weft"), rps)
 		js, rv, raw := median(only(rs, sc, "jetstream"), rps), median(only(rs, sc, "river"), rps), median(only(rs, sc, "raw"), rps)
-		fmt.Fprintf(&b, "- %s rows/s >= JetStream's, >= 10x River's, >= raw's: %s against %s, 10 x %s, %s: %s\n", sc, num(w), num(js), num(rv), num(raw),
-			metText(w >= js && w >= 10*rv && w >= raw))
+		sep := ","
+		if i == 0 {
+			sep = ""
+		}
+		fmt.Fprintf(&b, "%s %s %s", sep, sc, metText(w >= js && w >= 10*rv && w >= raw))
 	}
+	b.WriteString("\n")
 	cpu := func(r result) float64 { return r.CPUUsPerRow }
 	w, js := median(only(rs, "drain1", "weft"), cpu), median(only(rs, "drain1", "jetstream"), cpu)
 	fmt.Fprintf(&b, "- CPU per row drained (consumer and its servers) <= JetStream's: %s against %s us, %s\n", num(w), num(js), metText(w <= js))
