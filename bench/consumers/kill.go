@@ -106,12 +106,14 @@ func (o runOpts) killRun(ctx context.Context, p peer, e env, r *result, sent map
 	defer wg.Wait()
 	// Kill it a third of the way through.
 	var n int
-	for n < r.Rows/3 {
-		if n, err = count(); err != nil {
+	for deadline := time.Now().Add(sz.Timeout); n < r.Rows/3; time.Sleep(5 * time.Millisecond) {
+		if n, err = count(); err == nil && time.Now().After(deadline) {
+			err = fmt.Errorf("%d of %d rows applied in %v: no kill", n, r.Rows, sz.Timeout)
+		}
+		if err != nil {
 			_ = first.Process.Kill()
 			return errors.Join(err, first.Wait())
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	_ = first.Process.Signal(syscall.SIGKILL)
 	killed := time.Now()
