@@ -10,7 +10,7 @@ require (
 	github.com/nats-io/nats.go v1.56.0
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
-	github.com/weft-dev/weft v0.0.0-00010101000000-000000000000
+	github.com/weft-dev/weft v0.0.0
 )
 
 require (
