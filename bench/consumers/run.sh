@@ -35,7 +35,10 @@ stop() {
   rm -rf "$SCRATCH"
 }
 trap stop EXIT
-su postgres -c "$PGBIN/pg_ctl -D $SCRATCH/pg/data -l $SCRATCH/pg/log.txt -w start" >/dev/null
+if ! su postgres -c "$PGBIN/pg_ctl -D $SCRATCH/pg/data -l $SCRATCH/pg/log.txt -w start" >/dev/null; then
+  cat "$SCRATCH/pg/log.txt" >&2
+  exit 1
+fi
 redis-server --port "$REDISPORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
   --pidfile "$SCRATCH/redis/redis.pid" --logfile "$SCRATCH/redis/redis.log" --dir "$SCRATCH/redis"
 for _ in $(seq 50); do redis-cli -p "$REDISPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
