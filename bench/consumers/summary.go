@@ -34,18 +34,18 @@ func renderDocSection(h header, rs []result) string {
 			if p != "raw" {
 				s += " (" + ratio(rs, mine, f) + ")"
 			}
-			if undone := countUndone(mine); undone > 0 {
-				s += fmt.Sprintf(" [%d/%d timed out]", undone, len(mine))
-			}
 			return s
 		}
 		rps := func(r result) float64 { return r.RowsPerSec }
 		cpu := func(r result) float64 { return r.CPUUsPerRow }
-		holds, runs := 0, 0
+		holds, runs, undone := 0, 0, 0
 		var pr, group promise
 		for _, r := range rs {
 			if r.Peer == p {
 				runs++
+				if !r.Done {
+					undone++
+				}
 				if r.Holds {
 					holds++
 				}
@@ -56,11 +56,15 @@ func renderDocSection(h header, rs []result) string {
 				}
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s / %s / %s | %s / %s | %s / %s | %s / %s | %d/%d: %s |\n", p,
+		late := ""
+		if undone > 0 {
+			late = fmt.Sprintf("; %d runs not done in their bound (figures over the rows applied)", undone)
+		}
+		fmt.Fprintf(&b, "| %s | %s / %s / %s | %s / %s | %s / %s | %s / %s | %d/%d: %s%s |\n", p,
 			cell("latency", func(r result) float64 { return r.P50 }), cell("latency", func(r result) float64 { return r.P99 }),
 			cell("latency", func(r result) float64 { return r.P999 }),
 			cell("live1", rps), cell("live4", rps), cell("drain1", rps), cell("drain4", rps), cell("drain1", cpu), cell("drain4", cpu),
-			holds, runs, promiseText(pr, group))
+			holds, runs, promiseText(pr, group), late)
 	}
 	var killed []string
 	for _, p := range peersOf(rs) {
