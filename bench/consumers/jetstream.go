@@ -211,7 +211,7 @@ func natsApply(ctx context.Context, pool *pgxpool.Pool, msgs <-chan jetstream.Ms
 // process of its own so that its CPU is read apart from the consumers'.
 func natsdMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("natsd", flag.ExitOnError)
-	port := fs.Int("port", 54222, "client port")
+	port := fs.Int("port", 24222, "client port")
 	dir := fs.String("dir", "", "JetStream storage directory")
 	if err := fs.Parse(args); err != nil {
 		return err

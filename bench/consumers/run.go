@@ -91,17 +91,18 @@ type result struct {
 func runMain(ctx context.Context, args []string) error {
 	var o runOpts
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	fs.StringVar(&o.PG, "pg", "postgres://postgres@127.0.0.1:55442/postgres?sslmode=disable", "admin URL of a private PostgreSQL")
-	fs.StringVar(&o.Redis, "redis", "redis://127.0.0.1:56389", "private Redis URL")
+	fs.StringVar(&o.PG, "pg", "postgres://postgres@127.0.0.1:25442/postgres?sslmode=disable", "admin URL of a private PostgreSQL")
+	fs.StringVar(&o.Redis, "redis", "redis://127.0.0.1:26389", "private Redis URL")
 	fs.StringVar(&o.PGPidfile, "pg-pidfile", "", "postmaster.pid, for the cluster's CPU")
 	fs.StringVar(&o.RedisPidfile, "redis-pidfile", "", "redis-server's pidfile, for its CPU")
-	fs.IntVar(&o.NATSPort, "nats-port", 54222, "port of the nats-server the run starts")
+	fs.IntVar(&o.NATSPort, "nats-port", 24222, "port of the nats-server the run starts")
 	fs.StringVar(&o.Scratch, "scratch", "", "scratch folder (JetStream's storage)")
 	fs.StringVar(&o.Out, "out", "", "folder for results.jsonl and results.md (empty: nothing written)")
 	fs.StringVar(&o.Commit, "commit", "", "the revision measured")
 	fs.BoolVar(&o.Quick, "quick", false, "one short pass (a smoke run)")
 	fs.IntVar(&o.Passes, "passes", 3, "passes (the peers interleaved in each)")
 	peers := fs.String("peers", "weft,river,jetstream,raw", "peers")
+	strict := fs.String("strict", "", "peers whose broken promise (a row missing, doubled where promised once, out of the order promised) fails the run")
 	scen := fs.String("scenarios", "latency,latency4w,live1,live4,drain1,drain4,kill", "scenarios")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -161,13 +162,22 @@ func runMain(ctx context.Context, args []string) error {
 			}
 		}
 	}
+	var broken []string
+	for _, r := range all {
+		if !r.Holds && slices.Contains(strings.Split(*strict, ","), r.Peer) {
+			broken = append(broken, fmt.Sprintf("pass %d, %s, %s: %+v", r.Pass, r.Peer, r.Scenario, r.verdict))
+		}
+	}
+	if len(broken) > 0 {
+		err = fmt.Errorf("promises broken: %s", strings.Join(broken, "; "))
+	}
 	if o.Out == "" {
 		h := header{Taken: time.Now().UTC(), Commit: o.Commit, Quick: o.Quick, Passes: o.Passes}
 		fmt.Println(renderSummary(h, all))
 		fmt.Println(renderDocSection(h, all))
-		return nil
+		return err
 	}
-	return renderMain([]string{"-dir", o.Out})
+	return errors.Join(err, renderMain([]string{"-dir", o.Out}))
 }
 
 func (o runOpts) startNATS(ctx context.Context) (stop func(), pid int, err error) {

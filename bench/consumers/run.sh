@@ -2,9 +2,12 @@
 # The consumers' pass: weft's Consumer and groups beside River, NATS
 # JetStream and a raw SKIP LOCKED loop (bench/consumers, a module of its
 # own so the library's go.mod stays lean), on private servers this script
-# starts and stops: PostgreSQL on :55442 (synchronous commits; initdb runs
-# as 'postgres' since it refuses root), Redis on :56389, and a
-# nats-server on :54222 the run starts itself (JetStream, file storage).
+# starts and stops: PostgreSQL on :25442 (synchronous commits; initdb runs
+# as 'postgres' since it refuses root), Redis on :26389, and a
+# nats-server on :24222 the run starts itself (JetStream, file storage).
+# The ports sit below Linux's ephemeral range (32768-60999): a port in it
+# may be held by some client's connection, and the server then cannot
+# bind it.
 #
 #   bench/consumers/run.sh            # 3 interleaved passes; writes bench/consumers/results.{jsonl,md}
 #   bench/consumers/run.sh -quick     # 1 short pass (a smoke run), writes nothing
@@ -14,8 +17,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SCRATCH=${SCRATCH:-$(mktemp -d /tmp/weft-consumers-XXXXXX)}
 PGBIN=${PGBIN:-$(dirname "$(dpkg -L postgresql-15 2>/dev/null | grep '/bin/initdb$' | head -1)")}
-PGPORT=${PGPORT:-55442}
-REDISPORT=${REDISPORT:-56389}
+PGPORT=${PGPORT:-25442}
+REDISPORT=${REDISPORT:-26389}
+NATSPORT=${NATSPORT:-24222}
 GO=${GO:-go}
 
 mkdir -p "$SCRATCH/pg" "$SCRATCH/redis"
@@ -48,5 +52,5 @@ out=(-out "$ROOT/bench/consumers")
 for a in "$@"; do [ "$a" = -quick ] && out=(); done
 "$SCRATCH/consumers" run -pg "postgres://postgres@127.0.0.1:$PGPORT/postgres?sslmode=disable" \
   -redis "redis://127.0.0.1:$REDISPORT" -pg-pidfile "$SCRATCH/pg/data/postmaster.pid" \
-  -redis-pidfile "$SCRATCH/redis/redis.pid" -scratch "$SCRATCH" \
+  -redis-pidfile "$SCRATCH/redis/redis.pid" -scratch "$SCRATCH" -nats-port "$NATSPORT" \
   -commit "$(git -C "$ROOT" rev-parse --short HEAD)" "${out[@]}" "$@"
