@@ -57,10 +57,10 @@ flake-hunt:
 # (four rounds), 10,000 seeds of their simulation and the consumer oracle.
 chaos:
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 120m -run '^(TestChaos|TestRollingRestart|TestRedisOutageDegraded|TestReplayedChannel)' -v ./test/
-	WEFT_SIM_SEEDS=200000 $(GO) test -count=1 -timeout 60m -run '^TestSimulation$$' -v ./shard/handover/
-	WEFT_CHAOS=long $(GO) test -count=1 -run '^TestServerHeapBounded$$' -v ./shard/
+	WEFT_SIM_SEEDS=200000 $(GO) test -count=1 -timeout 60m -run '^TestSimulation$$' -v ./internal/shard/handover/
+	WEFT_CHAOS=long $(GO) test -count=1 -run '^TestServerHeapBounded$$' -v ./internal/shard/
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 30m -run '^TestMailerChaos$$' -v ./examples/mailer/
-	WEFT_SIM_SEEDS=10000 $(GO) test -count=1 -timeout 30m -run '^TestSimulation$$' -v ./group/
+	WEFT_SIM_SEEDS=10000 $(GO) test -count=1 -timeout 30m -run '^TestSimulation$$' -v ./internal/group/
 	WEFT_CHAOS=long $(GO) test -count=1 -timeout 20m -run '^TestConsumerOracle$$' -v .
 
 # deploy/'s compose files on a real Docker engine, as a user runs them, with
@@ -177,17 +177,17 @@ gobench:
 FUZZTIME ?= 30000x
 fuzz: fuzz-ci
 fuzz-ci:
-	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME) ./streams/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./fabric/wire/
-	$(GO) test -run '^$$' -fuzz '^FuzzCore$$' -fuzztime $(FUZZTIME) ./fabric/core/
-	$(GO) test -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) ./fabric/core/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME) ./internal/streams/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/fabric/wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzCore$$' -fuzztime $(FUZZTIME) ./internal/fabric/core/
+	$(GO) test -run '^$$' -fuzz '^FuzzReplay$$' -fuzztime $(FUZZTIME) ./internal/fabric/core/
 	$(GO) test -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) ./internal/jsonscan/
 	$(GO) test -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) ./internal/sqlident/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodePage$$' -fuzztime $(FUZZTIME) ./catchup/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadPage$$' -fuzztime $(FUZZTIME) ./catchup/
-	$(GO) test -run '^$$' -fuzz '^FuzzUpdatesParams$$' -fuzztime $(FUZZTIME) ./catchup/
-	$(GO) test -run '^$$' -fuzz '^FuzzSyncParams$$' -fuzztime $(FUZZTIME) ./rooms/
-	$(GO) test -run '^$$' -fuzz '^FuzzPathParams$$' -fuzztime $(FUZZTIME) ./rooms/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodePage$$' -fuzztime $(FUZZTIME) ./internal/catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadPage$$' -fuzztime $(FUZZTIME) ./internal/catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzUpdatesParams$$' -fuzztime $(FUZZTIME) ./internal/catchup/
+	$(GO) test -run '^$$' -fuzz '^FuzzSyncParams$$' -fuzztime $(FUZZTIME) ./internal/rooms/
+	$(GO) test -run '^$$' -fuzz '^FuzzPathParams$$' -fuzztime $(FUZZTIME) ./internal/rooms/
 	$(GO) test -run '^$$' -fuzz '^FuzzFrame$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzPGMessages$$' -fuzztime $(FUZZTIME) ./internal/faultproxy/
 

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/instance"
 )
 
 // Config configures a process. It names the process once; zero values

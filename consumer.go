@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/backoff"
+	"github.com/weft-dev/weft/internal/backoff"
 )
 
 // ConsumerFunc applies a batch of rows inside tx, the transaction that

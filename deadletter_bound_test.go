@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft"
-	"github.com/weft-dev/weft/schema"
+	"github.com/weft-dev/weft/internal/schema"
 	"github.com/weft-dev/weft/wefttest"
 )
 

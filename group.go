@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	grp "github.com/weft-dev/weft/group"
+	grp "github.com/weft-dev/weft/internal/group"
 )
 
 // DefaultPartitions is a new group's number of partitions when its

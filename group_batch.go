@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/weft-dev/weft/backoff"
-	grp "github.com/weft-dev/weft/group"
+	"github.com/weft-dev/weft/internal/backoff"
+	grp "github.com/weft-dev/weft/internal/group"
 )
 
 // rowsSQL reads the rows of a batch, with each one's partition, from a

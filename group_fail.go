@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	grp "github.com/weft-dev/weft/group"
+	grp "github.com/weft-dev/weft/internal/group"
 )
 
 // isolate runs a batch the function failed on again, a partition at a

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft"
-	grp "github.com/weft-dev/weft/group"
+	grp "github.com/weft-dev/weft/internal/group"
 	"github.com/weft-dev/weft/wefttest"
 )
 

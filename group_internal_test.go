@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	grp "github.com/weft-dev/weft/group"
+	grp "github.com/weft-dev/weft/internal/group"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 

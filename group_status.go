@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	grp "github.com/weft-dev/weft/group"
+	grp "github.com/weft-dev/weft/internal/group"
 )
 
 // GroupStatus is a consumer group as one of its members last read it

@@ -11,10 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft"
-	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/instance"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/streams"
 	"github.com/weft-dev/weft/wefttest"
 )
 

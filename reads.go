@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/internal/catchup"
 	"github.com/weft-dev/weft/internal/redact"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/internal/catchup"
 )
 
 // Retention bounds how long a durable stream keeps its rows. A row goes

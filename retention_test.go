@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft"
-	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/internal/catchup"
 	"github.com/weft-dev/weft/wefttest"
 )
 

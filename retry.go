@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/weft-dev/weft/backoff"
+	"github.com/weft-dev/weft/internal/backoff"
 )
 
 // Defaults of RetryPolicy, used for its zero fields.

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric/wire"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/fabric/wire"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // Stream declares a durable stream and the table that holds it, once:

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/fabric/core"
 )
 
 // WaitFor blocks until this process has handled writer's rows of stream

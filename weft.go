@@ -60,13 +60,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/fabric/core"
-	"github.com/weft-dev/weft/fabric/wire"
-	"github.com/weft-dev/weft/instance"
-	"github.com/weft-dev/weft/schema"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/fabric/core"
+	"github.com/weft-dev/weft/internal/fabric/wire"
+	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/schema"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // ErrOutcomeUnknown: a write may have committed and the table could not

@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/fabric"
 
 	"github.com/weft-dev/weft/internal/faultproxy"
 	"github.com/weft-dev/weft/internal/roomsapi"

@@ -16,8 +16,8 @@ import (
 
 	"github.com/weft-dev/weft/internal/faultproxy"
 	"github.com/weft-dev/weft/internal/roomsapi"
+	"github.com/weft-dev/weft/internal/shard"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/shard"
 )
 
 // roomOf returns a room the event writer owns (by the default shard map).

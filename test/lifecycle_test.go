@@ -18,11 +18,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/fabric"
 
 	"github.com/weft-dev/weft/internal/roomsapi"
+	"github.com/weft-dev/weft/internal/streams"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/streams"
 )
 
 // Departures, not only crashes: the everyday lifecycle of a deployment.

@@ -16,8 +16,8 @@ import (
 	"unicode"
 
 	"github.com/weft-dev/weft/internal/roomsapi"
+	"github.com/weft-dev/weft/internal/streams"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/streams"
 )
 
 // The README's examples are run, so they cannot drift: the block of

@@ -13,8 +13,8 @@ import (
 
 	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/cmd/internal/server"
-	"github.com/weft-dev/weft/fabric/wire"
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/fabric/wire"
+	"github.com/weft-dev/weft/internal/instance"
 )
 
 // consumersCmd lists the consumers and groups stored in the database and

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
+	"github.com/weft-dev/weft/internal/rooms"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/rooms"
 )
 
 // master consumers lists every consumer and group from the tables, and

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
+	"github.com/weft-dev/weft/internal/rooms"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/rooms"
 )
 
 // master groups prints each group from the tables: members live or not,

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
-	"github.com/weft-dev/weft/rooms"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/rooms"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // allStreams are the durable streams the checks cover.

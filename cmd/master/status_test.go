@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/fabric"
 )
 
 func TestDefaultStatusURL(t *testing.T) {

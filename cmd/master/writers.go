@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
-	"github.com/weft-dev/weft/instance"
-	"github.com/weft-dev/weft/membership"
+	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/membership"
 )
 
 // writersCmd shows and changes the writer set of a shard map, stored in

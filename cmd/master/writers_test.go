@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
+	"github.com/weft-dev/weft/internal/membership"
+	"github.com/weft-dev/weft/internal/rooms"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/membership"
-	"github.com/weft-dev/weft/rooms"
 )
 
 // master runs the command line args against the database at url and

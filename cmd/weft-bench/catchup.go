@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/internal/catchup"
 )
 
 // The catch-up measurement: 100,000 rows of one writer (about 200 bytes of

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/internal/shard"
 )
 
 // The end-to-end measurements: 4 writers, 4 reader processes, one shared

@@ -21,8 +21,8 @@ import (
 
 	"github.com/weft-dev/weft/cmd/internal/binproc"
 	"github.com/weft-dev/weft/internal/redact"
-	"github.com/weft-dev/weft/schema"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/schema"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // eventsCfg is the benchmark's durable stream: one sequence, one table

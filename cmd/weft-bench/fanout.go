@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/instance"
 )
 
 // The fan-out measurement: one writer, 1, 4 and 16 reader processes, on

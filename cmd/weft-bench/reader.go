@@ -33,11 +33,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/fabric/core"
-	"github.com/weft-dev/weft/instance"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/fabric/core"
+	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // readerArgs configure a reader process; they travel as flags.

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/internal/shard"
 )
 
 // The memory measurement: the real binaries (a master, two event writers,

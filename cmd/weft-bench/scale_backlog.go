@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/fabric/core"
 )
 
 const backlogNote = "One database grown from point to point: n rows of writer w1 (about 200 bytes of JSON each, " +

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/fabric"
 )
 
 const instancesNote = "n reader processes, each a fabric node of one cluster following an ephemeral stream nobody " +

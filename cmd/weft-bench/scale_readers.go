@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/instance"
 )
 
 const readersNote = "The fan-out measurement (fanout.go) at each point, on the run's private Redis: " +

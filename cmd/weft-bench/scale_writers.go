@@ -7,11 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weft-dev/weft/catchup"
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/fabric/core"
-	"github.com/weft-dev/weft/instance"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/fabric/core"
+	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 const writersNote = "n writer names of the events stream, in process (fabric.Writer and a node each, following " +

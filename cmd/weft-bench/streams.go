@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/instance"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/instance"
 )
 
 // The per-stream measurement: one writer of four ephemeral streams, 16

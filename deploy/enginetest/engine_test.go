@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weft-dev/weft/fabric"
+	"github.com/weft-dev/weft/internal/fabric"
 )
 
 // Timeouts on a loaded 2-core machine: the first `up --build` compiles

@@ -6,9 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/internal/schema"
+	"github.com/weft-dev/weft/internal/streams"
 	"github.com/weft-dev/weft/internal/testenv"
-	"github.com/weft-dev/weft/schema"
-	"github.com/weft-dev/weft/streams"
 )
 
 // Events is the test stream: one sequence, one table whose rows column

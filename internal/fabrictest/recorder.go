@@ -10,7 +10,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/weft-dev/weft/fabric/core"
+	"github.com/weft-dev/weft/internal/fabric/core"
 )
 
 // Recorder is a fabric.Handler that keeps the positions it was given per

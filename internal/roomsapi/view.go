@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"iter"
 
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // View is what one client following one instance's sync has seen, and

@@ -26,11 +26,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/weft-dev/weft"
-	"github.com/weft-dev/weft/catchup"
+	"github.com/weft-dev/weft/internal/catchup"
 	"github.com/weft-dev/weft/internal/httpx"
-	"github.com/weft-dev/weft/membership"
-	"github.com/weft-dev/weft/rooms"
-	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/internal/membership"
+	"github.com/weft-dev/weft/internal/rooms"
+	"github.com/weft-dev/weft/internal/shard"
 )
 
 // Roles.

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
+	"github.com/weft-dev/weft/internal/instance"
 	"github.com/weft-dev/weft/internal/redact"
-	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/internal/shard"
 )
 
 // Config is what every weft process is configured with: each field is a

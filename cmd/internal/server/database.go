@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft/rooms"
+	"github.com/weft-dev/weft/internal/rooms"
 )
 
 // DatabaseError is a database problem that waiting will not fix (the

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // holders follows the writer registry in PostgreSQL: who holds each writer

@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weft-dev/weft/shard"
+	"github.com/weft-dev/weft/internal/shard"
 )
 
 // newShardServer is the owner end for one kind of sharded work; nil when

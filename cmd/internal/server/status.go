@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft/fabric"
-	"github.com/weft-dev/weft/membership"
-	"github.com/weft-dev/weft/shard"
-	"github.com/weft-dev/weft/streams"
+	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/membership"
+	"github.com/weft-dev/weft/internal/shard"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // statusPage serves /readyz and /status.

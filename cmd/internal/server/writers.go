@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/weft-dev/weft/instance"
 	"github.com/weft-dev/weft/internal/httpx"
-	"github.com/weft-dev/weft/membership"
-	"github.com/weft-dev/weft/rooms"
+	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/membership"
+	"github.com/weft-dev/weft/internal/rooms"
 )
 
 // WritersPath is the master's HTTP form of master writers list|add|remove:
