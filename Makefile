@@ -7,13 +7,13 @@
 # deploy (the deploy files' tests) beside it. Every target runs in the
 # workspace, over the packages of all four.
 GO        ?= go
-MODULES   := . cmd test deploy
+MODULES   := . cmd test deploy bench/consumers
 PKGS      ?= ./... ./cmd/... ./test/... ./deploy/...
 TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test test-times flake-hunt lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers gobench fuzz fuzz-ci chaos tidy build demo compose-test
+.PHONY: test test-times flake-hunt lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers peers-consumers peers-consumers-smoke gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # .ci/gotest runs the suite: the binaries the tests run built once and
 # shared by every package (WEFT_TEST_BIN), the private PostgreSQL clusters
@@ -88,11 +88,13 @@ demo: build
 # staticcheck is pinned in cmd/go.mod (the tool directive; the workspace
 # makes it runnable from here): no network beyond the module proxy, the
 # same version everywhere.
+# bench/consumers (a module of its own, out of `make test`) is linted too.
+LINT_PKGS := $(PKGS) ./bench/consumers/...
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
-	$(GO) tool staticcheck $(PKGS)
+	$(GO) vet $(LINT_PKGS)
+	$(GO) tool staticcheck $(LINT_PKGS)
 
 # The library module stays lean: what a user's build downloads is the
 # root module's graph, so it holds pgx, go-redis, backoff, client_golang
@@ -143,6 +145,23 @@ peers:
 	bench/peers/run.sh start
 	SET=headline REPS=$${REPS:-1} bench/peers/run.sh all; s=$$?; bench/peers/run.sh stop; exit $$s
 	$(MAKE) bench-doc
+
+# weft's Consumer and groups beside River, NATS JetStream and a raw
+# SELECT ... FOR UPDATE SKIP LOCKED loop (bench/consumers, a module of its
+# own: the library's go.mod stays lean), on private PostgreSQL, Redis and
+# nats-server (needs root for initdb): 3 interleaved passes (PASSES),
+# about 25 minutes on 2 shared cores. Writes bench/consumers/results.jsonl,
+# results.md and section.md, then regenerates docs/BENCHMARKS.md.
+# The smoke: the verifier's unit test, then one short pass of every peer
+# and scenario (1-4 minutes), writing nothing; it fails when weft or the
+# raw loop breaks its promise (River and JetStream are reported only:
+# River leaves a killed worker's jobs running until it rescues them).
+peers-consumers:
+	GO='$(GO)' bench/consumers/run.sh -passes $${PASSES:-3}
+	$(MAKE) bench-doc
+peers-consumers-smoke:
+	$(GO) test -count=1 ./bench/consumers/
+	GO='$(GO)' bench/consumers/run.sh -quick -strict weft,raw
 
 # Every Go micro-benchmark in the tree.
 gobench:

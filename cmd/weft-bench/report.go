@@ -133,7 +133,17 @@ func markdownFor(res Results, to reports) (string, error) {
 	if to.Peers != "" {
 		l.Peers = rel(strings.TrimSuffix(to.Peers, ".jsonl") + ".md")
 	}
-	return renderMarkdown(res, peers, l), nil
+	md := renderMarkdown(res, peers, l)
+	// The consumers' pass (make peers-consumers) writes its section, links
+	// relative to docs/, beside its results.
+	if sec := filepath.Join(filepath.Dir(to.JSON), "consumers", "section.md"); fileExists(sec) {
+		b, err := os.ReadFile(sec)
+		if err != nil {
+			return "", err
+		}
+		md += string(b)
+	}
+	return md, nil
 }
 
 func fileExists(p string) bool {
