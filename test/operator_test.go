@@ -354,7 +354,7 @@ func TestOperatorExitStatus(t *testing.T) {
 		{[]string{"run", "--help"}, []string{"--redis-url", "--secret", "--check-config", "sealed by the master"}, []string{"--repair"}},
 		{[]string{"migrate", "--help"}, []string{"--database-url", "--log-level"}, []string{"--redis-url", "--secret", "--http-addr"}},
 		{[]string{"check", "--help"}, []string{"--database-url", "--repair"}, []string{"--redis-url", "--secret", "--http-addr"}},
-		{[]string{"status", "--help"}, []string{"--url", "--watch", "--interval", "--json"}, []string{"--redis-url", "--secret", "--database-url"}},
+		{[]string{"status", "--help"}, []string{"--url", "--watch", "--interval", "--json", "--secret-file"}, []string{"--redis-url", "--database-url"}}, // --secret: the bearer for --status-auth
 	} {
 		out, err := exec.Command(filepath.Join(binDir, "master"), tc.args...).Output()
 		if err != nil {
