@@ -59,11 +59,9 @@ type Node struct {
 	looping  atomic.Bool
 	looped   chan struct{}
 	tasks    sync.WaitGroup
-	// leads: the writers' transactions in flight (Writer.goLead). They
-	// start from the callers' goroutines at any time, also while Run
-	// waits for them, which a bare WaitGroup forbids (an Add from zero
-	// concurrent with Wait): leadsClosed, under leadsMu, ends the adds
-	// before Run waits.
+	// leads: the writers' transactions in flight (Writer.goLead), which
+	// callers start at any time: leadsClosed (under leadsMu) ends the adds
+	// before Run waits, as a WaitGroup requires.
 	leadsMu     sync.Mutex
 	leads       sync.WaitGroup
 	leadsClosed bool
@@ -106,18 +104,16 @@ type Node struct {
 	// that every view has since caught up with (loop: pendingFresh).
 	everEst atomic.Bool
 	dbFresh atomic.Int64
-	// The database's reachability, by the registry reads at the
-	// announce pace (refresh.go, dbDown): when the last one succeeded
-	// and when the reads began failing since (offsets from born; 0:
-	// none), and the last failure.
+	// The database's reachability by the registry reads (refresh.go,
+	// dbDown): the last success, when failures began (offsets from born;
+	// 0: none), and the last failure.
 	dbOK, dbFailing atomic.Int64
 	dbErr           atomic.Pointer[string]
 	pendingFresh    map[string]freshTarget
 	streamFresh     map[string]time.Duration // per durable stream followed
 	refused         map[string]time.Time     // cause -> last logged (loop only)
-	// Deafness: when a line of another instance was last opened, and when
-	// one was last refused unopened (another secret, or none), as offsets
-	// from born.
+	// Deafness: when another instance's line was last opened, and last
+	// refused unopened (another secret, or none), as offsets from born.
 	lastOpened, lastUnopened atomic.Int64
 	otherHolders             atomic.Int64         // writer names another live instance holds (loop-written)
 	unopened                 map[string]time.Time // reason -> last logged (linkMessage only)
