@@ -22,16 +22,43 @@ import (
 )
 
 // sealDeadLoop runs a survivor's SealDead for the test's duration, at
-// its default pace.
-func sealDeadLoop(t *testing.T, db streams.DB) <-chan *streams.Sealed {
+// its default pace, and counts its looks at the liveness locks.
+func sealDeadLoop(t *testing.T, db streams.DB) (<-chan *streams.Sealed, *looks) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sealed := make(chan *streams.Sealed, 16)
+	l := &looks{}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = streams.SealDead(ctx, db, []streams.Config{ledgerCfg}, 0, "", func(s *streams.Sealed) { sealed <- s })
+		_ = streams.SealDead(ctx, lookCounter{db, l}, []streams.Config{ledgerCfg}, 0, "", func(s *streams.Sealed) { sealed <- s })
 	})
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return sealed
+	return sealed, l
+}
+
+// looks counts the looks SealDead began.
+type looks struct{ n atomic.Int64 }
+
+// await waits until SealDead began k more looks. With k = 2, the sealer
+// has seen what held when await was called: the first of them began
+// after it, and SealDead weighs each look before it begins the next.
+func (l *looks) await(t *testing.T, k int64) {
+	t.Helper()
+	from := l.n.Load()
+	testenv.Eventually(t, 30*time.Second, func() bool { return l.n.Load() >= from+k }, "the sealer began %d of %d looks", l.n.Load()-from, k)
+}
+
+// lookCounter is db, counting SealDead's looks (its one statement that
+// tries the liveness locks outside a transaction).
+type lookCounter struct {
+	streams.DB
+	looks *looks
+}
+
+func (c lookCounter) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.Contains(sql, "pg_try_advisory_xact_lock_shared") {
+		c.looks.n.Add(1)
+	}
+	return c.DB.Query(ctx, sql, args...)
 }
 
 // livenessBackend is the pid of the server session holding name's
@@ -59,10 +86,11 @@ func TestKilledWriterIsSealedWithoutWaitingForTheLease(t *testing.T) {
 	reader := open(t, pool, ledgerCfg, "")
 	c := startLeaseChild(t, url, "child-killed", ttl)
 	c.awaitRows(t, pool, 200)
-	expired, dead := sealLoop(t, pool), sealDeadLoop(t, pool)
-	// Its liveness lock is held, and seen (a look or two) before the kill.
+	expired := sealLoop(t, pool)
+	dead, looked := sealDeadLoop(t, pool)
+	// Its liveness lock is held, and seen by the sealer before the kill.
 	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, pool, "persister1") != 0 }, "no liveness session")
-	time.Sleep(2 * streams.DefaultDeathCheck) // two looks of the sealer: seen held (not synchronisation: a precondition of the signal)
+	looked.await(t, 2)
 
 	if err := c.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -107,8 +135,9 @@ func TestStoppedWriterIsLeftToTheLease(t *testing.T) {
 	c := startLeaseChild(t, url, "child-stopped", ttl)
 	c.awaitRows(t, pool, 100)
 	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, pool, "persister1") != 0 }, "no liveness session")
-	expired, dead := sealLoop(t, pool), sealDeadLoop(t, pool)
-	time.Sleep(2 * streams.DefaultDeathCheck) // seen held first, as in the kill test
+	expired := sealLoop(t, pool)
+	dead, looked := sealDeadLoop(t, pool)
+	looked.await(t, 2) // seen held first, as in the kill test
 	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +177,7 @@ func TestLivenessSessionTerminatedWhileTheProcessWrites(t *testing.T) {
 	ctx := context.Background()
 	c := startLeaseChild(t, url, "child-reset", 10*time.Second)
 	c.awaitRows(t, pool, 100)
-	dead := sealDeadLoop(t, pool)
+	dead, _ := sealDeadLoop(t, pool)
 	var sealed *streams.Sealed
 	for i := 0; i < 5 && sealed == nil; i++ {
 		var pid int
@@ -232,8 +261,8 @@ func TestFalseDeathIsFenced(t *testing.T) {
 	ran := make(chan error, 1)
 	go func() { ran <- l.Run(runCtx, 0) }()
 	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, watcher, "persister1") != 0 }, "no liveness session")
-	dead := sealDeadLoop(t, watcher)
-	time.Sleep(2 * streams.DefaultDeathCheck) // seen held first
+	dead, looked := sealDeadLoop(t, watcher)
+	looked.await(t, 2) // seen held first
 	if err := write(l.Epoch()); err != nil {
 		t.Fatal(err)
 	}
@@ -324,9 +353,9 @@ func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	var once sync.Once
 	end := func() { once.Do(func() { stop(); <-ran }) }
 	defer end()
-	dead := sealDeadLoop(t, watcher)
+	dead, looked := sealDeadLoop(t, watcher)
 	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, watcher, "persister1") != 0 }, "no liveness session")
-	time.Sleep(2 * streams.DefaultDeathCheck) // seen held first
+	looked.await(t, 2) // seen held first
 
 	refuse.Store(true)
 	pg.Kill(t)
@@ -334,7 +363,7 @@ func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return watcher.Ping(ctx) == nil }, "the database did not come back")
 	// The sealer looks for several graces while the holder cannot
 	// connect.
-	time.Sleep(8 * streams.DefaultDeathCheck)
+	looked.await(t, 8)
 	refuse.Store(false)
 	testenv.Eventually(t, 30*time.Second, func() bool { return livenessBackend(t, watcher, "persister1") != 0 }, "the holder did not take its lock again")
 	select {
@@ -345,7 +374,7 @@ func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	if err := l.Heartbeat(ctx); err != nil {
 		t.Fatalf("heartbeat after the restart: %v", err)
 	}
-	time.Sleep(2 * streams.DefaultDeathCheck) // seen held again
+	looked.await(t, 2) // seen held again
 	// Its Run ends (its process, as far as the server can tell, dies).
 	end()
 	s := recvWithin(t, dead, 30*time.Second, "the holder whose lock went after the restart was never sealed")
