@@ -73,7 +73,7 @@ func (n *Node) fetched(ctx context.Context, in inFetched) {
 			res.Upto = max(res.Upto, min(in.page.Upto, f.To))
 		}
 	}
-	if res.Err != nil {
+	if res.Err != nil && ctx.Err() == nil { // a stop cancels fetches in flight: no failure to report
 		n.log.Warn("catch-up failed", "key", f.Key.String(), "from", f.From, "to", f.To, "upto", res.Upto, "err", res.Err)
 	}
 	n.exec(ctx, n.core.FetchDone(res))
