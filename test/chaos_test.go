@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
@@ -411,15 +412,15 @@ func (ch *chaos) checkRoomState() {
 		}
 		return out
 	}
-	for room, keys := range want {
+	for room, state := range want {
 		for _, p := range ch.joined() {
-			if got := read(p, room); !maps.Equal(got, keys) {
-				t.Fatalf("%s: room %s state %v, recomputed from its events %v", p.name, room, got, keys)
+			if got := read(p, room); !maps.Equal(got, state) {
+				t.Fatalf("%s: room %s state %v, recomputed from its events %v", p.name, room, got, state)
 			}
 		}
 		// Recompute is an operator's route: it needs the bearer.
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ch.procs[0].url+"/v1/rooms/"+url.PathEscape(room)+"/recompute", nil)
-		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatalf("recompute %s: %v", room, err)
@@ -428,8 +429,8 @@ func (ch *chaos) checkRoomState() {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("recompute %s: %s", room, resp.Status)
 		}
-		if got := read(ch.procs[0], room); !maps.Equal(got, keys) {
-			t.Fatalf("room %s after recompute: %v, want %v", room, got, keys)
+		if got := read(ch.procs[0], room); !maps.Equal(got, state) {
+			t.Fatalf("room %s after recompute: %v, want %v", room, got, state)
 		}
 	}
 	t.Logf("room state of %d rooms equals the recomputation from their events on every instance", len(want))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
@@ -56,7 +57,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	}
 	// A catch-up request, as another instance would make it.
 	req, _ := http.NewRequest("GET", p1.url+"/_weft/v1/streams/events/updates?writer=persister1&from=0&to=1", nil)
-	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	if resp, err := http.DefaultClient.Do(req); err != nil {
 		t.Fatal(err)
 	} else {

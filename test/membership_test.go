@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -106,12 +107,12 @@ func (ch *chaos) addWriterHTTP(name string) int64 {
 	}
 	// A name no instance holds would own rooms nobody runs: refused.
 	req, _ = http.NewRequest(http.MethodPost, ch.get("master").url+"/_weft/v1/writers/persister9", nil)
-	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusConflict {
 		t.Fatalf("POST persister9 (held by nobody): %v %v, want 409", resp, err)
 	}
 	req, _ = http.NewRequest(http.MethodPost, u, nil)
-	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

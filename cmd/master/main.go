@@ -47,6 +47,7 @@ type cli struct {
 	Writers   writersCmd        `cmd:"" help:"Show or change the writers of a shard map (stored in the database, by epoch)."`
 	Groups    groupsCmd         `cmd:"" help:"Show the consumer groups: their members, the partitions each owns and its lag (from the database)."`
 	Consumers consumersCmd      `cmd:"" help:"List, pause, resume or seek consumers and groups (stored in the database; running ones follow within a second)."`
+	Bearer    bearerCmd         `cmd:"" help:"Print the HTTP bearer derived from the cluster's secret, for calling the operator's routes by hand: curl -H \"Authorization: Bearer $$(master bearer)\"."`
 }
 
 // out is where the commands write.
@@ -122,6 +123,8 @@ func run(args []string, o out) int {
 			return server.UsageError(o.stderr, "master consumers dead-letters", err)
 		}
 		err = cmd.change(ctx, o, retry)
+	case "bearer":
+		err = c.Bearer.run(o.stdout)
 	case "writers remove <name>":
 		if err = c.Writers.Remove.validate(); err != nil {
 			return server.UsageError(o.stderr, "master writers remove", err)

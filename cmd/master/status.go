@@ -23,6 +23,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/weft-dev/weft/cmd/internal/server"
+	"github.com/weft-dev/weft/internal/httpx"
 	"github.com/weft-dev/weft/internal/redact"
 )
 
@@ -33,11 +34,10 @@ type statusCmd struct {
 	JSON     bool          `name:"json" help:"Print the asked instance's /status document as JSON."`
 	Watch    bool          `name:"watch" short:"w" help:"Refresh until interrupted: in place on a terminal, one snapshot after another otherwise."`
 	Interval time.Duration `name:"interval" help:"Time between refreshes with --watch (>= 100ms)." default:"2s"`
-	// The bearer for instances run with --status-auth, read as the
-	// instances read it (the same variables), so that beside one it just
-	// works.
-	Secret     string `name:"secret" help:"Send this bearer secret: instances run with --status-auth require it (prefer --secret-file, out of ps)." env:"WEFT_SECRET"`
-	SecretFile string `name:"secret-file" help:"Read the bearer secret from this file (one line)." env:"WEFT_SECRET_FILE"`
+	// The secret whose bearer instances run with --status-auth require,
+	// read as the instances read it (the same variables), so that beside
+	// one it just works.
+	secretFlags `embed:""`
 	// TLS as the instances call each other: the same variables.
 	TLSCA   string `name:"tls-ca" help:"PEM CA file to trust for https:// instances (default: the system's roots)." env:"WEFT_TLS_CA"`
 	TLSCert string `name:"tls-cert" help:"PEM client certificate for instances run with --tls-client-ca, with --tls-key." env:"WEFT_TLS_CERT"`
@@ -49,7 +49,7 @@ type statusCmd struct {
 // asker asks instances for their /status.
 type asker struct {
 	hc     *http.Client
-	bearer string
+	secret string // the bearer sent is derived from it (keys.Bearer)
 }
 
 // askTimeout bounds one /status request.
@@ -63,14 +63,10 @@ func (c *statusCmd) validate() error {
 		c.URL = defaultStatusURL(os.Getenv("WEFT_ADVERTISE_URL"), os.Getenv("WEFT_HTTP_ADDR"))
 	}
 	c.URL = strings.TrimRight(c.URL, "/")
-	if c.SecretFile != "" && c.Secret == "" {
-		b, err := os.ReadFile(c.SecretFile)
-		if err != nil {
-			return fmt.Errorf("--secret-file: %w", err)
-		}
-		c.Secret = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if err := c.secretFlags.load(); err != nil {
+		return err
 	}
-	c.ask = asker{hc: http.DefaultClient, bearer: c.Secret}
+	c.ask = asker{hc: http.DefaultClient, secret: c.Secret}
 	if c.TLSCA != "" || c.TLSCert != "" {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
 		if c.TLSCA != "" {
@@ -174,9 +170,7 @@ func (a asker) fetchStatus(ctx context.Context, base string) ([]byte, server.Sta
 	if err != nil {
 		return nil, st, fmt.Errorf("%s: not a URL", shown)
 	}
-	if a.bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+a.bearer)
-	}
+	httpx.SetBearer(req.Header, a.secret)
 	resp, err := a.hc.Do(req)
 	if err != nil {
 		return nil, st, fmt.Errorf("cannot reach %s/status: %s", shown, shortError(err))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/keys"
 )
 
 func TestDefaultStatusURL(t *testing.T) {
@@ -123,7 +124,7 @@ func TestStatusURLRedacted(t *testing.T) {
 func TestStatusSendsTheSecret(t *testing.T) {
 	const secret = "status-s3cret"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+secret {
+		if r.Header.Get("Authorization") != "Bearer "+keys.Bearer(secret) {
 			http.Error(w, "no", http.StatusUnauthorized)
 			return
 		}

@@ -119,9 +119,7 @@ func (c *Client) do(ctx, actx context.Context, timeout time.Duration, r request)
 	if err != nil {
 		return fabric.Page{}, outcomeRejected, fmt.Errorf("catchup: %s: %w", r, err)
 	}
-	if c.cfg.Secret != "" {
-		req.Header.Set("Authorization", "Bearer "+c.cfg.Secret)
-	}
+	httpx.SetBearer(req.Header, c.cfg.Secret)
 	req.Header.Set("Accept", "application/json")
 	// failed classifies an error of the exchange: the caller gave up, the
 	// source did not get past doing within timeout, or it failed with cause.

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/keys"
 )
 
 const testSecret = "s3cret-s3cret"
@@ -58,7 +59,7 @@ func TestServerBadInput(t *testing.T) {
 	src := newMemSource(map[string][]fabric.Row{"w1": rowsAt(1, 2, 3)})
 	s := newTestServer(t, map[string]Source{"events": src})
 	const base = "/_weft/v1/streams/events/updates"
-	bearer := "Bearer " + testSecret
+	bearer := "Bearer " + keys.Bearer(testSecret)
 	cases := []struct {
 		name   string
 		method string
@@ -138,17 +139,18 @@ func TestServerAuth(t *testing.T) {
 		{"no header", "GET", target, "", 401},
 		{"wrong secret", "GET", target, "Bearer nope", 401},
 		{"secret prefix", "GET", target, "Bearer " + testSecret[:5], 401},
-		{"secret plus", "GET", target, "Bearer " + testSecret + "x", 401},
+		{"secret plus", "GET", target, "Bearer " + keys.Bearer(testSecret) + "x", 401},
 		{"empty bearer", "GET", target, "Bearer ", 401},
-		{"basic scheme", "GET", target, "Basic " + testSecret, 401},
+		{"basic scheme", "GET", target, "Basic " + keys.Bearer(testSecret), 401},
 		{"bare secret", "GET", target, testSecret, 401},
+		{"the secret itself", "GET", target, "Bearer " + testSecret, 401},
 		{"ping no header", "GET", "/_weft/v1/ping", "", 401},
 		{"unknown route no header", "GET", "/_weft/v1/nothing", "", 401},
 		{"unknown stream no header", "GET", "/_weft/v1/streams/nope/updates", "", 401},
 		{"POST no header", "POST", target, "", 401},
-		{"right secret", "GET", target, "Bearer " + testSecret, 200},
-		{"scheme case-insensitive", "GET", target, "bearer " + testSecret, 200},
-		{"ping", "GET", "/_weft/v1/ping", "Bearer " + testSecret, 200},
+		{"right secret", "GET", target, "Bearer " + keys.Bearer(testSecret), 200},
+		{"scheme case-insensitive", "GET", target, "bearer " + keys.Bearer(testSecret), 200},
+		{"ping", "GET", "/_weft/v1/ping", "Bearer " + keys.Bearer(testSecret), 200},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -216,7 +218,7 @@ func TestServerPages(t *testing.T) {
 	s := newTestServer(t, map[string]Source{"events": src})
 	get := func(query string) (string, wirePage) {
 		t.Helper()
-		w := serve(s, "GET", "/_weft/v1/streams/events/updates?"+query, "Bearer "+testSecret, "")
+		w := serve(s, "GET", "/_weft/v1/streams/events/updates?"+query, "Bearer "+keys.Bearer(testSecret), "")
 		if w.Code != 200 {
 			t.Fatalf("%s: %d %s", query, w.Code, w.Body)
 		}
@@ -258,7 +260,7 @@ func TestServerPages(t *testing.T) {
 			t.Fatalf("limit %s: source asked for %d, want the cap 100", l, src.lastLimit())
 		}
 	}
-	if w := serve(s, "HEAD", "/_weft/v1/streams/events/updates?writer=w1&from=0&to=5", "Bearer "+testSecret, ""); w.Code != 200 || w.Body.Len() != 0 {
+	if w := serve(s, "HEAD", "/_weft/v1/streams/events/updates?writer=w1&from=0&to=5", "Bearer "+keys.Bearer(testSecret), ""); w.Code != 200 || w.Body.Len() != 0 {
 		t.Fatalf("HEAD: %d, %d bytes", w.Code, w.Body.Len())
 	}
 	if got := value(t, s.m.rows.WithLabelValues("events")); got < 6 {
@@ -280,7 +282,7 @@ func TestServerSourceErrors(t *testing.T) {
 		code   int
 	}{{"typing", 410}, {"events", 503}, {"broken", 500}}
 	for _, tc := range cases {
-		w := serve(s, "GET", "/_weft/v1/streams/"+tc.stream+"/updates?writer=w1&from=0&to=5", "Bearer "+testSecret, "")
+		w := serve(s, "GET", "/_weft/v1/streams/"+tc.stream+"/updates?writer=w1&from=0&to=5", "Bearer "+keys.Bearer(testSecret), "")
 		if w.Code != tc.code {
 			t.Fatalf("%s: %d, want %d", tc.stream, w.Code, tc.code)
 		}
@@ -317,7 +319,7 @@ func TestServerPagesBoundedInBytes(t *testing.T) {
 		if pages > 10 {
 			t.Fatal("paging does not end")
 		}
-		w := serve(s, "GET", fmt.Sprintf("/_weft/v1/streams/events/updates?writer=w1&from=%d&to=10&limit=100", from), "Bearer "+testSecret, "")
+		w := serve(s, "GET", fmt.Sprintf("/_weft/v1/streams/events/updates?writer=w1&from=%d&to=10&limit=100", from), "Bearer "+keys.Bearer(testSecret), "")
 		var p wirePage
 		if err := json.Unmarshal(w.Body.Bytes(), &p); w.Code != 200 || err != nil {
 			t.Fatalf("from %d: %d %v", from, w.Code, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -121,7 +122,7 @@ func TestSQLSourceOverHTTP(t *testing.T) {
 	}
 	// And the raw wire form says so.
 	req, _ := http.NewRequest("GET", fmt.Sprintf("%s/_weft/v1/streams/events/updates?writer=w1&from=%d&to=%d&limit=333", hs.URL, from, w1[101+333].Pos), nil)
-	req.Header.Set("Authorization", "Bearer "+testSecret)
+	req.Header.Set("Authorization", "Bearer "+keys.Bearer(testSecret))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/weft-dev/weft/internal/fabric"
+	"github.com/weft-dev/weft/internal/keys"
 )
 
 // Flags of FuzzUpdatesParams: which parameters the structured query has.
@@ -69,7 +70,7 @@ func FuzzUpdatesParams(f *testing.F) {
 			r.Method = http.MethodHead
 		}
 		if flags&fuzzNoAuth == 0 {
-			r.Header.Set("Authorization", "Bearer "+testSecret)
+			r.Header.Set("Authorization", "Bearer "+keys.Bearer(testSecret))
 		}
 		r.URL.Path = "/_weft/v1/streams/" + stream + "/updates"
 		r.URL.RawPath = "/_weft/v1/streams/" + url.PathEscape(stream) + "/updates"

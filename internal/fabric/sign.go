@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/internal/fabric/wire"
+	"github.com/weft-dev/weft/internal/keys"
 )
 
 // Every line a node publishes is stamped (wire.Stamp: the sender's epoch
@@ -46,7 +47,7 @@ type envelope struct {
 func newEnvelope(secret, previous string, epoch uint64) *envelope {
 	e := &envelope{epoch: epoch}
 	macs := func(secret string) *sync.Pool {
-		key := []byte(secret)
+		key := keys.LineKey(secret) // not the secret: a leaked HTTP bearer forges no line
 		return &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}
 	}
 	if secret != "" {

@@ -12,11 +12,14 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/weft-dev/weft/internal/keys"
 )
 
-// Secret checks "Authorization: Bearer <secret>" in constant time. The
-// zero Secret (built from "") allows every request: a server in insecure
-// mode.
+// Secret checks "Authorization: Bearer <bearer>" in constant time, where
+// bearer is the one derived from the cluster's secret (keys.Bearer: the
+// secret itself is never sent). The zero Secret (built from "") allows
+// every request: a server in insecure mode.
 type Secret struct {
 	digest   [sha256.Size]byte // compared as digests: no length leak
 	previous [sha256.Size]byte // also accepted, while a rotation lasts
@@ -32,11 +35,18 @@ func NewSecrets(secret, previous string) Secret {
 	if secret == "" {
 		return Secret{}
 	}
-	s := Secret{digest: sha256.Sum256([]byte(secret)), set: true}
+	s := Secret{digest: sha256.Sum256([]byte(keys.Bearer(secret))), set: true}
 	if previous != "" {
-		s.previous, s.two = sha256.Sum256([]byte(previous)), true
+		s.previous, s.two = sha256.Sum256([]byte(keys.Bearer(previous))), true
 	}
 	return s
+}
+
+// SetBearer makes h carry the bearer derived from secret (none for "").
+func SetBearer(h http.Header, secret string) {
+	if secret != "" {
+		h.Set("Authorization", "Bearer "+keys.Bearer(secret))
+	}
 }
 
 // SecretProblem says why secret cannot travel as "Authorization: Bearer

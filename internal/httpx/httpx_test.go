@@ -2,6 +2,7 @@ package httpx
 
 import (
 	"encoding/json"
+	"github.com/weft-dev/weft/internal/keys"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,10 +17,11 @@ func TestSecret(t *testing.T) {
 		}
 		return r
 	}
-	s := NewSecret("s3cret")
+	s, b := NewSecret("s3cret"), keys.Bearer("s3cret")
 	for auth, want := range map[string]bool{
-		"Bearer s3cret": true, "bearer s3cret": true, "BEARER s3cret": true,
-		"": false, "Bearer ": false, "Bearer s3cre": false, "Bearer s3cretx": false, "Basic s3cret": false, "s3cret": false,
+		"Bearer " + b: true, "bearer " + b: true, "BEARER " + b: true,
+		"": false, "Bearer ": false, "Bearer " + b[:10]: false, "Bearer " + b + "x": false, "Basic " + b: false, b: false,
+		"Bearer s3cret": false, // the secret itself is never a bearer
 	} {
 		if got := s.Allows(req(auth)); got != want {
 			t.Errorf("Allows(%q) = %v, want %v", auth, got, want)
@@ -69,7 +71,8 @@ func TestSecretsAcceptThePrevious(t *testing.T) {
 		return r
 	}
 	s := NewSecrets("new-secret", "old-secret")
-	for auth, want := range map[string]bool{"Bearer new-secret": true, "Bearer old-secret": true, "Bearer other": false, "Bearer ": false} {
+	for auth, want := range map[string]bool{"Bearer " + keys.Bearer("new-secret"): true, "Bearer " + keys.Bearer("old-secret"): true, "Bearer new-secret": false,
+		"Bearer " + keys.Bearer("other"): false, "Bearer ": false} {
 		if got := s.Allows(req(auth)); got != want {
 			t.Errorf("Allows(%q) = %v, want %v", auth, got, want)
 		}

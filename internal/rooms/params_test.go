@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/shard"
 )
 
@@ -112,10 +113,10 @@ func TestRecomputeIsAnOperatorsRoute(t *testing.T) {
 		h.ServeHTTP(w, r)
 		return w.Code
 	}
-	if code := call(client, "Bearer "+secret); code != http.StatusNotFound {
+	if code := call(client, "Bearer "+keys.Bearer(secret)); code != http.StatusNotFound {
 		t.Fatalf("the client API answered recompute %d, want 404", code)
 	}
-	for _, auth := range []string{"", "Bearer wrong", "Basic " + secret} {
+	for _, auth := range []string{"", "Bearer wrong", "Basic " + keys.Bearer(secret), "Bearer " + secret} {
 		if code := call(admin, auth); code != http.StatusUnauthorized {
 			t.Fatalf("recompute with %q: %d, want 401", auth, code)
 		}
@@ -123,7 +124,7 @@ func TestRecomputeIsAnOperatorsRoute(t *testing.T) {
 			t.Fatalf("recompute with %q forwarded %s", auth, task.Kind)
 		}
 	}
-	code := call(admin, "Bearer "+secret)
+	code := call(admin, "Bearer "+keys.Bearer(secret))
 	if key, task, ok := fwd.last(); code != http.StatusServiceUnavailable || !ok || key != room || task.Kind != KindRecompute {
 		t.Fatalf("recompute with the secret: %d, forwarded %v %q %q", code, ok, key, task.Kind)
 	}

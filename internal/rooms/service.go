@@ -124,8 +124,8 @@ type Config struct {
 	// hand-over's wait included: past it the client gets 503 and retries
 	// with the same txn_id safely [5 s].
 	ForwardTimeout time.Duration
-	// AdminSecret is the bearer secret AdminRoutes require ("Authorization:
-	// Bearer <AdminSecret>"); empty: none (development only).
+	// AdminSecret is the secret whose bearer AdminRoutes require ("Authorization:
+	// Bearer <keys.Bearer(AdminSecret)>"); empty: none (development only).
 	AdminSecret string
 }
 
@@ -165,7 +165,7 @@ func (s *Service) Routes(mux *http.ServeMux) {
 }
 
 // AdminRoutes registers the operator's routes on mux, each behind the
-// bearer Config.AdminSecret: POST /v1/rooms/{room}/recompute, which
+// bearer derived from Config.AdminSecret: POST /v1/rooms/{room}/recompute, which
 // rebuilds a room's state inside its writer's shared commit (looped on a
 // big room, it slows every other room of that writer), so that a client
 // cannot run it.

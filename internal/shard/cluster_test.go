@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/internal/backoff"
+	"github.com/weft-dev/weft/internal/keys"
 )
 
 const testSecret = "0123456789abcdef-test-secret"
@@ -122,7 +123,7 @@ func post(t testing.TB, base, key, secret string, body any) (int, answerBody, ht
 		t.Fatal(err)
 	}
 	if secret != "" {
-		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -144,7 +145,7 @@ func post(t testing.TB, base, key, secret string, body any) (int, answerBody, ht
 func serve(s http.Handler, method, target, secret, body string) *httptest.ResponseRecorder {
 	req := httptest.NewRequestWithContext(context.Background(), method, target, bytes.NewReader([]byte(body)))
 	if secret != "" {
-		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	}
 	rec := httptest.NewRecorder()
 	s.ServeHTTP(rec, req)

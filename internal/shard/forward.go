@@ -378,9 +378,7 @@ func (f *Forwarder) attempt(ctx context.Context, owner, key string, body []byte)
 		return Result{}, target, &attemptError{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if f.cfg.Secret != "" {
-		req.Header.Set("Authorization", "Bearer "+f.cfg.Secret)
-	}
+	httpx.SetBearer(req.Header, f.cfg.Secret)
 	resp, err := f.hc.Do(req)
 	if err != nil {
 		return Result{}, target, &attemptError{err: err, retry: true}

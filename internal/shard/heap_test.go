@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/weft-dev/weft/internal/keys"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -72,7 +73,7 @@ func TestServerHeapBounded(t *testing.T) {
 				body.WriteByte('}')
 				room := fmt.Sprintf("!room-%04d:%s", i%1000, strings.Repeat("r", 200))
 				req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, PathPrefix+room, bytes.NewReader(body.Bytes()))
-				req.Header.Set("Authorization", "Bearer "+testSecret)
+				req.Header.Set("Authorization", "Bearer "+keys.Bearer(testSecret))
 				rec := httptest.NewRecorder()
 				srv.ServeHTTP(rec, req)
 				if rec.Code != http.StatusOK {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
@@ -39,16 +40,16 @@ func runInstance(t *testing.T, args ...string) string {
 	return base
 }
 
-// call sends a request with bearer (none if empty) and returns the code
-// and body; 0 when it fails.
-func call(t *testing.T, method, url, bearer string) (int, string) {
+// call sends a request with the bearer derived from secret (none if
+// empty) and returns the code and body; 0 when it fails.
+func call(t *testing.T, method, url, secret string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
