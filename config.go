@@ -1,6 +1,7 @@
 package weft
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -45,6 +46,11 @@ type Config struct {
 	RedisURL string
 	// RedisCluster: RedisURL names the seed nodes of a Redis Cluster.
 	RedisCluster bool
+	// RedisTLS is the TLS of a rediss:// RedisURL, when the URL alone is
+	// not enough: a private CA (RootCAs), a client certificate for a
+	// server run with tls-auth-clients. Its ServerName defaults to the
+	// URL's host. Only with rediss://. Nil: the system's roots.
+	RedisTLS *tls.Config
 	// Cluster names the Redis channels; processes that work together share
 	// it ["weft"].
 	Cluster string
@@ -73,7 +79,7 @@ type Config struct {
 	// HTTPClient calls the other processes' catch-up endpoint (their
 	// Advertise URLs): set one whose transport trusts their certificates
 	// (and presents this process's, if they ask) when they serve HTTPS.
-	// It must not follow redirects: requests carry Secret. Nil: a client
+	// It must not follow redirects: requests carry Secret's bearer. Nil: a client
 	// of weft's own, trusting the system's roots.
 	HTTPClient *http.Client
 	// Role is announced to the other processes, which list their peers
@@ -232,6 +238,9 @@ func (c Config) Validate() error {
 	}
 	if c.RedisURL == "" {
 		return fail("RedisURL", "empty")
+	}
+	if c.RedisTLS != nil && !strings.HasPrefix(strings.ToLower(c.RedisURL), "rediss://") {
+		return fail("RedisTLS", "set, but RedisURL is not rediss://")
 	}
 	if c.Secret == "" && !c.Insecure {
 		return fail("Secret", "empty (set Insecure to run without one, for tests only)")

@@ -402,7 +402,7 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 		return err
 	}
 	n.fab, err = fabric.New(fabric.Config{
-		Instance: n.inst, Cluster: n.cfg.Cluster, RedisURL: n.cfg.RedisURL, RedisCluster: n.cfg.RedisCluster,
+		Instance: n.inst, Cluster: n.cfg.Cluster, RedisURL: n.cfg.RedisURL, RedisCluster: n.cfg.RedisCluster, RedisTLS: n.cfg.RedisTLS,
 		Secret: n.cfg.Secret, PreviousSecret: n.cfg.PreviousSecret, Epoch: uint64(n.epoch),
 		Hello:   wire.Hello{Name: n.cfg.Name, Role: n.cfg.Role, URL: n.cfg.Advertise, Version: n.cfg.Version},
 		Streams: specs, Writers: writers, Ephemerals: ephemerals, Generators: gens, Handler: dispatch{n}, Fetcher: n.client,

@@ -2,6 +2,7 @@ package weft_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"strings"
 	"sync"
@@ -254,6 +255,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Config.Name", func(c *weft.Config) { c.Name = "Bad Name" }},
 		{"Config.DatabaseURL", func(c *weft.Config) { c.DatabaseURL = "" }},
 		{"Config.RedisURL", func(c *weft.Config) { c.RedisURL = "" }},
+		{"Config.RedisTLS", func(c *weft.Config) { c.RedisTLS = &tls.Config{} }}, // redis://, not rediss://
 		{"Config.Secret", func(c *weft.Config) { c.Secret = "" }},
 		{"Config.Secret", func(c *weft.Config) { c.Secret = "from-a-crlf-file\r" }},
 		{"Config.Streams[0]", func(c *weft.Config) { c.Streams = []weft.Stream{{Name: "Jobs"}} }},

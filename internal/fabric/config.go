@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,6 +32,9 @@ type Config struct {
 	// the master that owns its slot, and a master's failover, a slot
 	// migration or a node's loss is a gap the node repairs.
 	RedisCluster bool
+	// RedisTLS replaces the TLS configuration a rediss:// RedisURL implies
+	// (its ServerName kept unless set); an error with a redis:// one.
+	RedisTLS *tls.Config
 	// Hello is what this instance announces (its URL serves catch-up).
 	Hello wire.Hello
 	// Streams are the streams this instance follows. The node subscribes

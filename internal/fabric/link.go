@@ -3,6 +3,7 @@ package fabric
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -582,4 +583,34 @@ func (l *link) publishOn(ctx context.Context, pipe redis.Pipeliner, channel stri
 		return
 	}
 	pipe.Publish(ctx, channel, msg)
+}
+
+// redisOptions parses cfg.RedisURL (as a Redis Cluster's seeds with
+// cfg.RedisCluster) and applies cfg.RedisTLS.
+func redisOptions(cfg Config) (*redis.Options, *redis.ClusterOptions, error) {
+	var opts *redis.Options
+	var copts *redis.ClusterOptions
+	var err error
+	var implied **tls.Config
+	if cfg.RedisCluster {
+		if copts, err = redis.ParseClusterURL(cfg.RedisURL); err == nil {
+			implied = &copts.TLSConfig
+		}
+	} else if opts, err = redis.ParseURL(cfg.RedisURL); err == nil {
+		implied = &opts.TLSConfig
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("fabric: config: RedisURL: %w", err)
+	}
+	if cfg.RedisTLS != nil {
+		if *implied == nil {
+			return nil, nil, errors.New("fabric: config: RedisTLS is set but RedisURL is not rediss://")
+		}
+		tc := cfg.RedisTLS.Clone()
+		if tc.ServerName == "" {
+			tc.ServerName = (*implied).ServerName
+		}
+		*implied = tc
+	}
+	return opts, copts, nil
 }

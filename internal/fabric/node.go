@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/weft-dev/weft/internal/fabric/core"
 	"github.com/weft-dev/weft/internal/fabric/wire"
@@ -293,15 +292,9 @@ func New(cfg Config) (*Node, error) {
 	for k, v := range views {
 		n.notify.advance(k, v)
 	}
-	var opts *redis.Options
-	var copts *redis.ClusterOptions
-	if cfg.RedisCluster {
-		copts, err = redis.ParseClusterURL(cfg.RedisURL)
-	} else {
-		opts, err = redis.ParseURL(cfg.RedisURL)
-	}
+	opts, copts, err := redisOptions(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("fabric: config: RedisURL: %w", err)
+		return nil, err
 	}
 	// A writer needs no line of its own stream: it publishes there, and
 	// hears of seals and successors from the database. Subscribed only

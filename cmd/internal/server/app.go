@@ -158,6 +158,7 @@ type runner struct {
 	handlers []*switchHandler // srvs' handlers: --http-addr's, then --admin-addr's
 	wait     *waitingPage
 	peers    *http.Client // calls other instances' /_weft/
+	redisTLS *tls.Config  // of a rediss:// --redis-url; nil: the URL's own
 	stopped  atomic.Bool  // the HTTP servers were shut down
 }
 
@@ -168,6 +169,9 @@ func (r *runner) run(ctx context.Context) error {
 		return err
 	}
 	r.peers = pc
+	if r.redisTLS, err = cfg.redisTLS(); err != nil {
+		return err
+	}
 	pool, err := openPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -376,7 +380,7 @@ func (r *runner) weftConfig(pool *pgxpool.Pool, reg prometheus.Registerer, live 
 		seal = 0 // at a quarter of the lease
 	}
 	return weft.Config{
-		Name: cfg.Name, Database: pool, DatabaseReadURL: cfg.DatabaseReadURL, RedisURL: cfg.RedisURL, RedisCluster: cfg.RedisCluster,
+		Name: cfg.Name, Database: pool, DatabaseReadURL: cfg.DatabaseReadURL, RedisURL: cfg.RedisURL, RedisCluster: cfg.RedisCluster, RedisTLS: r.redisTLS,
 		Cluster: cfg.Cluster, Secret: cfg.Secret, PreviousSecret: cfg.SecretPrevious, Insecure: cfg.Insecure, Advertise: cfg.Advertise(), Role: r.role, Version: Version,
 		Streams: rooms.Streams(), Writes: writes,
 		Followers:        []weft.Follower{{Stream: rooms.EventsStream, Handler: live}, {Stream: rooms.TypingStream, Handler: live}},

@@ -36,7 +36,7 @@ type Config struct {
 	TLSCert           string        `name:"tls-cert" help:"PEM certificate (chain) file: every HTTP listener serves HTTPS only, with --tls-key; also presented to other instances that ask for a client certificate." env:"WEFT_TLS_CERT"`
 	TLSKey            string        `name:"tls-key" help:"PEM private key file of --tls-cert." env:"WEFT_TLS_KEY"`
 	TLSClientCA       string        `name:"tls-client-ca" help:"PEM CA file: every HTTP listener requires a client certificate it signed (mutual TLS)." env:"WEFT_TLS_CLIENT_CA"`
-	TLSCA             string        `name:"tls-ca" help:"PEM CA file the calls to other instances trust (catch-up, forwarding); default: the system's roots." env:"WEFT_TLS_CA"`
+	TLSCA             string        `name:"tls-ca" help:"PEM CA file the calls to other instances (catch-up, forwarding) and to a rediss:// --redis-url trust; default: the system's roots." env:"WEFT_TLS_CA"`
 	Name              string        `help:"Stable role name of this instance (a writer name for writers)." env:"WEFT_NAME" default:"${default_name}"`
 	Secret            string        `help:"Shared secret for /_weft/ endpoints between instances." env:"WEFT_SECRET"`
 	SecretFile        string        `name:"secret-file" help:"Read --secret from this file (one line; a trailing newline is dropped), as Docker and Kubernetes secrets are mounted: it stays out of ps and the environment." env:"WEFT_SECRET_FILE" type:"path"`

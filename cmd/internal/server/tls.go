@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/weft-dev/weft/internal/httpx"
 )
@@ -85,8 +86,28 @@ func (c *Config) serverTLS() (*tls.Config, error) {
 // peerClient is the client that calls other instances' /_weft/ (catch-up,
 // forwarding): it trusts --tls-ca and presents --tls-cert when asked.
 func (c *Config) peerClient() (*http.Client, error) {
+	tc, err := c.clientTLS()
+	if tc == nil || err != nil {
+		return httpx.NewClient(64), err
+	}
+	return httpx.NewClientTLS(64, tc), nil
+}
+
+// redisTLS is what a rediss:// --redis-url trusts and presents: the
+// instances' own --tls-ca and --tls-cert; nil (the system's roots) without
+// them or with redis://.
+func (c *Config) redisTLS() (*tls.Config, error) {
+	if !strings.HasPrefix(strings.ToLower(c.RedisURL), "rediss://") {
+		return nil, nil
+	}
+	return c.clientTLS()
+}
+
+// clientTLS is the TLS of this instance's calls: it trusts --tls-ca and
+// presents --tls-cert when asked; nil without either.
+func (c *Config) clientTLS() (*tls.Config, error) {
 	if c.TLSCA == "" && c.TLSCert == "" {
-		return httpx.NewClient(64), nil
+		return nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	var err error
@@ -102,5 +123,5 @@ func (c *Config) peerClient() (*http.Client, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
-	return httpx.NewClientTLS(64, tc), nil
+	return tc, nil
 }

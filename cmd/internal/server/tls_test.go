@@ -2,21 +2,11 @@ package server
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,51 +14,11 @@ import (
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
-// testPKI is a CA and a certificate it signed for 127.0.0.1, good for
-// servers and clients, as PEM files in a temporary directory.
-type testPKI struct{ ca, cert, key, otherCA string }
-
-func newTestPKI(t *testing.T) testPKI {
-	t.Helper()
-	dir := t.TempDir()
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	newCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
-			NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert, _ := x509.ParseCertificate(der)
-		return cert, key, der
-	}
-	ca, caKey, caDER := newCA("weft test CA")
-	_, _, otherDER := newCA("another CA")
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "weft"}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	return testPKI{ca: write("ca.pem", "CERTIFICATE", caDER), cert: write("cert.pem", "CERTIFICATE", der),
-		key: write("key.pem", "EC PRIVATE KEY", keyDER), otherCA: write("other.pem", "CERTIFICATE", otherDER)}
-}
-
 // TestTLSFlags: the TLS flags are checked at start, each error naming its
 // flag; with --tls-cert the advertised URL is https.
 func TestTLSFlags(t *testing.T) {
-	pki := newTestPKI(t)
-	if c := parse(t, "--tls-cert="+pki.cert, "--tls-key="+pki.key, "--tls-client-ca="+pki.ca, "--tls-ca="+pki.ca); c.Validate() != nil ||
+	pki := testenv.NewPKI(t)
+	if c := parse(t, "--tls-cert="+pki.Cert, "--tls-key="+pki.Key, "--tls-client-ca="+pki.CA, "--tls-ca="+pki.CA); c.Validate() != nil ||
 		c.Advertise() != "https://127.0.0.1:8080" {
 		t.Fatalf("valid TLS flags: %v, advertise %s", c.Validate(), c.Advertise())
 	}
@@ -76,12 +26,12 @@ func TestTLSFlags(t *testing.T) {
 		args []string
 		flag string
 	}{
-		{[]string{"--tls-cert=" + pki.cert}, "tls-key"},
-		{[]string{"--tls-key=" + pki.key}, "tls-cert"},
-		{[]string{"--tls-cert=" + pki.ca, "--tls-key=" + pki.key}, "tls-cert"}, // the key does not match
-		{[]string{"--tls-cert=/nonexistent", "--tls-key=" + pki.key}, "tls-cert"},
-		{[]string{"--tls-client-ca=" + pki.ca}, "tls-client-ca"},
-		{[]string{"--tls-cert=" + pki.cert, "--tls-key=" + pki.key, "--tls-client-ca=" + pki.key}, "tls-client-ca"},
+		{[]string{"--tls-cert=" + pki.Cert}, "tls-key"},
+		{[]string{"--tls-key=" + pki.Key}, "tls-cert"},
+		{[]string{"--tls-cert=" + pki.CA, "--tls-key=" + pki.Key}, "tls-cert"}, // the key does not match
+		{[]string{"--tls-cert=/nonexistent", "--tls-key=" + pki.Key}, "tls-cert"},
+		{[]string{"--tls-client-ca=" + pki.CA}, "tls-client-ca"},
+		{[]string{"--tls-cert=" + pki.Cert, "--tls-key=" + pki.Key, "--tls-client-ca=" + pki.Key}, "tls-client-ca"},
 		{[]string{"--tls-ca=/nonexistent"}, "tls-ca"},
 	} {
 		c := parse(t, tc.args...)
@@ -94,16 +44,22 @@ func TestTLSFlags(t *testing.T) {
 
 // TestTLSBetweenInstances: with --tls-cert, --tls-key, --tls-client-ca
 // and --tls-ca, an instance serves HTTPS only and only to clients with a
-// certificate the CA signed, and instances call each other over it: a
+// certificate the CA signed, reaches Redis over rediss:// trusting
+// --tls-ca, and instances call each other over HTTPS: a
 // write sent to a reader is forwarded to the master, its owner, and the
 // reader reads it back.
 func TestTLSBetweenInstances(t *testing.T) {
-	pki := newTestPKI(t)
-	db, redisURL, cluster := testenv.NewDatabase(t), testenv.SharedRedisURL(t), fmt.Sprintf("tls-%d", time.Now().UnixNano())
+	pki := testenv.NewPKI(t)
+	// Redis too is reached over TLS only (rediss://, its certificate
+	// checked against --tls-ca).
+	tlsPort := testenv.FreePort(t)
+	testenv.StartRedis(t, "--tls-port", fmt.Sprint(tlsPort), "--tls-cert-file", pki.Cert, "--tls-key-file", pki.Key,
+		"--tls-ca-cert-file", pki.CA, "--tls-auth-clients", "no")
+	db, redisURL, cluster := testenv.NewDatabase(t), fmt.Sprintf("rediss://127.0.0.1:%d/0", tlsPort), fmt.Sprintf("tls-%d", time.Now().UnixNano())
 	start := func(name, role string) string {
 		cfg := parse(t, "--database-url="+db, "--redis-url="+redisURL, "--cluster="+cluster, "--http-addr=127.0.0.1:"+fmt.Sprint(testenv.FreePort(t)),
 			"--name="+name, "--event-writers=master", "--announce-interval=100ms", "--log-level=warn",
-			"--tls-cert="+pki.cert, "--tls-key="+pki.key, "--tls-client-ca="+pki.ca, "--tls-ca="+pki.ca)
+			"--tls-cert="+pki.Cert, "--tls-key="+pki.Key, "--tls-client-ca="+pki.CA, "--tls-ca="+pki.CA)
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -119,11 +75,11 @@ func TestTLSBetweenInstances(t *testing.T) {
 		})
 		return "https://" + <-addr
 	}
-	ca, err := readPool(pki.ca)
+	ca, err := readPool(pki.CA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tls.LoadX509KeyPair(pki.cert, pki.key)
+	cert, err := tls.LoadX509KeyPair(pki.Cert, pki.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
