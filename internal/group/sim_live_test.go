@@ -88,14 +88,14 @@ func (s *sim) watched(m *simMember, l Look, next func(int64)) bool {
 	if len(dead) == 0 || s.cfg.ignoreDeath {
 		return false
 	}
-	s.call(m, stmtTimeout, func(answer func(func())) {
+	s.callPooled(m, stmtTimeout, func(answer func(func())) {
 		expired := false
 		for _, id := range dead {
 			o := s.member(id)
 			if o == nil || o.locked || s.leases[id] <= s.Now {
 				continue
 			}
-			s.leases[id] = s.Now
+			s.leases[id], o.expiredAt = s.Now, s.Now
 			s.stats.expired++
 			if o.running && !o.paused && !o.cut {
 				s.stats.falseDeaths++
