@@ -102,7 +102,7 @@ func (s *sim) checkCoverage() {
 	for _, m := range s.members {
 		up := m.running && !m.paused && !m.cut
 		anyone = anyone || up && !m.leaving
-		if !up && s.leases[m.id] > s.Now {
+		if !(up && !m.leaving) && s.leases[m.id] > s.Now { // a leave's statement failed: it keeps its lease
 			s.lastZombie = s.Now
 		}
 	}
@@ -112,10 +112,11 @@ func (s *sim) checkCoverage() {
 			delete(s.left, p)
 			continue
 		}
-		if _, ok := s.since[p]; !ok || !anyone {
+		held := s.heldByBatch(p)
+		if _, ok := s.since[p]; !ok || !anyone || held {
 			s.since[p] = s.Now // the clock runs while a member could take it
 		}
-		if _, ok := s.left[p]; ok && !anyone {
+		if _, ok := s.left[p]; ok && (!anyone || held) {
 			s.left[p] = s.Now
 		}
 		if !s.faults && s.Now < s.cfg.faultsFor+s.deathBound() {
@@ -130,6 +131,15 @@ func (s *sim) checkCoverage() {
 			return
 		}
 	}
+}
+
+// heldByBatch: a running member's batch holds p's lock. Its fence found
+// p lost, and it keeps the lock until its function returns (a lease or
+// two, when slow), keeping every take off p meanwhile as if no member
+// could take it.
+func (s *sim) heldByBatch(p int) bool {
+	l := s.parts[p].lock
+	return l != nil && l.m.running && !l.m.paused && !l.m.cut
 }
 
 func (s *sim) allApplied() bool {

@@ -23,16 +23,16 @@ package group
 const chunkMs = 5 // the server sends a large answer a chunk every 5 ms
 
 // handler is the user's function of a batch of rows rows, in tx: time in
-// the member, at times a statement of its own with a large answer (ask),
-// and, while m's handlers are slow (sim_pool_test.go), busy on the server
-// for a lease or two. It runs done once it returns, or fail once a
-// statement of it failed.
+// the member, and while the faults last, at times a statement of its own
+// with a large answer (ask), and while m's handlers are slow
+// (sim_pool_test.go), busy on the server for a lease or two. It runs
+// done once it returns, or fail once a statement of it failed.
 func (s *sim) handler(m *simMember, tx *simTx, rows int, done, fail func()) {
 	think := int64(rows) * (1 + int64(s.rng.IntN(3)))
 	switch {
 	case s.faults && s.Now < m.slowUntil:
 		s.busy(m, tx, s.Now+leaseTTL+int64(s.rng.IntN(leaseTTL)), done, fail)
-	case s.rng.IntN(3) == 0:
+	case s.faults && s.rng.IntN(4) == 0:
 		s.at(m, think, func() { s.ask(m, tx, 1+int64(s.rng.IntN(5)), 2+s.rng.IntN(20), done, fail) })
 	default:
 		s.at(m, think, done)

@@ -46,7 +46,8 @@ import (
 //     member that cannot take it is live by its lease meanwhile, so that
 //     it may be assigned to it, or an answer is lost: then within the
 //     bound after a death), and a killed member's, once another saw its
-//     liveness lock, within 1.5 s (checkKilled);
+//     liveness lock, within 1.5 s (checkKilled); the clocks wait while a
+//     running member's batch fenced off the partition holds its lock;
 //   - a frozen member holds no partition's lock past the lease + 1 s
 //     (checkFrozen), and a running member's lease never runs out unless
 //     it was frozen since its renewal or expired by another
