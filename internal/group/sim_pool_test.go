@@ -16,10 +16,12 @@ package group
 // connection the pool has for batches. Open sizes the pool with one
 // connection per consumer and two per group on top of pgxpool's default
 // (whose connections serve writes, left out here), so the membership
-// always finds one: simPool. simConfig.noReserve sizes it with one per
-// batch only (a pool_max_conns that counts the handlers): the rounds
-// then wait behind the handlers, each gives up after its statement
-// timeout, and the member's lease runs out while it runs.
+// always finds one (poolSize). Unlike the writer's lease heartbeat and
+// the liveness lock it has no connection of its own: its reserve is the
+// pool's size. simConfig.noReserve sizes it with one per batch only (a
+// pool_max_conns that counts the handlers): the rounds then wait behind
+// the handlers, each gives up after its statement timeout, and the
+// member's lease runs out while it runs.
 //
 // Checked on top of the rest (checkLease): the lease of a member that
 // runs never runs out unless the member was stopped or cut off since the
