@@ -10,6 +10,48 @@ import (
 // The simulation's checks (see sim_test.go) and its dump of a failing
 // seed.
 
+// simStats counts what a run exercised: TestSimulation fails when the
+// seeds exercised too little.
+type simStats struct {
+	rows, commits, kills, pauses, cuts, leaves, joins, takes, releases, lostAnswers, idleKills, fenced int
+	resets, longResets, expired, falseDeaths, fastKills                                                int
+	midAnswer, userTimeouts, slow, lastConn                                                            int
+}
+
+func (st *simStats) add(o simStats) {
+	st.rows += o.rows
+	st.commits += o.commits
+	st.kills += o.kills
+	st.pauses += o.pauses
+	st.cuts += o.cuts
+	st.leaves += o.leaves
+	st.joins += o.joins
+	st.takes += o.takes
+	st.releases += o.releases
+	st.lostAnswers += o.lostAnswers
+	st.idleKills += o.idleKills
+	st.fenced += o.fenced
+	st.resets += o.resets
+	st.longResets += o.longResets
+	st.expired += o.expired
+	st.falseDeaths += o.falseDeaths
+	st.fastKills += o.fastKills
+	st.midAnswer += o.midAnswer
+	st.userTimeouts += o.userTimeouts
+	st.slow += o.slow
+	st.lastConn += o.lastConn
+}
+
+func (st simStats) String() string {
+	return fmt.Sprintf("%d rows, %d commits, %d kills, %d stops, %d cuts, %d leaves, %d joins, %d takes, %d releases, "+
+		"%d answers lost, %d transactions ended idle, %d partitions fenced off a batch, %d liveness sessions reset (%d past the grace), "+
+		"%d members expired by their liveness lock (%d running), %d partitions of killed members taken within %dms, "+
+		"%d members frozen mid-answer, %d sessions ended by tcp_user_timeout, %d spells of slow handlers, %d statements on the last connection of a pool slow handlers held",
+		st.rows, st.commits, st.kills, st.pauses, st.cuts, st.leaves, st.joins, st.takes, st.releases, st.lostAnswers, st.idleKills, st.fenced,
+		st.resets, st.longResets, st.expired, st.falseDeaths, st.fastKills, killBound,
+		st.midAnswer, st.userTimeouts, st.slow, st.lastConn)
+}
+
 // lease is a member's lease; a member renews it when a third has
 // passed, and the server ends a transaction idle for half of it.
 func (s *sim) lease() int64 {
@@ -60,7 +102,7 @@ func (s *sim) checkCoverage() {
 	for _, m := range s.members {
 		up := m.running && !m.paused && !m.cut
 		anyone = anyone || up && !m.leaving
-		if !up && s.leases[m.id] > s.Now {
+		if !(up && !m.leaving) && s.leases[m.id] > s.Now { // a leave's statement failed: it keeps its lease
 			s.lastZombie = s.Now
 		}
 	}
@@ -70,10 +112,11 @@ func (s *sim) checkCoverage() {
 			delete(s.left, p)
 			continue
 		}
-		if _, ok := s.since[p]; !ok || !anyone {
+		held := s.heldByBatch(p)
+		if _, ok := s.since[p]; !ok || !anyone || held {
 			s.since[p] = s.Now // the clock runs while a member could take it
 		}
-		if _, ok := s.left[p]; ok && !anyone {
+		if _, ok := s.left[p]; ok && (!anyone || held) {
 			s.left[p] = s.Now
 		}
 		if !s.faults && s.Now < s.cfg.faultsFor+s.deathBound() {
@@ -88,6 +131,15 @@ func (s *sim) checkCoverage() {
 			return
 		}
 	}
+}
+
+// heldByBatch: a running member's batch holds p's lock. Its fence found
+// p lost, and it keeps the lock until its function returns (a lease or
+// two, when slow), keeping every take off p meanwhile as if no member
+// could take it.
+func (s *sim) heldByBatch(p int) bool {
+	l := s.parts[p].lock
+	return l != nil && l.m.running && !l.m.paused && !l.m.cut
 }
 
 func (s *sim) allApplied() bool {

@@ -88,14 +88,14 @@ func (s *sim) watched(m *simMember, l Look, next func(int64)) bool {
 	if len(dead) == 0 || s.cfg.ignoreDeath {
 		return false
 	}
-	s.call(m, stmtTimeout, func(answer func(func())) {
+	s.callPooled(m, stmtTimeout, func(answer func(func())) {
 		expired := false
 		for _, id := range dead {
 			o := s.member(id)
 			if o == nil || o.locked || s.leases[id] <= s.Now {
 				continue
 			}
-			s.leases[id] = s.Now
+			s.leases[id], o.expiredAt = s.Now, s.Now
 			s.stats.expired++
 			if o.running && !o.paused && !o.cut {
 				s.stats.falseDeaths++
@@ -179,9 +179,10 @@ type orphan struct {
 // checkKilled: a killed member's partitions are owned by another within
 // killBound, unless every member that had seen its lock stopped running,
 // another member that cannot take is live by its lease (killed, stopped
-// or cut off: it may be the partition's assignee) or an answer was lost
-// (a look that fails forgets what it saw) since just before the kill:
-// then the bound after a death holds (checkCoverage).
+// or cut off: it may be the partition's assignee), an answer was lost
+// (a look that fails forgets what it saw) since just before the kill, or
+// another's batch fenced off the partition holds its lock: then the
+// bound after a death holds (checkCoverage).
 func (s *sim) checkKilled() {
 	for _, p := range slices.Sorted(maps.Keys(s.orphans)) {
 		o := s.orphans[p]
@@ -196,7 +197,7 @@ func (s *sim) checkKilled() {
 		case s.parts[p].Owner != o.owner:
 			delete(s.orphans, p)
 			s.stats.fastKills++
-		case !watching || zombie || s.lastLost >= o.at-2*pollEvery:
+		case !watching || zombie || s.lastLost >= o.at-2*pollEvery || s.heldByBatch(p):
 			delete(s.orphans, p) // left to the bound after a death
 		case s.Now-o.at > killBound:
 			var ws []string

@@ -19,7 +19,8 @@ func TestSimulation(t *testing.T) {
 	// The faults must have happened, or the seeds proved nothing.
 	if n >= 100 && (total.kills == 0 || total.pauses == 0 || total.cuts == 0 || total.leaves == 0 || total.lostAnswers == 0 ||
 		total.idleKills == 0 || total.fenced == 0 || total.takes < int(n) ||
-		total.longResets == 0 || total.falseDeaths == 0 || total.fastKills == 0) {
+		total.longResets == 0 || total.falseDeaths == 0 || total.fastKills == 0 ||
+		total.midAnswer == 0 || total.userTimeouts == 0 || total.slow == 0 || total.lastConn == 0) {
 		t.Fatalf("the seeds exercised too little: %s", total)
 	}
 }
@@ -50,11 +51,14 @@ func TestSimulationCatchesBrokenFence(t *testing.T) {
 		"a full batch's cursors to the window's top":   {fullToTop: true},
 		"a member's death signal ignored":              {ignoreDeath: true},
 		"a dead member's partitions stolen, not taken": {stealOnSignal: true},
+		"no tcp_user_timeout: frozen mid-answer":       {noUserTimeout: true},
+		"no connection for the membership in the pool": {noReserve: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := defaultSim
 			cfg.broken, cfg.noIdleTimeout, cfg.fullToTop = b.broken, b.noIdleTimeout, b.fullToTop
 			cfg.ignoreDeath, cfg.stealOnSignal = b.ignoreDeath, b.stealOnSignal
+			cfg.noUserTimeout, cfg.noReserve = b.noUserTimeout, b.noReserve
 			if b.ignoreDeath {
 				cfg = longLeaseSim // with a 1 s lease, the lease alone is about as fast
 				cfg.ignoreDeath = true

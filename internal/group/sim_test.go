@@ -15,18 +15,24 @@ import (
 // leases, the stream's rows, the effects), members (a Member each, a
 // membership loop that renews, reads, takes and releases, and a batch
 // loop: read a window of rows under no lock, lock the partitions they
-// fell in, fence, apply, commit, a partition no row fell in moved in
-// memory only, its cursor written when released), writers that append rows of
-// random keys, and faults: kill -9 (the server ends the member's sessions),
-// SIGSTOP for up to three leases (its sessions stay open, idle in their
-// transaction, until the server's idle-in-transaction timeout ends them),
-// a member cut off from PostgreSQL (its statements get no answer; the
-// server ends its idle transactions the same way), lost answers (a COMMIT
-// that committed reads as failed), graceful leaves and joins, and the
-// members' liveness locks (sim_live_test.go: dropped by a kill, kept by a
-// stop, reset under a running member: a false signal). Everything
-// random comes from the seed and every map is walked in sorted order, so a
-// seed replays exactly.
+// fell in, fence, run the user's function, commit, a partition no row
+// fell in moved in memory only, its cursor written when released), each
+// in a process with a pool of connections its other consumers share
+// (sim_pool_test.go), writers that append rows of random keys, and
+// faults: kill -9 (the server ends the member's sessions), SIGSTOP for
+// up to three leases (its sessions stay open, idle in their transaction,
+// until the server's idle-in-transaction timeout ends them), a member cut
+// off from PostgreSQL (its statements get no answer; the server ends its
+// idle transactions the same way), a member frozen (stopped or cut off)
+// while the server sends it a large answer its function asked for inside
+// the batch (the session active, not idle: tcp_user_timeout ends it;
+// sim_stall_test.go), a process's handlers slow for a lease or two,
+// holding every connection of its pool meant for batches, lost answers
+// (a COMMIT that committed reads as failed), graceful leaves and joins,
+// and the members' liveness locks (sim_live_test.go: dropped by a kill,
+// kept by a stop, reset under a running member: a false signal).
+// Everything random comes from the seed and every map is walked in
+// sorted order, so a seed replays exactly.
 //
 // After every step it checks:
 //   - one owner per partition: a batch commits effects or a cursor for a
@@ -40,7 +46,12 @@ import (
 //     member that cannot take it is live by its lease meanwhile, so that
 //     it may be assigned to it, or an answer is lost: then within the
 //     bound after a death), and a killed member's, once another saw its
-//     liveness lock, within 1.5 s (checkKilled);
+//     liveness lock, within 1.5 s (checkKilled); the clocks wait while a
+//     running member's batch fenced off the partition holds its lock;
+//   - a frozen member holds no partition's lock past the lease + 1 s
+//     (checkFrozen), and a running member's lease never runs out unless
+//     it was frozen since its renewal or expired by another
+//     (checkLease);
 //
 // and at the end, with the faults stopped, that every row was applied,
 // every partition is owned by the member the assignment names, and nothing
@@ -55,6 +66,8 @@ type simConfig struct {
 	lease                int64    // a member's lease, ms (0: leaseTTL)
 	ignoreDeath          bool     // members never expire one whose liveness lock went (sim_live_test.go)
 	stealOnSignal        bool     // a member found dead has its partitions taken at once, not by the take
+	noUserTimeout        bool     // the server never ends a session whose answer is not taken (sim_stall_test.go)
+	noReserve            bool     // a member's pool has no connection for its membership on top of its batches' (sim_pool_test.go)
 }
 
 var defaultSim = simConfig{faultsFor: 4000, settleFor: 5000}
@@ -92,6 +105,8 @@ type simTx struct {
 	idleSince int64 // when its last statement was answered; -1 while one runs
 	ended     bool
 	onLocked  func()
+	returned  bool  // its connection is back in the member's pool
+	lockedAt  int64 // when it held every lock it takes
 }
 
 type simMember struct {
@@ -106,6 +121,13 @@ type simMember struct {
 	idle               bool   // the batch loop waits for rows or partitions
 	locked             bool   // it holds its liveness lock (sim_live_test.go)
 	watch              *Watch // its watch over the others' locks
+	lastDown           int64  // when it was last stopped, cut off, resumed or reconnected
+	expiredAt          int64  // the lease another member ended on finding it dead
+	lapsed             int64  // the lease checkLease last saw run out
+	freezeNext         bool   // it freezes at its next large answer (sim_stall_test.go)
+	pool               simPool
+	slowUntil          int64 // its process's handlers are slow until (sim_pool_test.go)
+	consumers          int   // its process's other consumers running slow
 }
 
 type sim struct {
@@ -133,39 +155,6 @@ type sim struct {
 	left       map[int]int64 // partition -> when a graceful leave released it
 	orphans    map[int]orphan
 	stats      simStats
-}
-
-type simStats struct {
-	rows, commits, kills, pauses, cuts, leaves, joins, takes, releases, lostAnswers, idleKills, fenced int
-	resets, longResets, expired, falseDeaths, fastKills                                                int
-}
-
-func (st *simStats) add(o simStats) {
-	st.rows += o.rows
-	st.commits += o.commits
-	st.kills += o.kills
-	st.pauses += o.pauses
-	st.cuts += o.cuts
-	st.leaves += o.leaves
-	st.joins += o.joins
-	st.takes += o.takes
-	st.releases += o.releases
-	st.lostAnswers += o.lostAnswers
-	st.idleKills += o.idleKills
-	st.fenced += o.fenced
-	st.resets += o.resets
-	st.longResets += o.longResets
-	st.expired += o.expired
-	st.falseDeaths += o.falseDeaths
-	st.fastKills += o.fastKills
-}
-
-func (st simStats) String() string {
-	return fmt.Sprintf("%d rows, %d commits, %d kills, %d stops, %d cuts, %d leaves, %d joins, %d takes, %d releases, "+
-		"%d answers lost, %d transactions ended idle, %d partitions fenced off a batch, %d liveness sessions reset (%d past the grace), "+
-		"%d members expired by their liveness lock (%d running), %d partitions of killed members taken within %dms",
-		st.rows, st.commits, st.kills, st.pauses, st.cuts, st.leaves, st.joins, st.takes, st.releases, st.lostAnswers, st.idleKills, st.fenced,
-		st.resets, st.longResets, st.expired, st.falseDeaths, st.fastKills, killBound)
 }
 
 func newSim(seed uint64, cfg simConfig) *sim {
@@ -243,6 +232,8 @@ func (s *sim) Run() []string {
 	for s.Next(end) {
 		s.checkCoverage()
 		s.checkKilled()
+		s.checkLease()
+		s.checkFrozen()
 		if !s.faults && s.Now > s.cfg.faultsFor+s.deathBound() && s.Now-s.moves > 1500 && s.allApplied() {
 			break
 		}
@@ -292,7 +283,7 @@ func (s *sim) chaos() {
 	if len(run) > 0 {
 		m = run[s.rng.IntN(len(run))]
 	}
-	switch r := s.rng.IntN(13); {
+	switch r := s.rng.IntN(15); {
 	case r < 2 && m != nil:
 		s.kill(m)
 		s.After(100+int64(s.rng.IntN(1500)), s.restart)
@@ -307,6 +298,10 @@ func (s *sim) chaos() {
 		s.join()
 	case r < 10 && m != nil:
 		s.resetSession(m)
+	case r < 11 && m != nil:
+		m.freezeNext = true
+	case r < 12 && m != nil:
+		s.slowHandlers(m)
 	default:
 		s.lossy = !s.lossy
 	}
@@ -321,7 +316,9 @@ func (s *sim) heal() {
 		if m.paused {
 			s.resume(m)
 		}
-		m.cut = false
+		if m.cut {
+			m.cut, m.lastDown = false, s.Now
+		}
 	}
 	for len(s.running()) < 2 {
 		s.join()
@@ -342,6 +339,7 @@ func (s *sim) join() {
 	m.node = NewMember(m.id, s.label, simPartitions)
 	m.node.broken = s.cfg.broken
 	m.watch = NewWatch(livenessGrace * time.Millisecond)
+	m.pool.free = s.poolSize()
 	s.takeLock(m, s.rtt())
 	s.members = append(s.members, m)
 	s.stats.joins++
@@ -360,7 +358,7 @@ func (s *sim) kill(m *simMember) {
 
 func (s *sim) pause(m *simMember, d int64) {
 	s.stats.pauses++
-	m.paused = true
+	m.paused, m.lastDown = true, s.Now
 	s.lastLoss = s.Now
 	s.After(d, func() {
 		if m.paused && s.faults {
@@ -370,7 +368,7 @@ func (s *sim) pause(m *simMember, d int64) {
 }
 
 func (s *sim) resume(m *simMember) {
-	m.paused = false
+	m.paused, m.lastDown = false, s.Now
 	held := m.held
 	m.held = nil
 	for _, fn := range held {
@@ -380,10 +378,14 @@ func (s *sim) resume(m *simMember) {
 
 func (s *sim) cutOff(m *simMember, d int64) {
 	s.stats.cuts++
-	m.cut = true
+	m.cut, m.lastDown = true, s.Now
 	s.lastLoss = s.Now
 	s.cutLock(m, d)
-	s.After(d, func() { m.cut = false })
+	s.After(d, func() {
+		if m.cut {
+			m.cut, m.lastDown = false, s.Now
+		}
+	})
 }
 
 // leave is a graceful stop. One statement deletes the member's lease and
@@ -406,7 +408,7 @@ func (s *sim) leave(m *simMember) {
 		for p := range known {
 			known[p] = m.node.Pos(p)
 		}
-		s.call(m, stmtTimeout, func(answer func(func())) {
+		s.callPooled(m, stmtTimeout, func(answer func(func())) {
 			delete(s.leases, m.id)
 			for p, pt := range s.parts {
 				if pt.Owner == m.id {
@@ -445,7 +447,7 @@ func (s *sim) step(m *simMember) {
 	m.stepping = true
 	renew := m.lastRenew < 0 || s.Now-m.lastRenew >= s.lease()/3
 	sent := s.Now
-	s.call(m, stmtTimeout, func(answer func(func())) {
+	s.callPooled(m, stmtTimeout, func(answer func(func())) {
 		if renew {
 			s.leases[m.id] = s.Now + s.lease()
 		}
@@ -497,7 +499,7 @@ func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
 	for i, p := range release {
 		known[i] = m.node.Pos(p)
 	}
-	s.call(m, stmtTimeout, func(answer func(func())) {
+	s.callPooled(m, stmtTimeout, func(answer func(func())) {
 		var took []Locked
 		var dropped []int
 		for _, p := range take {
@@ -573,7 +575,7 @@ func (s *sim) batch(m *simMember) {
 		m.batching = false
 		s.at(m, d, func() { s.batch(m) })
 	}
-	s.call(m, batchTimeout, func(answer func(func())) {
+	s.callPooled(m, batchTimeout, func(answer func(func())) {
 		rows, next := s.read(cur, lo, int64(len(s.rows)))
 		answer(func() { s.lockTouched(m, cur, rows, next, again) })
 	}, func() { again(20 + int64(s.rng.IntN(30))) })
@@ -600,29 +602,34 @@ func (s *sim) lockTouched(m *simMember, cur []Cursor, rows []simRow, next int64,
 		again(0)
 		return
 	}
+	retry := func() { again(20 + int64(s.rng.IntN(30))) }
 	fail := func() {
 		s.rollback(m, tx)
-		again(20 + int64(s.rng.IntN(30)))
+		retry()
 	}
-	s.call(m, batchTimeout, func(answer func(func())) {
-		tx.onLocked = func() {
-			locked := make([]Locked, len(tx.parts))
-			for i, p := range tx.parts {
-				locked[i] = Locked{Partition: p, PartitionState: s.parts[p].PartitionState}
+	s.acquire(m, batchTimeout, func() { // the transaction's connection, to its end
+		s.call(m, batchTimeout, func(answer func(func())) {
+			tx.onLocked = func() {
+				locked := make([]Locked, len(tx.parts))
+				for i, p := range tx.parts {
+					locked[i] = Locked{Partition: p, PartitionState: s.parts[p].PartitionState}
+				}
+				s.answered(tx)
+				answer(func() { s.fenced(m, tx, locked, cur, untouched, rows, next, again, fail) })
 			}
-			s.answered(tx)
-			answer(func() { s.fenced(m, tx, locked, cur, untouched, rows, next, again, fail) })
-		}
-		s.lockNext(tx)
-	}, fail)
+			s.lockNext(tx)
+		}, fail)
+	}, retry)
 }
 
 // rollback is the client giving up tx: it rolls back, or closes its
-// connection, which the server hears unless the client is cut off.
+// connection, which the server hears unless the client is cut off; the
+// connection goes back to the pool.
 func (s *sim) rollback(m *simMember, tx *simTx) {
 	if !m.cut {
 		s.end(tx)
 	}
+	s.put(m, tx)
 }
 
 // fenced runs the partitions the member still holds (Fence), applying
@@ -651,13 +658,12 @@ func (s *sim) fenced(m *simMember, tx *simTx, locked []Locked, cur, untouched []
 			apply = append(apply, r)
 		}
 	}
-	// The user's function: time in the member, the transaction idle.
-	s.at(m, int64(len(apply))*(1+int64(s.rng.IntN(3))), func() {
+	s.handler(m, tx, len(apply), func() {
 		s.commit(m, tx, run, apply, next, func(d int64) {
 			m.node.Committed(untouched, next)
 			again(d)
 		}, fail)
-	})
+	}, fail)
 }
 
 // simWindow bounds the rows a batch reads (maxWindow).
@@ -707,6 +713,7 @@ func (s *sim) commit(m *simMember, tx *simTx, run []Cursor, rows []simRow, next 
 		s.stats.commits++
 		s.end(tx)
 		answer(func() {
+			s.put(m, tx)
 			m.node.Committed(run, next)
 			again(0)
 		})
@@ -730,6 +737,7 @@ func (s *sim) lockNext(tx *simTx) {
 		pt.lock = tx
 		tx.held = append(tx.held, tx.parts[len(tx.held)])
 	}
+	tx.lockedAt = s.Now
 	tx.onLocked()
 }
 
