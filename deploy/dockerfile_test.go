@@ -85,6 +85,20 @@ func TestComposeDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile: runtime stage does not copy %s", cmd)
 		}
 	}
+	// Every module of go.work has its go.mod copied before the download,
+	// or is dropped from the image's workspace: otherwise go mod download
+	// fails ("cannot load module ... listed in go.work file"), as it did
+	// when bench/consumers joined go.work.
+	work := testenv.ReadFile(t, "../go.work")
+	for _, m := range regexp.MustCompile(`(?m)^\s+\./(\S+)$`).FindAllSubmatch(work, -1) {
+		dir := regexp.QuoteMeta(string(m[1]))
+		if !build.has(`^COPY `+dir+`/go\.mod `+dir+`/go\.sum \./`+dir+`/$`) && !build.has(`go work edit .*-dropuse=\./`+dir+`\b`) {
+			t.Errorf("Dockerfile: go.work's module ./%s is neither copied (its go.mod and go.sum) before go mod download nor dropped from the image's workspace", m[1])
+		}
+	}
+	if !build.has(`^ENV GOWORK=`) && build.has(`-dropuse`) {
+		t.Errorf("Dockerfile: a module dropped from a workspace the build does not use")
+	}
 	// sh (the worker's command) and wget (healthchecks) are busybox's.
 	if !strings.HasPrefix(runtime.from, "FROM alpine:") {
 		t.Errorf("Dockerfile: runtime %q, want alpine (compose uses its sh and wget)", runtime.from)
