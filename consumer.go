@@ -527,7 +527,7 @@ func (c *consumer) afterFailure(f failure, fnErr error) {
 }
 
 // redriveRequested applies the consumer's dead letters a retry was asked
-// for (RequestDeadLetterRetry).
+// for (Node.RetryDeadLetter).
 func (c *consumer) redriveRequested(ctx context.Context) {
 	qs, count, err := c.n.retryRequests(ctx, c.cfg, nil)
 	if err == nil {
