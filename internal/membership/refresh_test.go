@@ -18,6 +18,9 @@ func TestRefreshCoalesces(t *testing.T) {
 	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
+	if err := Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
 	f, err := NewFollower(ctx, FollowerConfig{Store: NewStore(pool), Map: "events", Initial: []string{"a"}})
 	if err != nil {
 		t.Fatal(err)
