@@ -94,7 +94,7 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		redrive:  make(chan struct{}, 1)}
 	var start int64
 	if c.StartAtEnd {
-		start = st.gen.PersistedUpto()
+		start = st.gen.StoredUpto()
 	}
 	start = max(start, st.pruned) // a new one starts at the first row kept
 	var pos int64

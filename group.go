@@ -84,7 +84,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 	field := fmt.Sprintf("weft: Config.Consumers[%d]", i)
 	var start int64
 	if c.StartAtEnd {
-		start = st.gen.PersistedUpto()
+		start = st.gen.StoredUpto()
 	}
 	start = max(start, st.pruned) // a new one starts at the first row kept
 	parts := c.Partitions
