@@ -94,7 +94,7 @@ func (n *Node) newConsumer(ctx context.Context, c Consumer) (*consumer, error) {
 		redrive:  make(chan struct{}, 1)}
 	var start int64
 	if c.StartAtEnd {
-		start = st.gen.PersistedUpto()
+		start = st.gen.StoredUpto()
 	}
 	start = max(start, st.pruned) // a new one starts at the first row kept
 	var pos int64
@@ -527,7 +527,7 @@ func (c *consumer) afterFailure(f failure, fnErr error) {
 }
 
 // redriveRequested applies the consumer's dead letters a retry was asked
-// for (RequestDeadLetterRetry).
+// for (Node.RetryDeadLetter).
 func (c *consumer) redriveRequested(ctx context.Context) {
 	qs, count, err := c.n.retryRequests(ctx, c.cfg, nil)
 	if err == nil {

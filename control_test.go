@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft"
+	"github.com/weft-dev/weft/internal/control"
 	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/wefttest"
 )
@@ -177,11 +178,11 @@ func TestPauseResumeRunningConsumer(t *testing.T) {
 			t.Errorf("%s has no %s:\n%s", path, want, rec.Body.String())
 		}
 	}
-	if err := weft.PauseConsumer(ctx, n.DB(), "orders", "target"); err != nil { // again: nothing changes
+	if err := n.PauseConsumer(ctx, "orders", "target"); err != nil { // again: nothing changes
 		t.Fatal(err)
 	}
 	total := f.halt(t)
-	if err := weft.ResumeConsumer(ctx, n.DB(), "orders", "target"); err != nil {
+	if err := n.ResumeConsumer(ctx, "orders", "target"); err != nil {
 		t.Fatal(err)
 	}
 	awaitAppliedOnce(t, pool, "target", total)
@@ -377,7 +378,7 @@ func (r *seekRig) seek(to weft.SeekTarget, wantPos int64) {
 		r.t.Fatal(err)
 	}
 	if pos != wantPos {
-		r.t.Fatalf("seek to %s: cursor %d, want %d", to, pos, wantPos)
+		r.t.Fatalf("seek to %+v: cursor %d, want %d", to, pos, wantPos)
 	}
 }
 
@@ -508,18 +509,18 @@ func TestSeekSurvivesRestart(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, name := range []string{"single", "group"} {
-		if _, err := weft.SeekConsumer(ctx, pool, "orders", name, weft.SeekPosition(ps[0])); err != nil {
+		if _, err := control.Seek(ctx, pool, "orders", name, control.Target{Kind: control.Position, Pos: ps[0]}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := weft.PauseConsumer(ctx, pool, "orders", "group"); err != nil {
+	if err := control.Pause(ctx, pool, "orders", "group"); err != nil {
 		t.Fatal(err)
 	}
 	n = open()
 	defer n.Close()
 	// ps[1] and ps[2] again.
 	wefttest.Eventually(t, 30*time.Second, func() bool { c, _ := applied(t, pool, "single"); return c >= 5 }, "the consumer does not start from its seek")
-	infos, err := weft.ReadConsumers(ctx, pool)
+	infos, err := control.Consumers(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +531,7 @@ func TestSeekSurvivesRestart(t *testing.T) {
 	if c, _ := applied(t, pool, "group"); c != 3 {
 		t.Fatalf("the paused group applied %d rows after the restart", c-3)
 	}
-	if err := weft.ResumeConsumer(ctx, pool, "orders", "group"); err != nil {
+	if err := control.Resume(ctx, pool, "orders", "group"); err != nil {
 		t.Fatal(err)
 	}
 	wefttest.Eventually(t, 30*time.Second, func() bool { c, _ := applied(t, pool, "group"); return c >= 5 }, "the group does not resume")

@@ -3,11 +3,10 @@ package weft
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/weft-dev/weft/internal/control"
 )
 
 // DeadLetterPolicy is what a consumer's later rows do while one of its
@@ -23,7 +22,7 @@ const (
 )
 
 // ErrNoDeadLetter: no dead letter of that consumer at that position.
-var ErrNoDeadLetter = errors.New("weft: no such dead letter")
+var ErrNoDeadLetter = control.ErrNoDeadLetter
 
 // DeadLetter is a position a consumer's function failed on until its
 // retry policy gave up (or on a Permanent error): the cursor moved past
@@ -54,61 +53,6 @@ type DeadLetter struct {
 	RetryRequestedAt time.Time `json:"retry_requested_at,omitzero"`
 }
 
-// Bounds of one ReadDeadLetters answer: a dead letter holds its rows,
-// and an operator's listing must not take a process's memory.
-const (
-	// MaxDeadLettersRead is the most dead letters one read returns.
-	MaxDeadLettersRead = 1000
-	// MaxDeadLetterBytesRead bounds the rows' data one read returns: it
-	// stops before the letter that would pass it (but returns at least
-	// one).
-	MaxDeadLetterBytesRead = 8 << 20
-)
-
-// ReadDeadLetters reads the dead letters stored in db: those of consumer
-// (single or group) of stream, or of every consumer of stream when
-// consumer is "", or every one when stream is "" too; by stream,
-// consumer, position and partition, the first MaxDeadLettersRead of them
-// and at most MaxDeadLetterBytesRead of their rows' data (discard or
-// retry those to see the rest). It is for operators' tools (`master
-// consumers dead-letters`); Node.DeadLetters is the same on a node's
-// pool.
-func ReadDeadLetters(ctx context.Context, db *pgxpool.Pool, stream, consumer string) ([]DeadLetter, error) {
-	rows, err := db.Query(ctx, `SELECT stream, name, pos, partition, coalesce(key, ''), writer, rows::text, error, attempts,
-			first_failed_at, last_failed_at, dead_at, retry_requested_at
-		FROM weft_dead_letters WHERE ($1 = '' OR stream = $1) AND ($2 = '' OR name = $2)
-		ORDER BY stream, name, pos, partition LIMIT $3`, stream, consumer, MaxDeadLettersRead)
-	if err != nil {
-		return nil, fmt.Errorf("weft: read dead letters: %w", err)
-	}
-	defer rows.Close()
-	var out []DeadLetter
-	size := 0
-	for rows.Next() {
-		var d DeadLetter
-		var data string
-		var retry *time.Time
-		if err := rows.Scan(&d.Stream, &d.Consumer, &d.Pos, &d.Partition, &d.Key, &d.Writer, &data, &d.Error, &d.Attempts,
-			&d.FirstFailedAt, &d.LastFailedAt, &d.DeadAt, &retry); err != nil {
-			return nil, fmt.Errorf("weft: read dead letters: %w", err)
-		}
-		if size += len(data); size > MaxDeadLetterBytesRead && len(out) > 0 {
-			break
-		}
-		if retry != nil {
-			d.RetryRequestedAt = *retry
-		}
-		if d.Rows, err = deadRows(d.Stream, d.Writer, d.Pos, data); err != nil {
-			return nil, fmt.Errorf("weft: read dead letters: %w", err)
-		}
-		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("weft: read dead letters: %w", err)
-	}
-	return out, nil
-}
-
 // deadRows are a dead letter's rows from its stored array.
 func deadRows(stream, writer string, pos int64, data string) ([]Row, error) {
 	var values []json.RawMessage
@@ -122,52 +66,41 @@ func deadRows(stream, writer string, pos int64, data string) ([]Row, error) {
 	return rows, nil
 }
 
-// RequestDeadLetterRetry asks that the dead letters of consumer of stream
-// at pos (one per failed partition, for a group) be applied again: a
-// process that runs the consumer (the member that owns the partition, for
-// a group) applies them with its function within about its
-// Config.AnnounceInterval, in a transaction that holds the cursor's lock
-// (fenced, for a group) and deletes the dead letter. If the function
-// fails again, the dead letter stays, with one more attempt and the new
-// error. It returns once the request is stored (ErrNoDeadLetter if there
-// is no such dead letter); ReadDeadLetters shows when it is carried out.
-func RequestDeadLetterRetry(ctx context.Context, db *pgxpool.Pool, stream, consumer string, pos int64) error {
-	tag, err := db.Exec(ctx, `UPDATE weft_dead_letters SET retry_requested_at = now() WHERE stream = $1 AND name = $2 AND pos = $3`,
-		stream, consumer, pos)
-	if err != nil {
-		return fmt.Errorf("weft: retry dead letter %d of %s of %s: %w", pos, consumer, stream, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %d of %s of %s", ErrNoDeadLetter, pos, consumer, stream)
-	}
-	return nil
-}
-
-// DiscardDeadLetter deletes the dead letters of consumer of stream at pos
-// (every partition's, for a group): they are never applied
-// (ErrNoDeadLetter if there is none). A retry being carried out at that
-// moment finishes first.
-func DiscardDeadLetter(ctx context.Context, db *pgxpool.Pool, stream, consumer string, pos int64) error {
-	tag, err := db.Exec(ctx, `DELETE FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND pos = $3`, stream, consumer, pos)
-	if err != nil {
-		return fmt.Errorf("weft: discard dead letter %d of %s of %s: %w", pos, consumer, stream, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: %d of %s of %s", ErrNoDeadLetter, pos, consumer, stream)
-	}
-	return nil
-}
-
-// DeadLetters is ReadDeadLetters on the node's database.
+// DeadLetters reads the node's database's dead letters: those of
+// consumer (single or group) of stream, or of every consumer of stream
+// when consumer is "", or every one when stream is "" too; by stream,
+// consumer, position and partition. An answer is bounded (the first
+// 1,000 letters, and about 8 MiB of their rows' data): discard or retry
+// those to see the rest.
 func (n *Node) DeadLetters(ctx context.Context, stream, consumer string) ([]DeadLetter, error) {
-	return ReadDeadLetters(ctx, n.pool, stream, consumer)
+	ds, err := control.DeadLetters(ctx, n.pool, stream, consumer)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DeadLetter, len(ds))
+	for i, d := range ds {
+		out[i] = DeadLetter{Stream: d.Stream, Consumer: d.Consumer, Pos: d.Pos, Partition: d.Partition, Key: d.Key, Writer: d.Writer,
+			Rows: make([]Row, len(d.Rows)), Error: d.Error, Attempts: d.Attempts, FirstFailedAt: d.FirstFailedAt,
+			LastFailedAt: d.LastFailedAt, DeadAt: d.DeadAt, RetryRequestedAt: d.RetryRequestedAt}
+		for j, data := range d.Rows {
+			out[i].Rows[j] = Row{Stream: d.Stream, Writer: d.Writer, Pos: d.Pos, Data: data}
+		}
+	}
+	return out, nil
 }
 
-// RetryDeadLetter is RequestDeadLetterRetry on the node's database; when
-// this node runs the consumer it looks at once. It returns once the
-// request is stored, not once it is carried out.
+// RetryDeadLetter asks that the dead letters of consumer of stream at pos
+// (one per failed partition, for a group) be applied again: a process
+// that runs the consumer (the member that owns the partition, for a
+// group) applies them with its function within about its
+// Config.AnnounceInterval (at once, when this node runs it), in a
+// transaction that holds the cursor's lock (fenced, for a group) and
+// deletes the dead letter. If the function fails again, the dead letter
+// stays, with one more attempt and the new error. It returns once the
+// request is stored, not once it is carried out (ErrNoDeadLetter if there
+// is no such dead letter); DeadLetters shows when it is.
 func (n *Node) RetryDeadLetter(ctx context.Context, stream, consumer string, pos int64) error {
-	if err := RequestDeadLetterRetry(ctx, n.pool, stream, consumer, pos); err != nil {
+	if err := control.RetryDeadLetter(ctx, n.pool, stream, consumer, pos); err != nil {
 		return err
 	}
 	for _, c := range n.consumer {
@@ -183,8 +116,10 @@ func (n *Node) RetryDeadLetter(ctx context.Context, stream, consumer string, pos
 	return nil
 }
 
-// DiscardDeadLetter is the package's DiscardDeadLetter on the node's
-// database.
+// DiscardDeadLetter deletes the dead letters of consumer of stream at pos
+// (every partition's, for a group): they are never applied
+// (ErrNoDeadLetter if there is none). A retry being carried out at that
+// moment finishes first.
 func (n *Node) DiscardDeadLetter(ctx context.Context, stream, consumer string, pos int64) error {
-	return DiscardDeadLetter(ctx, n.pool, stream, consumer, pos)
+	return control.DiscardDeadLetter(ctx, n.pool, stream, consumer, pos)
 }

@@ -15,9 +15,9 @@ import (
 	grp "github.com/weft-dev/weft/internal/group"
 )
 
-// DefaultPartitions is a new group's number of partitions when its
+// defaultPartitions is a new group's number of partitions when its
 // Consumer does not say.
-const DefaultPartitions = 64
+const defaultPartitions = 64
 
 // groupPoll is how often a member reads its group (the members' leases
 // and the partitions' owners): a partition freed by a graceful stop or a
@@ -84,12 +84,12 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 	field := fmt.Sprintf("weft: Config.Consumers[%d]", i)
 	var start int64
 	if c.StartAtEnd {
-		start = st.gen.PersistedUpto()
+		start = st.gen.StoredUpto()
 	}
 	start = max(start, st.pruned) // a new one starts at the first row kept
 	parts := c.Partitions
 	if parts == 0 {
-		parts = DefaultPartitions
+		parts = defaultPartitions
 	}
 	var key *string
 	var stored *int

@@ -287,7 +287,7 @@ func (g *group) loadHolds(ctx context.Context, took []grp.Locked) {
 }
 
 // redriveRequested applies the dead letters of the member's partitions a
-// retry was asked for (RequestDeadLetterRetry), each under its
+// retry was asked for (Node.RetryDeadLetter), each under its
 // partition's lock, fenced.
 func (g *group) redriveRequested(ctx context.Context) {
 	g.mu.Lock()

@@ -1,14 +1,10 @@
 package weft
 
 import (
-	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	grp "github.com/weft-dev/weft/internal/group"
@@ -104,44 +100,6 @@ func (s *GroupStatus) summarise(v grp.View, upto int64) {
 	for _, id := range slices.Sorted(maps.Keys(byID)) {
 		s.Members = append(s.Members, *byID[id])
 	}
-}
-
-// ReadGroups reads every consumer group stored in db's weft tables: its
-// live members (and any that still own partitions past their lease),
-// what each owns and its lag behind the stream's stored persisted-upto.
-// Member and LagSeconds are left zero: no process is asking about
-// itself. It is for operators' tools (`master groups`); a member's own
-// view is in Node.Status.
-func ReadGroups(ctx context.Context, db *pgxpool.Pool) ([]GroupStatus, error) {
-	rows, err := db.Query(ctx, `SELECT c.stream, c.name, c.key, c.partitions, coalesce(sp.upto, 0) FROM weft_consumers c
-		LEFT JOIN stream_persisted sp ON sp.stream = c.stream WHERE c.partitions IS NOT NULL ORDER BY c.stream, c.name`)
-	if err != nil {
-		return nil, fmt.Errorf("weft: read groups: %w", err)
-	}
-	type head struct {
-		GroupStatus
-		upto int64
-	}
-	heads, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (head, error) {
-		var h head
-		err := r.Scan(&h.Stream, &h.Name, &h.Key, &h.Partitions, &h.upto)
-		return h, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("weft: read groups: %w", err)
-	}
-	out := make([]GroupStatus, 0, len(heads))
-	for _, h := range heads {
-		var v grp.View
-		b := &pgx.Batch{}
-		queueView(b, h.Stream, h.Name, &v, &h.Paused)
-		if err := db.SendBatch(ctx, b).Close(); err != nil {
-			return nil, fmt.Errorf("weft: read group %s of %s: %w", h.Name, h.Stream, err)
-		}
-		h.summarise(v, h.upto)
-		out = append(out, h.GroupStatus)
-	}
-	return out, nil
 }
 
 // position is the lowest cursor of the partitions the member owns, and

@@ -143,8 +143,8 @@ func TestGroupGracefulLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(a.Status(), 2) }, "not balanced: %+v", a.Status().Groups)
-	if p := a.Status().Groups[0].Partitions; p != weft.DefaultPartitions {
-		t.Fatalf("%d partitions; want the default, %d", p, weft.DefaultPartitions)
+	if p := a.Status().Groups[0].Partitions; p != 64 {
+		t.Fatalf("%d partitions; want the default, 64", p)
 	}
 	appendNotices(t, w, 0, 200, 30)
 	began := time.Now()

@@ -111,7 +111,7 @@ func (n *Node) Status() Status {
 	for _, st := range n.sorted() {
 		ss := StreamStatus{Name: st.Name, Writes: st.w != nil || st.eph != nil}
 		if st.gen != nil {
-			ss.PersistedUpto = st.gen.PersistedUpto()
+			ss.PersistedUpto = st.gen.StoredUpto()
 		}
 		s.Streams = append(s.Streams, ss)
 	}

@@ -1,17 +1,16 @@
 package weft_test
 
 import (
-	"context"
 	"crypto/rand"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
+
+	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // The examples run against the shared servers (they kill nothing): a
@@ -44,28 +43,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// exampleDatabase is the examples' database (databaseURL) and its drop.
 func exampleDatabase() (func(), error) {
-	base := os.Getenv("WEFT_TEST_DATABASE_URL")
-	if base == "" {
-		base = "postgres://postgres@127.0.0.1:5432/test"
-	}
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(ctx)
-	name := "weft_examples_" + strings.ToLower(rand.Text()[:10])
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return nil, err
-	}
-	u, _ := url.Parse(base)
-	u.Path = "/" + name
-	databaseURL = u.String()
-	return func() {
-		if c, err := pgx.Connect(ctx, base); err == nil {
-			_, _ = c.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-			c.Close(ctx)
-		}
-	}, nil
+	u, drop, err := testenv.MainDatabase()
+	databaseURL = u
+	return drop, err
 }

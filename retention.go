@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/weft-dev/weft/internal/catchup"
+	"github.com/weft-dev/weft/internal/control"
 )
 
 // Retention bounds how long a durable stream keeps its rows. A row goes
@@ -20,7 +21,7 @@ import (
 // what it has not applied. The zero value keeps every row.
 //
 // The processes that write the stream prune it, one at a time, about
-// every PruneEvery, deleting at most 1,000 positions per transaction so
+// every 5 seconds, deleting at most 1,000 positions per transaction so
 // that writers are never held up by a long delete. A reader or catch-up
 // that asks for rows already pruned gets an error wrapping ErrPruned,
 // never a silent gap; a Follower with FromStart and a consumer seeked to
@@ -42,7 +43,7 @@ var ErrPruned = catchup.ErrPruned
 // Retention's fixed pace: how often a writer of the stream prunes, and
 // how many positions one transaction deletes.
 const (
-	PruneEvery = 5 * time.Second
+	pruneEvery = 5 * time.Second
 	pruneBatch = 1000
 )
 
@@ -60,10 +61,10 @@ func (r Retention) validate() error {
 	return nil
 }
 
-// pruneLoop prunes st every PruneEvery until ctx ends. Failures are
+// pruneLoop prunes st every pruneEvery until ctx ends. Failures are
 // logged and retried at the next turn: a row kept longer is harmless.
 func (n *Node) pruneLoop(ctx context.Context, st *stream) {
-	t := time.NewTicker(PruneEvery)
+	t := time.NewTicker(pruneEvery)
 	defer t.Stop()
 	for {
 		if _, err := n.Prune(ctx, st.Name); err != nil && ctx.Err() == nil {
@@ -96,9 +97,8 @@ func (s Stream) pruneBoundSQL() string {
 }
 
 // retentionLock serialises a pruning pass's bound with the seeks that
-// could move a cursor below it (two-key advisory lock: weft's class, the
-// stream).
-const retentionLock = `hashtext('weft.retention'), hashtext($1)`
+// could move a cursor below it (control.Seek takes it shared).
+const retentionLock = control.RetentionLock
 
 // prune runs one pass over s: it works out the bound, raises the stream's
 // pruned mark to it and deletes the rows at or below it, at most
@@ -175,7 +175,7 @@ func prunedUpto(ctx context.Context, q interface {
 }
 
 // Prune runs one pruning pass of stream now, as the processes that write
-// it do every PruneEvery: it deletes the rows its Retention lets go and
+// it do about every 5 seconds: it deletes the rows its Retention lets go and
 // returns how many table rows it deleted (0 when another process is
 // pruning the stream at this moment).
 func (n *Node) Prune(ctx context.Context, stream string) (int64, error) {

@@ -9,12 +9,13 @@ import (
 	"github.com/weft-dev/weft/internal/backoff"
 )
 
-// Defaults of RetryPolicy, used for its zero fields.
+// Defaults of RetryPolicy, used for its zero fields (documented on its
+// fields).
 const (
-	DefaultRetryInitial     = 100 * time.Millisecond
-	DefaultRetryMax         = time.Minute
-	DefaultRetryMaxAttempts = 10
-	DefaultRetryJitter      = 0.2
+	defaultRetryInitial     = 100 * time.Millisecond
+	defaultRetryMax         = time.Minute
+	defaultRetryMaxAttempts = 10
+	defaultRetryJitter      = 0.2
 )
 
 // RetryPolicy says how a consumer tries a position again after its
@@ -44,10 +45,10 @@ type RetryPolicy struct {
 }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	p.Initial = cmp.Or(p.Initial, DefaultRetryInitial)
-	p.Max = cmp.Or(p.Max, DefaultRetryMax)
-	p.MaxAttempts = cmp.Or(p.MaxAttempts, DefaultRetryMaxAttempts)
-	p.Jitter = cmp.Or(p.Jitter, DefaultRetryJitter)
+	p.Initial = cmp.Or(p.Initial, defaultRetryInitial)
+	p.Max = cmp.Or(p.Max, defaultRetryMax)
+	p.MaxAttempts = cmp.Or(p.MaxAttempts, defaultRetryMaxAttempts)
+	p.Jitter = cmp.Or(p.Jitter, defaultRetryJitter)
 	return p
 }
 

@@ -383,7 +383,7 @@ func (n *Node) openFabric(reg prometheus.Registerer) error {
 		}
 		sources[st.Name] = st.source(n.pool, n.reads)
 		fallback[st.Name] = sources[st.Name]
-		start := st.gen.PersistedUpto()
+		start := st.gen.StoredUpto()
 		if st.fromStart {
 			start = st.pruned // the first row kept
 		}

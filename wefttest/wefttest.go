@@ -1,11 +1,12 @@
 // Package wefttest helps test code built on weft against real servers: a
-// throwaway database, a private Redis, nodes that close with the test, and
-// a recording Handler that checks weft's promise (every row once, in each
-// writer's order).
+// throwaway database, a private Redis, nodes that close with the test, a
+// recording Handler that checks weft's promise (every row once, in each
+// writer's order), and Apply, which runs a consumer's function on rows of
+// the test's own in a transaction, with no node and no Redis.
 //
 // It needs a PostgreSQL server (WEFT_TEST_DATABASE_URL, or
 // postgres://postgres@127.0.0.1:5432/test) on which it may create
-// databases, and redis-server on PATH. A test whose server is missing is
+// databases, and redis-server on PATH (for Redis, StartRedis and nodes). A test whose server is missing is
 // skipped, or fails when CI=true.
 package wefttest
 

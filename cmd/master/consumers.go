@@ -11,14 +11,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/cmd/internal/server"
+	"github.com/weft-dev/weft/internal/control"
 	"github.com/weft-dev/weft/internal/fabric/wire"
 	"github.com/weft-dev/weft/internal/instance"
 )
 
 // consumersCmd lists the consumers and groups stored in the database and
-// changes their control state (weft.PauseConsumer, weft.SeekConsumer):
+// changes their control state (internal/control, which weft.Node's
+// PauseConsumer, ResumeConsumer and SeekConsumer run on too):
 // a running consumer notices within about a second, in every process.
 type consumersCmd struct {
 	List   consumersListCmd `cmd:"" default:"withargs" help:"List every consumer and group (the default): stream, kind, cursor, lag, paused, failing positions, dead letters."`
@@ -55,13 +56,13 @@ func (c consumerCmd) validate() error {
 	return nil
 }
 
-func (c consumerSeekCmd) target() (weft.SeekTarget, error) {
+func (c consumerSeekCmd) target() (control.Target, error) {
 	if err := c.validate(); err != nil {
-		return weft.SeekTarget{}, err
+		return control.Target{}, err
 	}
-	to, err := weft.ParseSeekTarget(c.To)
+	to, err := control.ParseTarget(c.To)
 	if err != nil {
-		return weft.SeekTarget{}, fmt.Errorf("--to: %w", err)
+		return control.Target{}, fmt.Errorf("--to: %w", err)
 	}
 	return to, nil
 }
@@ -72,7 +73,7 @@ func (c consumersListCmd) run(ctx context.Context, o out) error {
 		return err
 	}
 	defer pool.Close()
-	cs, err := weft.ReadConsumers(ctx, pool)
+	cs, err := control.Consumers(ctx, pool)
 	if err != nil {
 		return explainConsumersError(pool, err)
 	}
@@ -81,7 +82,7 @@ func (c consumersListCmd) run(ctx context.Context, o out) error {
 }
 
 // printConsumers writes a line per consumer or group.
-func printConsumers(out io.Writer, cs []weft.ConsumerInfo) {
+func printConsumers(out io.Writer, cs []control.Consumer) {
 	if len(cs) == 0 {
 		fmt.Fprintln(out, "no consumers")
 		return
@@ -111,9 +112,9 @@ func (c consumerCmd) change(ctx context.Context, o out, pause bool) error {
 		return err
 	}
 	defer pool.Close()
-	verb, change := "resumed", weft.ResumeConsumer
+	verb, change := "resumed", control.Resume
 	if pause {
-		verb, change = "paused", weft.PauseConsumer
+		verb, change = "paused", control.Pause
 	}
 	if err := change(ctx, pool, c.Stream, c.Name); err != nil {
 		return explainConsumerError(pool, c, err)
@@ -122,13 +123,13 @@ func (c consumerCmd) change(ctx context.Context, o out, pause bool) error {
 	return nil
 }
 
-func (c consumerSeekCmd) seek(ctx context.Context, o out, to weft.SeekTarget) error {
+func (c consumerSeekCmd) seek(ctx context.Context, o out, to control.Target) error {
 	pool, err := c.pool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	pos, err := weft.SeekConsumer(ctx, pool, c.Stream, c.Name, to)
+	pos, err := control.Seek(ctx, pool, c.Stream, c.Name, to)
 	if err != nil {
 		return explainConsumerError(pool, c.consumerCmd, err)
 	}
@@ -140,7 +141,7 @@ func (c consumerSeekCmd) seek(ctx context.Context, o out, to weft.SeekTarget) er
 // stored by that one, and what to do when the tables are older than the
 // command.
 func explainConsumerError(pool *pgxpool.Pool, c consumerCmd, err error) error {
-	if errors.Is(err, weft.ErrUnknownConsumer) {
+	if errors.Is(err, control.ErrUnknownConsumer) {
 		return fmt.Errorf("no consumer or group %s of stream %s is stored (`master consumers` lists them)", c.Name, c.Stream)
 	}
 	return explainConsumersError(pool, err)

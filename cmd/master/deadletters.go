@@ -10,11 +10,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/weft-dev/weft"
+	"github.com/weft-dev/weft/internal/control"
 )
 
 // deadLettersCmd lists, re-drives and discards a consumer's dead letters
-// (weft.ReadDeadLetters, RequestDeadLetterRetry, DiscardDeadLetter).
+// (internal/control, which weft.Node's DeadLetters,
+// RetryDeadLetter and DiscardDeadLetter run on too).
 type deadLettersCmd struct {
 	List    consumerCmd   `cmd:"" help:"List a consumer's or group's dead letters: position, partition, key, attempts, when, retry asked, error."`
 	Retry   deadLetterCmd `cmd:"" help:"Ask that a dead letter be applied again by a running process of the consumer (within about a second); if it fails again it stays."`
@@ -41,7 +42,7 @@ func (c consumerCmd) listDeadLetters(ctx context.Context, o out) error {
 		return err
 	}
 	defer pool.Close()
-	ds, err := weft.ReadDeadLetters(ctx, pool, c.Stream, c.Name)
+	ds, err := control.DeadLetters(ctx, pool, c.Stream, c.Name)
 	if err != nil {
 		return explainConsumersError(pool, err)
 	}
@@ -50,10 +51,10 @@ func (c consumerCmd) listDeadLetters(ctx context.Context, o out) error {
 }
 
 // errorWidth bounds the error text printed of a dead letter (the whole
-// is in weft_dead_letters and weft.ReadDeadLetters).
+// is in weft_dead_letters and control.DeadLetters).
 const errorWidth = 72
 
-func printDeadLetters(out io.Writer, c consumerCmd, ds []weft.DeadLetter) {
+func printDeadLetters(out io.Writer, c consumerCmd, ds []control.DeadLetter) {
 	if len(ds) == 0 {
 		fmt.Fprintf(out, "no dead letters of %s of %s\n", c.Name, c.Stream)
 		return
@@ -92,12 +93,12 @@ func (c deadLetterCmd) change(ctx context.Context, o out, retry bool) error {
 		return err
 	}
 	defer pool.Close()
-	what, change := "discarded", weft.DiscardDeadLetter
+	what, change := "discarded", control.DiscardDeadLetter
 	if retry {
-		what, change = "retry requested (a running process of it applies it within about a second)", weft.RequestDeadLetterRetry
+		what, change = "retry requested (a running process of it applies it within about a second)", control.RetryDeadLetter
 	}
 	if err := change(ctx, pool, c.Stream, c.Name, c.Pos); err != nil {
-		if errors.Is(err, weft.ErrNoDeadLetter) {
+		if errors.Is(err, control.ErrNoDeadLetter) {
 			return fmt.Errorf("no dead letter at %d of %s of %s (`master consumers dead-letters list %s %s` lists them)",
 				c.Pos, c.Name, c.Stream, c.Stream, c.Name)
 		}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/weft-dev/weft"
+	"github.com/weft-dev/weft/internal/control"
 )
 
 // groupsCmd lists the consumer groups stored in the database: what
@@ -23,7 +23,7 @@ func (c groupsCmd) run(ctx context.Context, o out) error {
 		return err
 	}
 	defer pool.Close()
-	groups, err := weft.ReadGroups(ctx, pool)
+	groups, err := control.Groups(ctx, pool)
 	if err != nil {
 		return explainWritersError(pool, err)
 	}
@@ -33,7 +33,7 @@ func (c groupsCmd) run(ctx context.Context, o out) error {
 
 // printGroups writes a line per group, then a line per member: whether it
 // is live, the partitions it owns and its lag.
-func printGroups(out io.Writer, groups []weft.GroupStatus) {
+func printGroups(out io.Writer, groups []control.Group) {
 	if len(groups) == 0 {
 		fmt.Fprintln(out, "no consumer groups")
 		return

@@ -39,7 +39,11 @@ var groupSizes = []int{1, 2, 4, 8}
 // groupCostPartitions are the groups' partitions the bookkeeping is
 // measured at: a batch's cost must follow the partitions its rows fall
 // in, not those the member owns.
-var groupCostPartitions = []int{weft.DefaultPartitions, 1024}
+var groupCostPartitions = []int{defaultPartitions, 1024}
+
+// defaultPartitions is a group's partitions when its weft.Consumer does
+// not say.
+const defaultPartitions = 64
 
 const (
 	groupWait  = 5 * time.Millisecond // the handler's wait per row
@@ -78,7 +82,7 @@ func measureGroups(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		}
 		e.log.Info("groups cost", "partitions", parts, "single_rows_per_s", single, "member_rows_per_s", grouped)
 		id := "groups.cost"
-		if parts != weft.DefaultPartitions {
+		if parts != defaultPartitions {
 			id = fmt.Sprintf("groups.cost%d", parts)
 		}
 		out = append(out,
@@ -226,7 +230,7 @@ func groupRate(ctx context.Context, e *benchEnv, members, rows int) (float64, er
 		var owners, most, free int
 		err := g.pool.QueryRow(ctx, `SELECT count(DISTINCT owner), coalesce(max(n), 0), (SELECT count(*) FROM weft_group_partitions WHERE owner IS NULL)
 			FROM (SELECT owner, count(*) AS n FROM weft_group_partitions WHERE owner IS NOT NULL GROUP BY owner) AS o`).Scan(&owners, &most, &free)
-		return owners == members && free == 0 && most <= (weft.DefaultPartitions+members-1)/members, err
+		return owners == members && free == 0 && most <= (defaultPartitions+members-1)/members, err
 	})
 	if err != nil {
 		return 0, err

@@ -73,7 +73,7 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 		return 0, 0, 0, err
 	}
 	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: e.redisURL, Secret: benchSecret,
-		Hello: fabricHello("lagreader"), Streams: []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}},
+		Hello: fabricHello("lagreader"), Streams: []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.StoredUpto()}},
 		Generators: []*streams.Generator{gen}, Handler: nopHandler{}, AnnounceInterval: interval,
 		ReplicateWait: 200 * time.Millisecond, Logger: e.nodeLog, Fetcher: fetcher})
 	if err != nil {
@@ -108,7 +108,7 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 			case <-sampleCtx.Done():
 				return
 			case now := <-t.C:
-				pu := gen.PersistedUpto()
+				pu := gen.StoredUpto()
 				mu.Lock()
 				i := 0
 				for ; i < len(pending) && pending[i].id <= pu; i++ {
@@ -150,7 +150,7 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 				break
 			}
 			if time.Now().After(deadline) {
-				err = fmt.Errorf("%d rows never covered by persisted-upto (%d)", left, gen.PersistedUpto())
+				err = fmt.Errorf("%d rows never covered by persisted-upto (%d)", left, gen.StoredUpto())
 				break
 			}
 			time.Sleep(5 * time.Millisecond)

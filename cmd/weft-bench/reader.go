@@ -287,7 +287,7 @@ func (r *readerState) newNode(ctx context.Context, a readerArgs, log *slog.Logge
 	if err != nil {
 		return nil, fmt.Errorf("reader: open stream: %w", err)
 	}
-	cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}}
+	cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.StoredUpto()}}
 	cfg.Generators = []*streams.Generator{gen}
 	f, err := catchup.NewClient(catchup.ClientConfig{Secret: a.Secret,
 		Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(pool)}})

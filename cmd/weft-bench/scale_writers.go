@@ -51,7 +51,7 @@ func scaleWriters(ctx context.Context, s *scaleEnv, x float64) (map[string]float
 		return nil, err
 	}
 	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: s.redisURL, Secret: benchSecret,
-		Hello: fabricHello("scalereader"), Streams: []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}},
+		Hello: fabricHello("scalereader"), Streams: []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.StoredUpto()}},
 		Generators: []*streams.Generator{gen}, Handler: nopHandler{},
 		ReplicateWait: 200 * time.Millisecond, Logger: s.nodeLog, Fetcher: fetcher})
 	if err != nil {
@@ -84,7 +84,7 @@ func scaleWriters(ctx context.Context, s *scaleEnv, x float64) (map[string]float
 			case <-sampleCtx.Done():
 				return
 			case now := <-t.C:
-				pu := gen.PersistedUpto()
+				pu := gen.StoredUpto()
 				mu.Lock()
 				i := 0
 				for ; i < len(pending) && pending[i].id <= pu; i++ {
@@ -125,7 +125,7 @@ func scaleWriters(ctx context.Context, s *scaleEnv, x float64) (map[string]float
 				break
 			}
 			if time.Now().After(deadline) {
-				err = fmt.Errorf("%d rows never covered by persisted-upto (%d)", left, gen.PersistedUpto())
+				err = fmt.Errorf("%d rows never covered by persisted-upto (%d)", left, gen.StoredUpto())
 				break
 			}
 			time.Sleep(5 * time.Millisecond)

@@ -126,7 +126,7 @@ func startWeftWriter(ctx context.Context, pool *pgxpool.Pool, redisURL, cluster,
 		AnnounceInterval: o.Announce, ReplicateWait: 200 * time.Millisecond, Logger: o.Log,
 	}
 	if o.Follow {
-		cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.PersistedUpto()}}
+		cfg.Streams = []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.StoredUpto()}}
 		if cfg.Fetcher, err = catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
 			Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(pool)}}); err != nil {
 			return nil, err

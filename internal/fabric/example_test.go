@@ -63,7 +63,7 @@ func ExampleOpenWriter() {
 	node, err := fabric.New(fabric.Config{
 		Instance: id, Cluster: "prod", RedisURL: "redis://127.0.0.1:6379/0", Secret: "s3cret",
 		Hello:   wire.Hello{Name: "ledger1", URL: "http://10.0.0.5:8080"},
-		Streams: []core.StreamSpec{{Name: "ledger", Start: w.Generator().PersistedUpto()}},
+		Streams: []core.StreamSpec{{Name: "ledger", Start: w.Generator().StoredUpto()}},
 		Writers: []*fabric.Writer{w},
 		Handler: printer{}, Fetcher: fetcher,
 	})
@@ -156,7 +156,7 @@ func ExampleNode_WaitForToken() {
 	}
 	node, err := fabric.New(fabric.Config{
 		Instance: id, Cluster: "prod", RedisURL: "redis://127.0.0.1:6379/0", Secret: "s3cret",
-		Streams:    []core.StreamSpec{{Name: "ledger", Start: gen.PersistedUpto()}},
+		Streams:    []core.StreamSpec{{Name: "ledger", Start: gen.StoredUpto()}},
 		Generators: []*streams.Generator{gen},
 		Handler:    printer{},
 		Fetcher:    fetcher,
@@ -173,7 +173,7 @@ func ExampleNode_WaitForToken() {
 	if err := node.WaitForToken(ctx, "ledger", tok); err != nil {
 		log.Fatal(err) // ctx ended first
 	}
-	log.Println("everything up to", tok, "is applied here; persisted-upto is", gen.PersistedUpto())
+	log.Println("everything up to", tok, "is applied here; persisted-upto is", gen.StoredUpto())
 }
 
 // Call a Writer from as many goroutines as you like (an HTTP handler per

@@ -112,7 +112,7 @@ func startMember(t testing.TB, pool *pgxpool.Pool, redisURL, name string, o clus
 		Instance:         id,
 		Cluster:          "test",
 		RedisURL:         redisURL,
-		Streams:          []core.StreamSpec{{Name: "events", Start: gen.PersistedUpto()}},
+		Streams:          []core.StreamSpec{{Name: "events", Start: gen.StoredUpto()}},
 		Generators:       generators(w, gen),
 		Writers:          writers(w),
 		Handler:          rec,

@@ -51,8 +51,8 @@ func TestNodeTwoWritersOneReader(t *testing.T) {
 	}
 	converged(t, pool, reader, "persister1", "persister2")
 	// Each writer's idle advance lets persisted-upto reach the head.
-	testenv.Eventually(t, 10*time.Second, func() bool { return reader.gen.PersistedUpto() == total },
-		"reader persisted-upto %d, want %d", reader.gen.PersistedUpto(), total)
+	testenv.Eventually(t, 10*time.Second, func() bool { return reader.gen.StoredUpto() == total },
+		"reader persisted-upto %d, want %d", reader.gen.StoredUpto(), total)
 	if gaps := metricSum(reader.node.m.gaps); gaps != 0 {
 		t.Logf("gaps on a healthy run: %v", gaps)
 	}

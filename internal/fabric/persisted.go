@@ -8,7 +8,7 @@ import (
 
 // storePersisted stores each durable stream's persisted-upto four times
 // per announce interval, besides the store of each refresh: an instance
-// hands out only a stored persisted-upto (streams.Generator.PersistedUpto),
+// hands out only a stored persisted-upto (streams.Generator.StoredUpto),
 // which then trails the one it computes by a quarter of the interval
 // rather than a whole one. A store that would not raise the stream's row
 // writes nothing.

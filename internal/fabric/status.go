@@ -99,7 +99,7 @@ func (n *Node) publishStatus() {
 		n.m.position.WithLabelValues(v.Key.Stream, v.Key.Writer).Set(float64(v.Pos))
 	}
 	for name, g := range n.gens {
-		n.m.persisted.WithLabelValues(name).Set(float64(g.PersistedUpto()))
+		n.m.persisted.WithLabelValues(name).Set(float64(g.StoredUpto()))
 	}
 	for st, secs := range lagSecs {
 		n.m.viewLagSecs.WithLabelValues(st).Set(secs)

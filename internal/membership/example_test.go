@@ -50,9 +50,9 @@ func Example() {
 }
 
 // A writer instance follows the map and hands its keys over fenced: the
-// Follower is the Placement of its queue, its HTTP server and its
+// MapFollower is the Placement of its queue, its HTTP server and its
 // forwarder. It needs a migrated database, so it is compiled but not run.
-func ExampleFollower() {
+func ExampleMapFollower() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/weft?sslmode=disable")
@@ -62,7 +62,7 @@ func ExampleFollower() {
 	defer pool.Close()
 
 	var q *shard.Queue
-	f, err := membership.NewFollower(ctx, membership.FollowerConfig{
+	f, err := membership.NewMapFollower(ctx, membership.MapFollowerConfig{
 		Store: membership.NewStore(pool), Map: "events", Initial: []string{"persister1", "persister2"},
 		Self: "persister1", Instance: "persister1-x7k2", // this instance holds persister1's lease
 		Kick: func() { q.Kick() },

@@ -27,6 +27,9 @@ func newStore(t *testing.T) (*membership.Store, *pgxpool.Pool) {
 	if _, err := schema.Migrate(context.Background(), pool, nil); err != nil {
 		t.Fatal(err)
 	}
+	if err := membership.Migrate(context.Background(), pool, nil); err != nil {
+		t.Fatal(err)
+	}
 	return membership.NewStore(pool), pool
 }
 

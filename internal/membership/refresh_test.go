@@ -18,7 +18,10 @@ func TestRefreshCoalesces(t *testing.T) {
 	if _, err := schema.Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
-	f, err := NewFollower(ctx, FollowerConfig{Store: NewStore(pool), Map: "events", Initial: []string{"a"}})
+	if err := Migrate(ctx, pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewMapFollower(ctx, MapFollowerConfig{Store: NewStore(pool), Map: "events", Initial: []string{"a"}})
 	if err != nil {
 		t.Fatal(err)
 	}

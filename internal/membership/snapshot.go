@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// snapshot is what a Follower reads each poll, in one statement (one
+// snapshot is what a MapFollower reads each poll, in one statement (one
 // snapshot of the database).
 type snapshot struct {
 	epoch    int64            // the map's newest epoch
@@ -117,7 +117,7 @@ func (s *Store) Held(ctx context.Context, writer string) (bool, error) {
 
 // NotifyChannel is the PostgreSQL NOTIFY channel a change of a map and a
 // new release are announced on (the payload is the map's name), in the
-// transaction that writes them: a Follower that listens reads the map at
+// transaction that writes them: a MapFollower that listens reads the map at
 // once instead of at its next poll.
 const NotifyChannel = "weft_shard_maps"
 

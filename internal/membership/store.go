@@ -172,7 +172,7 @@ func (s *Store) change(ctx context.Context, mapName, verb, writer string, next f
 		if _, err := tx.Exec(ctx, `DELETE FROM weft_shard_maps WHERE map = $1 AND epoch <= $2`, mapName, v.Epoch-KeepVersions); err != nil {
 			return fmt.Errorf("membership: map %s: trim versions to the last %d: %w", mapName, KeepVersions, err)
 		}
-		// Followers listening hear of it when the change commits.
+		// MapFollowers listening hear of it when the change commits.
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, mapName); err != nil {
 			return fmt.Errorf("membership: map %s: notify: %w", mapName, err)
 		}

@@ -75,7 +75,7 @@ func newWriters(t *testing.T) *writers {
 	node, err := fabric.New(fabric.Config{
 		Instance: inst, Cluster: "rooms-test-" + hex.EncodeToString(b[:]), RedisURL: redisURL, Secret: testSecret,
 		Hello:   wire.Hello{Name: "w1", Role: "worker", Version: "test"},
-		Streams: []core.StreamSpec{{Name: EventsStream, Start: gen.PersistedUpto()}},
+		Streams: []core.StreamSpec{{Name: EventsStream, Start: gen.StoredUpto()}},
 		Writers: []*fabric.Writer{ew}, Handler: fabricLive{live}, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft/internal/membership"
 	"github.com/weft-dev/weft/internal/schema"
 )
 
@@ -24,21 +25,30 @@ func roomsFS() fs.FS {
 	return sub
 }
 
-// Migrate applies weft's and the rooms workload's migrations.
+// Migrate applies weft's migrations, the shard maps' (membership) and the
+// rooms workload's.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	if _, err := schema.Migrate(ctx, pool, log); err != nil {
+		return err
+	}
+	if err := membership.Migrate(ctx, pool, log); err != nil {
 		return err
 	}
 	_, err := schema.MigrateFS(ctx, pool, roomsFS(), versionTable, log)
 	return err
 }
 
-// Pending counts the migrations, weft's and the workload's, not applied.
+// Pending counts the migrations, weft's, the shard maps' and the
+// workload's, not applied.
 func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	a, err := schema.Pending(ctx, pool)
 	if err != nil {
 		return 0, err
 	}
+	m, err := membership.Pending(ctx, pool)
+	if err != nil {
+		return 0, err
+	}
 	b, err := schema.PendingFS(ctx, pool, roomsFS(), versionTable)
-	return a + b, err
+	return a + m + b, err
 }

@@ -98,7 +98,7 @@ func newSyncEnvOn(t *testing.T, pool *pgxpool.Pool, dbURL string, maxLongPolls i
 	e.node, err = fabric.New(fabric.Config{
 		Instance: inst, Cluster: fmt.Sprintf("rooms-sync-%d", time.Now().UnixNano()), RedisURL: testenv.SharedRedisURL(t),
 		Hello:   wire.Hello{Name: "p1", Role: "test", URL: "http://127.0.0.1:1", Version: "test"},
-		Streams: []core.StreamSpec{{Name: EventsStream, Start: e.gen.PersistedUpto()}},
+		Streams: []core.StreamSpec{{Name: EventsStream, Start: e.gen.StoredUpto()}},
 		Writers: []*fabric.Writer{e.w}, Handler: fabricLive{e.live}, Fetcher: fetcher,
 		AnnounceInterval: 100 * time.Millisecond,
 	})

@@ -91,7 +91,7 @@ type ForwarderConfig struct {
 	// Required unless Placement is set.
 	Map *Map
 	// Placement follows a map that changes at runtime
-	// (membership.Follower); it must be Local's Placement too. A task
+	// (membership.MapFollower); it must be Local's Placement too. A task
 	// refused because the key moved is forwarded again to the new owner,
 	// after reading the map when the refusal names a newer epoch. Set Map
 	// or Placement, not both.

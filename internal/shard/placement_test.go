@@ -189,7 +189,7 @@ func TestQueueReleasesMovedKeyOnlyAfterItsTasksEnd(t *testing.T) {
 
 // The cost of fencing on the queue's hot path: tasks of settled keys
 // through a Placement (a handover.Node behind a mutex, as
-// membership.Follower keeps it) against the same queue without one. The
+// membership.MapFollower keeps it) against the same queue without one. The
 // executor does nothing, so only the queue's own work is measured.
 func BenchmarkQueuePlacement(b *testing.B) {
 	writers := []string{"a"}

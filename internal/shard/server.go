@@ -35,7 +35,7 @@ type ServerConfig struct {
 	// Required unless Placement is set.
 	Map *Map
 	// Placement follows a map that changes at runtime and fences the
-	// handover of keys (membership.Follower); it must be the Queue's
+	// handover of keys (membership.MapFollower); it must be the Queue's
 	// Placement too. Set Map or Placement, not both.
 	Placement Placement
 	// Holds, if set, reports whether this instance still holds Self; when

@@ -73,7 +73,7 @@ func TestAllocQueryBatch(t *testing.T) {
 		t.Fatalf("position %d before Finish, want 0", p)
 	}
 	announce(g, reader, reader)
-	if u := reader.PersistedUpto(); u != 0 {
+	if u := reader.StoredUpto(); u != 0 {
 		t.Fatalf("persisted-upto %d before Finish, want 0", u)
 	}
 	a.Finish()
@@ -104,7 +104,7 @@ func TestAllocQueryBatch(t *testing.T) {
 	refresh(t, reader)
 	// 11 was drawn and not written, but only its statement knows: the
 	// writer's next allocation carries it past.
-	if u := reader.PersistedUpto(); u != 10 {
+	if u := reader.StoredUpto(); u != 10 {
 		t.Fatalf("reader persisted-upto %d, want 10", u)
 	}
 }
@@ -326,7 +326,7 @@ func TestAllocQueryConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	head := quiesce(t, url, cancel, monitor, a, b, reader)
-	if got := reader.PersistedUpto(); got != head {
+	if got := reader.StoredUpto(); got != head {
 		t.Fatalf("quiescent persisted-upto %d, want the sequence head %d", got, head)
 	}
 	if err := truth.check(head); err != nil {

@@ -194,7 +194,7 @@ func scanPositions(rows pgx.Rows) (stored map[string]int64, sealed map[string]bo
 // writers that were sealed, and lifts the cap on persisted-upto to the
 // sequence value read first. A sealed name that is claimed again comes
 // back at its next Refresh; until then the cap keeps its new IDs safe.
-// It then stores persisted-upto, which PersistedUpto hands out from then
+// It then stores persisted-upto, which StoredUpto hands out from then
 // on.
 func (g *Generator) Refresh(ctx context.Context) error {
 	if err := g.reread(ctx); err != nil {
@@ -645,22 +645,22 @@ func (g *Generator) WriterPosition(w WriterID) (int64, bool) {
 
 // ComputedUpto is the persisted-upto this instance has computed from what
 // it knows now: every ID at or below it is persisted. It never goes
-// backwards in this instance and may be above PersistedUpto, the value
+// backwards in this instance and may be above StoredUpto, the value
 // stored and handed out; an instance started later may compute less at
 // first. A follower that keeps its own durable cursor (a consumer) reads
 // up to it.
 func (g *Generator) ComputedUpto() int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.tr.PersistedUpto()
+	return g.tr.ComputedUpto()
 }
 
-// PersistedUpto is the position at or below which every ID is persisted,
-// as stored in the database: Open starts from the stored value and Refresh
+// StoredUpto is the position at or below which every ID is persisted,
+// as stored in the database (the stored persisted-upto): Open starts from the stored value and Refresh
 // stores a higher one before it is handed out, so it never goes backwards,
 // across restarts of any instance too. It moves when Refresh or
 // StorePersisted stores it.
-func (g *Generator) PersistedUpto() int64 {
+func (g *Generator) StoredUpto() int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.tr.StoredUpto()

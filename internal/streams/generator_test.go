@@ -185,7 +185,7 @@ func startMonitor(ctx context.Context, reader *streams.Generator, truth *groundT
 				err = e
 				return
 			}
-			u := reader.PersistedUpto()
+			u := reader.StoredUpto()
 			if u < last {
 				err = fmt.Errorf("persisted-upto went backwards: %d after %d", u, last)
 				return
@@ -278,7 +278,7 @@ func TestTwoWritersOneProcess(t *testing.T) {
 	if head != 2*perWriter {
 		t.Fatalf("sequence head %d, want %d", head, 2*perWriter)
 	}
-	if got := reader.PersistedUpto(); got != head {
+	if got := reader.StoredUpto(); got != head {
 		t.Fatalf("quiescent persisted-upto %d, want the sequence head %d", got, head)
 	}
 	if err := truth.check(head); err != nil {
@@ -355,7 +355,7 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 		t.Fatalf("A at %d, want 100", a.Position())
 	}
 	refresh(t, reader)
-	if got := reader.PersistedUpto(); got != 0 {
+	if got := reader.StoredUpto(); got != 0 {
 		t.Fatalf("persisted-upto %d before idle B reports, want 0", got)
 	}
 	b.Observe(a.SelfID(), a.Position())
@@ -364,7 +364,7 @@ func TestIdleWriterReportsPosition(t *testing.T) {
 	}
 	reader.Observe(b.SelfID(), b.Position())
 	refresh(t, reader) // stores it, to hand it out
-	if got := reader.PersistedUpto(); got != 100 {
+	if got := reader.StoredUpto(); got != 100 {
 		t.Fatalf("persisted-upto %d, want 100", got)
 	}
 }

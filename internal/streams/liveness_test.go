@@ -104,7 +104,7 @@ func TestKilledWriterIsSealedWithoutWaitingForTheLease(t *testing.T) {
 		if err := reader.Refresh(ctx); err != nil {
 			return err
 		}
-		if u := reader.PersistedUpto(); u < head {
+		if u := reader.StoredUpto(); u < head {
 			return fmt.Errorf("persisted-upto %d below the head %d at the kill", u, head)
 		}
 		return nil

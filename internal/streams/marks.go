@@ -8,7 +8,7 @@ import (
 
 // A stream's marks (weft_stream_marks) say when its persisted-upto
 // reached a value: every row at or below upto had committed by the
-// database time at. A seek to a time (weft.SeekConsumer) goes to the
+// database time at. A seek to a time (control.Seek) goes to the
 // highest upto marked at or before it. The instance that raises the
 // stored persisted-upto marks the value it stored, at most once every
 // markEvery and only when no instance marked the stream in the last

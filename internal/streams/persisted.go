@@ -53,14 +53,14 @@ func openPersisted(ctx context.Context, db DB, stream string) (int64, error) {
 }
 
 // StorePersisted stores persisted-upto if this instance computed more than
-// is stored, and PersistedUpto hands it out from then on. Refresh does it
+// is stored, and StoredUpto hands it out from then on. Refresh does it
 // too; calling it between refreshes makes the persisted-upto handed out
 // trail the one computed by less. The row (created by Open, never deleted)
 // only moves up; a value not above it writes and locks nothing, so the
 // instances of a cluster storing about the same value do not queue on it.
 func (g *Generator) StorePersisted(ctx context.Context) error {
 	g.mu.Lock()
-	upto, stored := g.tr.PersistedUpto(), g.tr.StoredUpto()
+	upto, stored := g.tr.ComputedUpto(), g.tr.StoredUpto()
 	g.mu.Unlock()
 	if upto > stored {
 		tag, err := g.db.Exec(ctx, `UPDATE stream_persisted SET upto = $2 WHERE stream = $1 AND upto < $2`, g.cfg.Name, upto)
@@ -88,7 +88,7 @@ func (g *Generator) StorePersisted(ctx context.Context) error {
 // instance's from then on. What it returns is at least every value any
 // instance handed out before the call: one an instance stored after this
 // one opened (a predecessor still running beside its successor, say)
-// included, which PersistedUpto alone misses until this instance's own
+// included, which StoredUpto alone misses until this instance's own
 // reads reach it. When the read fails it returns this instance's value
 // with the error.
 func (g *Generator) LoadPersisted(ctx context.Context) (int64, error) {

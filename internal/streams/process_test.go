@@ -146,7 +146,7 @@ func TestTwoWritersTwoProcesses(t *testing.T) {
 			t.Errorf("%s stored position %d below its last ID %d", name, got, want)
 		}
 	}
-	if got := reader.PersistedUpto(); got < min(maxOwn1, maxOwn2) || got > 2*perWriter {
+	if got := reader.StoredUpto(); got < min(maxOwn1, maxOwn2) || got > 2*perWriter {
 		t.Fatalf("persisted-upto %d outside [%d, %d]", got, min(maxOwn1, maxOwn2), 2*perWriter)
 	}
 }

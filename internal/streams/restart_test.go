@@ -20,7 +20,7 @@ func TestPersistedUptoAcrossRestart(t *testing.T) {
 	var handed int64
 	sample := func(g *streams.Generator, who string) {
 		t.Helper()
-		got := g.PersistedUpto()
+		got := g.StoredUpto()
 		if got < handed {
 			t.Fatalf("%s hands out persisted-upto %d after %d was handed out", who, got, handed)
 		}
@@ -59,7 +59,7 @@ func TestStoredPersistedUptoAboveSequenceRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	refusedAheadThenRepaired(t, pool, "", "stream_persisted", "40", "events_seq", "setval")
-	if got := open(t, pool, eventsCfg, "").PersistedUpto(); got != 40 {
+	if got := open(t, pool, eventsCfg, "").StoredUpto(); got != 40 {
 		t.Fatalf("persisted-upto %d after the repair, want the stored 40", got)
 	}
 }
@@ -87,11 +87,11 @@ func TestStoredPersistedUptoOnlyUp(t *testing.T) {
 	behind.Observe(w.SelfID(), 3) // an older POSITION
 	refresh(t, ahead)
 	upto, ctid := row()
-	if upto != 5 || ahead.PersistedUpto() != 5 {
-		t.Fatalf("stored %d, handed out %d; want 5 and 5", upto, ahead.PersistedUpto())
+	if upto != 5 || ahead.StoredUpto() != 5 {
+		t.Fatalf("stored %d, handed out %d; want 5 and 5", upto, ahead.StoredUpto())
 	}
 	refresh(t, behind)
-	if got := behind.PersistedUpto(); got != 3 {
+	if got := behind.StoredUpto(); got != 3 {
 		t.Fatalf("the reader behind hands out %d, want the 3 it computed", got)
 	}
 	if upto2, ctid2 := row(); upto2 != 5 || ctid2 != ctid {
@@ -115,19 +115,19 @@ func TestLoadPersistedReadsOtherInstancesStores(t *testing.T) {
 	a.Finish()
 	old.Observe(w.SelfID(), 5)
 	refresh(t, old)
-	if got := old.PersistedUpto(); got != 5 {
+	if got := old.StoredUpto(); got != 5 {
 		t.Fatalf("the predecessor hands out %d, want 5", got)
 	}
-	if got := succ.PersistedUpto(); got != 0 {
+	if got := succ.StoredUpto(); got != 0 {
 		t.Fatalf("the successor holds %d before reading the row, want the 0 it opened with", got)
 	}
 	got, err := succ.LoadPersisted(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != 5 || succ.PersistedUpto() != 5 || succ.ComputedUpto() != 5 {
-		t.Fatalf("after LoadPersisted the successor hands out %d (PersistedUpto %d, ComputedUpto %d), want 5 each",
-			got, succ.PersistedUpto(), succ.ComputedUpto())
+	if got != 5 || succ.StoredUpto() != 5 || succ.ComputedUpto() != 5 {
+		t.Fatalf("after LoadPersisted the successor hands out %d (StoredUpto %d, ComputedUpto %d), want 5 each",
+			got, succ.StoredUpto(), succ.ComputedUpto())
 	}
 	// A failed read hands out what it holds.
 	cctx, cancel := context.WithCancel(ctx)

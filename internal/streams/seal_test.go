@@ -313,8 +313,8 @@ func TestKilledWriterIsSealed(t *testing.T) {
 	// While it lives, its stored position is where it registered: readers
 	// cannot pass it, however much it has committed.
 	refresh(t, reader)
-	if _, last := ledgerRows(t, pool, "persister1"); reader.PersistedUpto() >= last {
-		t.Fatalf("persisted-upto %d already at the live writer's last row %d", reader.PersistedUpto(), last)
+	if _, last := ledgerRows(t, pool, "persister1"); reader.StoredUpto() >= last {
+		t.Fatalf("persisted-upto %d already at the live writer's last row %d", reader.StoredUpto(), last)
 	}
 
 	killed := time.Now()
@@ -343,7 +343,7 @@ func TestKilledWriterIsSealed(t *testing.T) {
 		if err := reader.Refresh(ctx); err != nil {
 			return err
 		}
-		if u := reader.PersistedUpto(); u < last {
+		if u := reader.StoredUpto(); u < last {
 			return fmt.Errorf("persisted-upto %d below the dead writer's last row %d", u, last)
 		}
 		return nil
@@ -438,7 +438,7 @@ func TestSealedWriterStopsHoldingBackPersistedUpto(t *testing.T) {
 		if err := reader.Refresh(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := reader.PersistedUpto(); got != want || got <= s.Final["events"] {
+		if got := reader.StoredUpto(); got != want || got <= s.Final["events"] {
 			t.Fatalf("reader %s: persisted-upto %d, want the live writer's %d, past the sealed writer's final %d", name, got, want, s.Final["events"])
 		}
 	}

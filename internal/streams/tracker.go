@@ -91,12 +91,13 @@ func (t *Tracker) Position(w WriterID) (int64, bool) {
 // SelfPosition is the local writer's position (0 for a reader).
 func (t *Tracker) SelfPosition() int64 { return t.writers[t.self] }
 
-// PersistedUpto is the position at or below which every ID is persisted,
-// as this tracker computes it: what to store before handing it out.
-func (t *Tracker) PersistedUpto() int64 { return t.upto }
+// ComputedUpto is the position at or below which every ID is persisted,
+// as this tracker computes it (the computed persisted-upto): what to
+// store before handing it out.
+func (t *Tracker) ComputedUpto() int64 { return t.upto }
 
-// Uncapped is PersistedUpto as the known writers' positions give it,
-// without the cap (never below PersistedUpto): above it, only a fresh
+// Uncapped is ComputedUpto as the known writers' positions give it,
+// without the cap (never below ComputedUpto): above it, only a fresh
 // sequence read (SetCap) can prove those positions persisted.
 func (t *Tracker) Uncapped() int64 {
 	m, ok := t.minWriter()

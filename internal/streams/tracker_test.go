@@ -34,7 +34,7 @@ func TestTrackerOutOfOrderCompletion(t *testing.T) {
 		if got := tr.SelfPosition(); got != want {
 			t.Fatalf("after finishing %d (order %v): position %d, want %d", id, order, got, want)
 		}
-		if got := tr.PersistedUpto(); got != want {
+		if got := tr.ComputedUpto(); got != want {
 			t.Fatalf("after finishing %d: persisted-upto %d, want %d", id, got, want)
 		}
 	}
@@ -88,7 +88,7 @@ func TestTrackerInFlightAllocationGuard(t *testing.T) {
 	if got := tr.SelfPosition(); got != 104 {
 		t.Fatalf("position after recording 105 = %d, want 104", got)
 	}
-	if got := tr.PersistedUpto(); got > 104 {
+	if got := tr.ComputedUpto(); got > 104 {
 		t.Fatalf("persisted-upto %d passed unfinished 105", got)
 	}
 	if _, err := tr.Finish(105); err != nil {
@@ -118,7 +118,7 @@ func TestTrackerIdleWriter(t *testing.T) {
 		}
 		reader.Observe(1, a.SelfPosition())
 	}
-	if got := reader.PersistedUpto(); got != 0 {
+	if got := reader.ComputedUpto(); got != 0 {
 		t.Fatalf("reader's persisted-upto before B reports = %d, want 0 (B may be persisting 1..100)", got)
 	}
 	b.Observe(1, a.SelfPosition())
@@ -126,7 +126,7 @@ func TestTrackerIdleWriter(t *testing.T) {
 		t.Fatalf("idle B position = %d, want 100", got)
 	}
 	reader.Observe(2, b.SelfPosition())
-	if got := reader.PersistedUpto(); got != 100 {
+	if got := reader.ComputedUpto(); got != 100 {
 		t.Fatalf("persisted-upto = %d, want 100", got)
 	}
 	if got := reader.Token().String(); got != "m100" {
@@ -440,7 +440,7 @@ func (m *trackerModel) readRegistry(t *rapid.T) {
 	m.tr.SetCap(m.refreshCap)
 	m.cap, m.refreshing = m.refreshCap, false
 	// Then it stores persisted-upto (Generator.StorePersisted).
-	if upto := m.tr.PersistedUpto(); upto > m.tr.StoredUpto() {
+	if upto := m.tr.ComputedUpto(); upto > m.tr.StoredUpto() {
 		m.stored = max(m.stored, upto)
 		m.tr.Stored(upto)
 	}
@@ -551,9 +551,9 @@ func (m *trackerModel) actions() []modelAction {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if moved != oneMoved || m.tr.SelfPosition() != one.SelfPosition() || m.tr.PersistedUpto() != one.PersistedUpto() {
+			if moved != oneMoved || m.tr.SelfPosition() != one.SelfPosition() || m.tr.ComputedUpto() != one.ComputedUpto() {
 				t.Fatalf("FinishAll(%v): moved %v, position %d, persisted-upto %d; one by one: %v, %d, %d",
-					ids, moved, m.tr.SelfPosition(), m.tr.PersistedUpto(), oneMoved, one.SelfPosition(), one.PersistedUpto())
+					ids, moved, m.tr.SelfPosition(), m.tr.ComputedUpto(), oneMoved, one.SelfPosition(), one.ComputedUpto())
 			}
 			for _, id := range ids {
 				m.markFinished(id)
@@ -643,7 +643,7 @@ func (m *trackerModel) actions() []modelAction {
 }
 
 func (m *trackerModel) check(t *rapid.T) {
-	selfPos, upto := m.tr.SelfPosition(), m.tr.PersistedUpto()
+	selfPos, upto := m.tr.SelfPosition(), m.tr.ComputedUpto()
 	if selfPos < m.lastSelf || upto < m.lastUpto {
 		t.Fatalf("went backwards: self %d->%d, upto %d->%d", m.lastSelf, selfPos, m.lastUpto, upto)
 	}
@@ -689,7 +689,7 @@ func (m *trackerModel) quiesce(t *rapid.T) {
 	}
 	m.refreshCap = m.seq
 	m.readRegistry(t)
-	if got := m.tr.PersistedUpto(); got != m.seq {
+	if got := m.tr.ComputedUpto(); got != m.seq {
 		t.Fatalf("quiescent persisted-upto = %d, want sequence head %d", got, m.seq)
 	}
 	if got := m.tr.StoredUpto(); got != m.seq {
@@ -767,7 +767,7 @@ func BenchmarkTrackerObserve(b *testing.B) {
 // what that rests on, for the failure message.
 func wantUpto(t *testing.T, tr *Tracker, want int64, why string) {
 	t.Helper()
-	if got := tr.PersistedUpto(); got != want {
+	if got := tr.ComputedUpto(); got != want {
 		if why != "" {
 			why = " (" + why + ")"
 		}

@@ -222,7 +222,7 @@ func (r *runner) run(ctx context.Context) error {
 	var tw *rooms.TypingWriter
 	// Only the lease holder follows the map as a writer: it records
 	// releases for its name, which a predecessor still draining must not.
-	follower, err := membership.NewFollower(ctx, membership.FollowerConfig{Store: members, Map: rooms.EventsStream,
+	follower, err := membership.NewMapFollower(ctx, membership.MapFollowerConfig{Store: members, Map: rooms.EventsStream,
 		Initial: cfg.EventWriters, Self: r.ownerSelfName(writesEvents), Instance: node.Instance(), Logger: log,
 		Kick: func() {
 			if eventsQ != nil {

@@ -25,7 +25,7 @@ type statusPage struct {
 	pool   *pgxpool.Pool
 	gen    *streams.Generator
 	queues map[string]*shard.Queue
-	shards *membership.Follower
+	shards *membership.MapFollower
 }
 
 func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {

@@ -26,9 +26,9 @@ func holdName(t *testing.T, pool *pgxpool.Pool, name, inst string) {
 	}
 }
 
-func follower(t *testing.T, s *membership.Store, self string) *membership.Follower {
+func follower(t *testing.T, s *membership.Store, self string) *membership.MapFollower {
 	t.Helper()
-	f, err := membership.NewFollower(context.Background(), membership.FollowerConfig{Store: s, Map: "events",
+	f, err := membership.NewMapFollower(context.Background(), membership.MapFollowerConfig{Store: s, Map: "events",
 		Initial: []string{"a", "b"}, Self: self, Instance: "inst-" + self})
 	if err != nil {
 		t.Fatal(err)
@@ -48,9 +48,9 @@ func keyMoving(t *testing.T, from string, v1 []string, to string, v2 []string) s
 	return ""
 }
 
-// A writer added at runtime: every Follower learns the new epoch, the old
+// A writer added at runtime: every MapFollower learns the new epoch, the old
 // owners release it once drained, and only then may the new owner run
-// the keys it gained. A reader's Follower forwards by the same map.
+// the keys it gained. A reader's MapFollower forwards by the same map.
 func TestFollowerHandover(t *testing.T) {
 	s, pool := newStore(t)
 	ctx := context.Background()
@@ -63,7 +63,7 @@ func TestFollowerHandover(t *testing.T) {
 		t.Fatalf("a at epoch 1: %v", d.Verdict)
 	}
 	must(t)(s.Add(ctx, "events", "c"))
-	for _, f := range []*membership.Follower{a, b, c, reader} {
+	for _, f := range []*membership.MapFollower{a, b, c, reader} {
 		if err := f.Refresh(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -134,15 +134,15 @@ func TestFollowerReleasesOnlyAsHolder(t *testing.T) {
 	}
 }
 
-// A change is announced (NOTIFY) and a running Follower reads it at once:
+// A change is announced (NOTIFY) and a running MapFollower reads it at once:
 // with an hour between polls, only the announcement can bring epoch 2.
 // A release is announced the same way.
 func TestFollowerHearsChanges(t *testing.T) {
 	s, pool := newStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	holdName(t, pool, "a", "inst-a")
-	start := func(self string) *membership.Follower {
-		f, err := membership.NewFollower(ctx, membership.FollowerConfig{Store: s, Map: "events", Initial: []string{"a", "b"},
+	start := func(self string) *membership.MapFollower {
+		f, err := membership.NewMapFollower(ctx, membership.MapFollowerConfig{Store: s, Map: "events", Initial: []string{"a", "b"},
 			Self: self, Instance: "inst-" + self, Poll: time.Hour})
 		if err != nil {
 			t.Fatal(err)
@@ -192,7 +192,7 @@ func TestFollowerFencesNamesNeverHeld(t *testing.T) {
 	a, b := follower(t, s, "a"), follower(t, s, "b")
 	refresh := func() {
 		t.Helper()
-		for _, f := range []*membership.Follower{a, b} {
+		for _, f := range []*membership.MapFollower{a, b} {
 			if err := f.Refresh(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -17,14 +17,14 @@ import (
 	"github.com/weft-dev/weft/internal/telemetry"
 )
 
-// DefaultPoll is how often a Follower reads the map, the releases and the
+// DefaultPoll is how often a MapFollower reads the map, the releases and the
 // fences when nothing woke it: changes and releases are announced (NOTIFY
 // on NotifyChannel) and read at once; the poll catches what a lost
 // listening connection missed, and seals, which are not announced.
 const DefaultPoll = 250 * time.Millisecond
 
-// FollowerConfig configures a Follower.
-type FollowerConfig struct {
+// MapFollowerConfig configures a MapFollower.
+type MapFollowerConfig struct {
 	// Store is the database. Required.
 	Store *Store
 	// Map is the map's name ("events"). Required.
@@ -46,7 +46,7 @@ type FollowerConfig struct {
 	Logger *slog.Logger
 }
 
-// Follower follows a shard map in the database and fences this instance's
+// MapFollower follows a shard map in the database and fences this instance's
 // keys through their handover: it is the shard.Placement of a map that
 // changes at runtime (master writers add/remove). Every instance runs one
 // per map, writers and readers alike (readers only to forward to the
@@ -57,8 +57,8 @@ type FollowerConfig struct {
 // new one appears, and records this writer's release when its
 // handover.Node says one is due. Run holds one PostgreSQL connection of
 // its own, LISTENing.
-type Follower struct {
-	cfg FollowerConfig
+type MapFollower struct {
+	cfg MapFollowerConfig
 	log *slog.Logger
 
 	*handover.Shared // Owner, Admit, Runnable and Done: the shard.Placement
@@ -70,9 +70,9 @@ type Follower struct {
 	reads   atomic.Uint64
 }
 
-// NewFollower initialises the map (Init with cfg.Initial) and reads it,
-// with the releases and fences, so the Follower answers at once.
-func NewFollower(ctx context.Context, cfg FollowerConfig) (*Follower, error) {
+// NewMapFollower initialises the map (Init with cfg.Initial) and reads it,
+// with the releases and fences, so the MapFollower answers at once.
+func NewMapFollower(ctx context.Context, cfg MapFollowerConfig) (*MapFollower, error) {
 	switch {
 	case cfg.Store == nil:
 		return nil, errors.New("membership: follower config: Store is nil")
@@ -87,7 +87,7 @@ func NewFollower(ctx context.Context, cfg FollowerConfig) (*Follower, error) {
 	if _, err := cfg.Store.Init(ctx, cfg.Map, cfg.Initial); err != nil {
 		return nil, err
 	}
-	f := &Follower{cfg: cfg, log: telemetry.Logger(cfg.Logger), ever: map[string]bool{}}
+	f := &MapFollower{cfg: cfg, log: telemetry.Logger(cfg.Logger), ever: map[string]bool{}}
 	for _, w := range cfg.Initial {
 		f.ever[w] = true
 	}
@@ -111,7 +111,7 @@ func NewFollower(ctx context.Context, cfg FollowerConfig) (*Follower, error) {
 // the map is announced, until ctx ends. A failed read is logged and
 // retried at the next wake: the last known map stays in force. The
 // listening connection is held beside the pool and reopened with backoff.
-func (f *Follower) Run(ctx context.Context) error {
+func (f *MapFollower) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -143,7 +143,7 @@ func (f *Follower) Run(ctx context.Context) error {
 // listen keeps a LISTEN session open, reopening it with backoff; each time
 // it opens, the map is read (what was announced meanwhile was missed).
 // The backoff starts over after a session that lasted a minute.
-func (f *Follower) listen(ctx context.Context, wake chan<- struct{}) {
+func (f *MapFollower) listen(ctx context.Context, wake chan<- struct{}) {
 	delay := backoff.Config{}.Delays()
 	for attempt := 1; ; attempt++ {
 		select {
@@ -171,7 +171,7 @@ func (f *Follower) listen(ctx context.Context, wake chan<- struct{}) {
 // writer's release when one is due, and kicks the queue. Callers that
 // arrive while a read is under way share the next one: a burst of
 // refusals after a change costs one read, not one each.
-func (f *Follower) Refresh(ctx context.Context) error {
+func (f *MapFollower) Refresh(ctx context.Context) error {
 	asked := f.reads.Load()
 	f.refresh.Lock()
 	defer f.refresh.Unlock()
@@ -183,7 +183,7 @@ func (f *Follower) Refresh(ctx context.Context) error {
 }
 
 // read is one Refresh; f.refresh is held.
-func (f *Follower) read(ctx context.Context) error {
+func (f *MapFollower) read(ctx context.Context) error {
 	snap, err := f.cfg.Store.snapshot(ctx, f.cfg.Map)
 	if err != nil {
 		return err
@@ -243,18 +243,18 @@ func (f *Follower) read(ctx context.Context) error {
 	return nil
 }
 
-// Version is the newest version the Follower knows.
-func (f *Follower) Version() Version {
+// Version is the newest version the MapFollower knows.
+func (f *MapFollower) Version() Version {
 	v := Version{Map: f.cfg.Map}
 	f.Update(func(n *handover.Node) { v.Epoch, v.Writers = n.Epoch(), n.Writers() })
 	return v
 }
 
-// Writers is every writer name the map has had as far as this Follower
+// Writers is every writer name the map has had as far as this MapFollower
 // knows (its initial list, the stored versions, every writer that
 // released), sorted: the writers whose rows a reader of the stream must
 // cover, members or not. It grows only with names ever used.
-func (f *Follower) Writers() []string {
+func (f *MapFollower) Writers() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Sorted(maps.Keys(f.ever))
@@ -262,9 +262,9 @@ func (f *Follower) Writers() []string {
 
 // Settled is the epoch up to which every handover has finished, as far as
 // this instance knows.
-func (f *Follower) Settled() (settled int64) {
+func (f *MapFollower) Settled() (settled int64) {
 	f.Update(func(n *handover.Node) { settled = n.Settled() })
 	return settled
 }
 
-var _ shard.Placement = (*Follower)(nil)
+var _ shard.Placement = (*MapFollower)(nil)
