@@ -21,8 +21,8 @@ import (
 // what it has not applied. The zero value keeps every row.
 //
 // The processes that write the stream prune it, one at a time, about
-// every 5 seconds, deleting at most 1,000 positions per transaction so
-// that writers are never held up by a long delete. A reader or catch-up
+// every 5 seconds, deleting at most 250 positions per transaction, paced,
+// so that writers are never held up by a long delete or a stream of them. A reader or catch-up
 // that asks for rows already pruned gets an error wrapping ErrPruned,
 // never a silent gap; a Follower with FromStart and a consumer seeked to
 // the start begin at the oldest row kept.
@@ -44,7 +44,8 @@ var ErrPruned = catchup.ErrPruned
 // how many positions one transaction deletes.
 const (
 	pruneEvery = 5 * time.Second
-	pruneBatch = 1000
+	pruneBatch = 250
+	pruneIdle  = 3 // after each delete, idle this many times as long as it took
 )
 
 func (r Retention) set() bool { return r.MaxAge > 0 || r.MaxRows > 0 }
@@ -142,6 +143,7 @@ func prune(ctx context.Context, db *pgxpool.Pool, s Stream) (int64, error) {
 		return deleted, wrapPrune(s, err)
 	}
 	for ctx.Err() == nil {
+		start := time.Now()
 		tag, err := db.Exec(ctx, del, bound, pruneBatch)
 		if err != nil {
 			return deleted, wrapPrune(s, err)
@@ -149,6 +151,13 @@ func prune(ctx context.Context, db *pgxpool.Pool, s Stream) (int64, error) {
 		deleted += tag.RowsAffected()
 		if tag.RowsAffected() == 0 {
 			break
+		}
+		// Paced: the writers' commits share the WAL and the server's CPU
+		// with the deletes, and back to back, a backlog's deletes raised a
+		// writer's p99 tenfold (weft-bench -only retention).
+		select {
+		case <-ctx.Done():
+		case <-time.After(pruneIdle * time.Since(start)):
 		}
 	}
 	return deleted, nil
