@@ -112,6 +112,7 @@ type chaos struct {
 
 func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	t.Helper()
+	timed(t) // the oracle bounds readiness by readySlack
 	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, pending: map[string]bool{},
 		restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
 	for _, name := range opts.late {
