@@ -252,6 +252,15 @@ func (ch *chaos) loadFor(n int) {
 	}
 }
 
+// loadBetween lets the load acknowledge 150 more writes (300 under
+// WEFT_CHAOS=long) after a fault, before the next one or the end: the
+// cluster takes writes again, through every instance, before it is
+// faulted again. The faults themselves, and how many, are the scenario's.
+func (ch *chaos) loadBetween() {
+	ch.t.Helper()
+	ch.loadFor(pick(150, 300))
+}
+
 // targets are the instances the load may use: all but paused ones.
 func (ch *chaos) targets() []*proc {
 	ch.mu.Lock()
