@@ -177,8 +177,9 @@ func readRun(name string, r io.Reader) (*runLog, error) {
 var rank = map[string]int{"skip": 0, "pass": 1, "fail": 2}
 
 // dropSkippedTwins drops the runs of a test that skipped where another run
-// of it in the same stream did not: the process of the other group of
-// ./test skipped it (WEFT_E2E_GROUP), the one of its own ran it.
+// of it in the same stream did not (the process of the other group of
+// ./test skipped it, WEFT_E2E_GROUP; the one of its own ran it), and all
+// but the first where every run skipped (a tool missing: both skipped it).
 func (p *pkgRun) dropSkippedTwins() {
 	ran := map[string]bool{}
 	for _, key := range p.torder {
@@ -186,12 +187,15 @@ func (p *pkgRun) dropSkippedTwins() {
 			ran[t.name] = true
 		}
 	}
+	skipped := map[string]bool{}
 	var kept []string
 	for _, key := range p.torder {
-		if t := p.tests[key]; t.action == "skip" && ran[t.name] {
+		if t := p.tests[key]; t.action == "skip" && (ran[t.name] || skipped[t.name]) {
 			delete(p.tests, key)
 			p.runs[t.name]--
 			continue
+		} else if t.action == "skip" {
+			skipped[t.name] = true
 		}
 		kept = append(kept, key)
 	}
