@@ -19,8 +19,9 @@ BENCHTIME ?= 1s
 # shared by every package (WEFT_TEST_BIN), the private PostgreSQL clusters
 # copied from one initdb made (WEFT_TEST_PG_TEMPLATE); ./test (whole clusters of the
 # real binaries, each on private servers) in the background from the
-# start, as the longest package (its tests that bound no time
-# E2E_PARALLEL at a time); every other package with -race, TEST_P
+# start, as the longest package, in two processes side by side: its tests
+# that bound a time one at a time, and those that bound none
+# E2E_PARALLEL at a time at nice E2E_NICE; every other package with -race, TEST_P
 # at a time, since most wait on their own servers; then the tests -race
 # would skip or slow too much (allocation counts, a heap bound, the
 # simulations' full 10,000 and 2,000 seeds). Tests do not assert how fast
@@ -28,8 +29,9 @@ BENCHTIME ?= 1s
 E2E       ?= ./test
 TEST_P    ?= 4
 E2E_PARALLEL ?= 1
+E2E_NICE  ?= 5
 NORACE    ?= 1
-GOTEST    = GO='$(GO)' PKGS='$(PKGS)' E2E='$(E2E)' TESTFLAGS='$(TESTFLAGS)' TEST_P='$(TEST_P)' E2E_PARALLEL='$(E2E_PARALLEL)' NORACE='$(NORACE)'
+GOTEST    = GO='$(GO)' PKGS='$(PKGS)' E2E='$(E2E)' TESTFLAGS='$(TESTFLAGS)' TEST_P='$(TEST_P)' E2E_PARALLEL='$(E2E_PARALLEL)' E2E_NICE='$(E2E_NICE)' NORACE='$(NORACE)'
 test:
 	$(GOTEST) .ci/gotest
 

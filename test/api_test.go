@@ -17,6 +17,7 @@ import (
 // Every bad request to the client API answers 400 (or 413) with a JSON
 // error naming the field; the instance keeps serving.
 func TestBadRequestsNameTheField(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master := c.start("master", "master")
@@ -77,7 +78,7 @@ func TestBadRequestsNameTheField(t *testing.T) {
 // SIGTERM: the writer stops taking requests, drains, seals its own writer
 // (so nobody waits for its lease) and exits 0 within the shutdown bound.
 func TestSigtermSealsAndExitsZero(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master := c.start("master", "master")

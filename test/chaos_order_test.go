@@ -188,7 +188,7 @@ func pageFrom(t *testing.T, p *proc, limit int) (map[string][]placed, int) {
 // TestRoomTableCompare holds readers to a table of two rooms, one of
 // which moved: each way a reader can differ is named.
 func TestRoomTableCompare(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	a, b, c := placed{"p1", row{1, "a"}}, placed{"p1", row{3, "b"}}, placed{"p2", row{4, "c"}}
 	x := placed{"p1", row{2, "x"}}
 	tb := roomTable{"!r:x": {a, b, c}, "!s:x": {x}}

@@ -203,7 +203,7 @@ func (o *oracle) awaitTable(t *testing.T, dbURL string, timeout time.Duration) t
 // TestTableCompare holds readers to a table of two writers: each way a
 // reader can differ is counted as what it is.
 func TestTableCompare(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	tb := table{
 		"p1": {{1, "a"}, {3, "b"}, {7, "c"}},
 		"p2": {{2, "x"}, {5, "y"}},

@@ -113,6 +113,7 @@ type chaos struct {
 
 func newChaos(t *testing.T, opts chaosOpts) *chaos {
 	t.Helper()
+	timed(t) // the oracle bounds readiness by readySlack
 	ch := &chaos{t: t, by: map[string]*proc{}, held: map[string]bool{}, paused: map[string]bool{}, pending: map[string]bool{},
 		restarts: map[string]int{}, rooms: cmp.Or(opts.rooms, chaosRooms)}
 	for _, name := range opts.late {
@@ -250,6 +251,15 @@ func (ch *chaos) loadFor(n int) {
 	if !testenv.Poll(60*time.Second, func() bool { return ch.w.ackedCount() >= want }) {
 		ch.t.Fatalf("load stalled at %d acknowledged writes, want %d", ch.w.ackedCount(), want)
 	}
+}
+
+// loadBetween lets the load acknowledge 150 more writes (300 under
+// WEFT_CHAOS=long) after a fault, before the next one or the end: the
+// cluster takes writes again, through every instance, before it is
+// faulted again. The faults themselves, and how many, are the scenario's.
+func (ch *chaos) loadBetween() {
+	ch.t.Helper()
+	ch.loadFor(pick(150, 300))
 }
 
 // targets are the instances the load may use: all but paused ones.

@@ -1,15 +1,20 @@
 // Package test holds weft's multi-process tests: the real master and
 // worker binaries against private Redis and PostgreSQL servers.
 //
-// A test that bounds no time (a seal within a lease, a write within a
-// second, ready within readySlack) calls t.Parallel: each has servers of
-// its own, so it runs beside the others (`make test` runs E2E_PARALLEL,
-// 3, at once) once the tests that do bound time, every chaos scenario
-// among them, have run one at a time.
+// A test that bounds a time (a seal within a lease, a write within a
+// second, ready within readySlack: every chaos scenario among them) calls
+// timed, and runs one at a time; a test that bounds none calls untimed
+// (t.Parallel: each has servers of its own, so it runs beside the other
+// untimed ones, E2E_PARALLEL at once under `make test`). `make test`
+// (.ci/gotest) runs the two groups in two processes side by side
+// (WEFT_E2E_GROUP), so the untimed tests do not wait for the timed ones.
 package test
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +36,31 @@ func TestMain(m *testing.M) {
 }
 
 const secret = "e2e-secret-0123456789"
+
+// e2eGroup is WEFT_E2E_GROUP: "timed" or "untimed" runs only that group
+// (the other's tests skip at once); unset, both run, the timed ones
+// first, as go test orders a package's serial and parallel tests.
+var e2eGroup = os.Getenv("WEFT_E2E_GROUP")
+
+// timed marks a test that bounds a time: it runs alone in its group, so
+// no other cluster of this package shares the machine with it.
+func timed(t *testing.T) {
+	t.Helper()
+	if e2eGroup == "untimed" {
+		t.Skip("bounds a time: run with WEFT_E2E_GROUP=timed")
+	}
+}
+
+// untimed marks a test that bounds no time: it runs beside the package's
+// other untimed tests (t.Parallel), and beside the timed ones under
+// `make test`.
+func untimed(t *testing.T) {
+	t.Helper()
+	if e2eGroup == "timed" {
+		t.Skip("bounds no time: run with WEFT_E2E_GROUP=untimed")
+	}
+	t.Parallel()
+}
 
 // cluster is a set of weft processes sharing one Redis and one database.
 type cluster struct {
@@ -142,5 +172,68 @@ func (c *cluster) waitReady(procs ...*proc) {
 			resp.Body.Close()
 			return resp.StatusCode == http.StatusOK
 		}, "%s never ready", p.name)
+	}
+}
+
+// Every test of the package says which group it belongs to (timed or
+// untimed, itself or through a helper such as newChaos): one that says
+// neither would run in both of make test's processes.
+func TestEveryTestHasAGroup(t *testing.T) {
+	untimed(t)
+	files, err := filepath.Glob("*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]map[string]bool{} // function: the plain names it calls
+	var tests []string
+	fset := token.NewFileSet()
+	for _, f := range files {
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range af.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil || fd.Recv != nil {
+				continue
+			}
+			name := fd.Name.Name
+			calls[name] = map[string]bool{}
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				if c, ok := n.(*ast.CallExpr); ok {
+					if id, ok := c.Fun.(*ast.Ident); ok {
+						calls[name][id.Name] = true
+					}
+				}
+				return true
+			})
+			if strings.HasPrefix(name, "Test") && name != "TestMain" {
+				tests = append(tests, name)
+			}
+		}
+	}
+	var reaches func(fn string, seen map[string]bool) bool
+	reaches = func(fn string, seen map[string]bool) bool {
+		if fn == "timed" || fn == "untimed" {
+			return true
+		}
+		if seen[fn] {
+			return false
+		}
+		seen[fn] = true
+		for callee := range calls[fn] {
+			if reaches(callee, seen) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, name := range tests {
+		if !reaches(name, map[string]bool{}) {
+			t.Errorf("%s calls neither timed nor untimed", name)
+		}
+	}
+	if len(tests) < 50 {
+		t.Fatalf("found only %d tests in %v", len(tests), files)
 	}
 }

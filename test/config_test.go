@@ -84,7 +84,7 @@ func checkConfig(args, env []string) (string, error) {
 // environment variable too when the bad value came from there. The worker's
 // --check-config parses and validates exactly as a start does, then exits.
 func TestConfigErrorsNameTheField(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	if out, err := checkConfig(nil, nil); err != nil {
 		t.Fatalf("the base configuration is not valid: %v\n%s", err, out)
 	}

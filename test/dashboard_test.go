@@ -28,7 +28,7 @@ const dashboardPath = "../deploy/grafana/dashboards/weft.json"
 // lines while Redis cut the subscriptions.
 // Prometheus's own series (up) are the only exception.
 func TestDashboardMetricsExist(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	exprs := dashboardExprs(t, dashboardPath)
 	want := map[string][]string{} // metric -> panels using it
 	for _, e := range exprs {
@@ -242,7 +242,7 @@ func metricNames(expr string) []string {
 }
 
 func TestMetricNames(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	for expr, want := range map[string][]string{
 		`sum by (route, code) (rate(weft_http_requests_total{instance=~".*"}[1m]))`:                      {"weft_http_requests_total"},
 		`histogram_quantile(0.99, sum by (le) (rate(a_bucket[5m]))) / on (x) group_left (y) b offset 5m`: {"a_bucket", "b"},

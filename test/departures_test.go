@@ -61,6 +61,7 @@ func peersOf(p *proc) (map[string]bool, error) {
 // heartbeats and a second every other instance has forgotten them, and
 // readers drop the killed typing writer's typing state.
 func TestKilledInstancesAreForgotten(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_HEARTBEAT_INTERVAL="+heartbeat.String())
 	master := c.start("master", "master")
@@ -113,6 +114,7 @@ func TestKilledInstancesAreForgotten(t *testing.T) {
 // gives up on it after one per-source timeout and reads PostgreSQL, becomes
 // ready and sync returns the rows.
 func TestHungWriterFallsBackToPostgres(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	px, err := faultproxy.Start(context.Background(), rds.Addr())
 	if err != nil {
@@ -200,6 +202,7 @@ func TestHungWriterFallsBackToPostgres(t *testing.T) {
 // instance refuses them, and forwarding to the writer's rooms keeps
 // working (0 failed writes).
 func TestStaleHelloAfterWriterRestart(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	c, master, p1, p2, s1 := smallClusterOn(t, rds)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -281,6 +284,7 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 // follow one typing writer, the newer, and never flip back; typing written
 // through any instance keeps working.
 func TestTwoMasters(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	m1 := c.start("master", "master")

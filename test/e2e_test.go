@@ -55,7 +55,7 @@ func history(ctx context.Context, t *testing.T, base string) map[string][]event 
 // instances across 50 rooms; every instance returns all of them exactly
 // once, in order per writer, with identical room state.
 func TestEndToEnd(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	pg := testenv.StartPostgres(t)
 	c := newCluster(t, rds.URL(), pg.NewDatabase(t))

@@ -23,6 +23,7 @@ import (
 // back. On 1995db6 every write of the cluster hung until an instance
 // named ghost started.
 func TestForceAddOfANameNobodyRuns(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master := c.start("master", "master")

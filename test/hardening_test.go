@@ -23,7 +23,7 @@ import (
 // JSON record, go-redis's included. Its lines come when a command dials a
 // Redis that is down: the BYE of a master stopped during a second outage.
 func TestRedisLibraryLogsAreJSON(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
 	master := c.start("master", "master")
@@ -108,7 +108,7 @@ func runBinary(t *testing.T, env []string, bin string, args ...string) (int, str
 // every URL flag; nor, when the URL is fine and the password is a query
 // parameter, by the logs and /status of an instance that runs with it.
 func TestURLPasswordsNeverPrinted(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	type use struct {
 		bin  string
 		args []string
@@ -173,7 +173,7 @@ func TestURLPasswordsNeverPrinted(t *testing.T) {
 // written and synced through an instance that does not own them, as
 // through their owner.
 func TestDotRoomsThroughANonOwner(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_EVENT_WRITERS=persister1")
 	master := c.start("master", "master") // owns no room

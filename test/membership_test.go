@@ -30,11 +30,11 @@ func TestWritersJoinAndLeave(t *testing.T) {
 	ch.run("writers-join-leave", func(ch *chaos) {
 		for _, step := range [][2]string{{"add", "persister3"}, {"remove", "persister1"}} {
 			ch.awaitHandover(ch.changeWriters(step[0], step[1]))
-			ch.loadFor(300)
+			ch.loadBetween()
 		}
 		// The master's HTTP form of the same command.
 		ch.awaitHandover(ch.addWriterHTTP("persister1"))
-		ch.loadFor(300)
+		ch.loadBetween()
 	})
 	if n := ch.w.failures.Load(); n > 0 {
 		t.Errorf("%d client writes failed during the handovers", n)
@@ -66,9 +66,9 @@ func TestWriterKilledMidHandover(t *testing.T) {
 		ch.awaitHandover(epoch, "persister1")
 		t.Logf("persister1's rooms reached their new owners %v after it was killed (lease 3 s)", time.Since(start).Round(time.Millisecond))
 		ch.signal("persister1", syscall.SIGCONT) // not paused any more: the load may use it again once it is back
-		ch.loadFor(300)
+		ch.loadBetween()
 		ch.restart("persister1")
-		ch.loadFor(300)
+		ch.loadBetween()
 	})
 }
 

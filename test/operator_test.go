@@ -43,7 +43,7 @@ func countLevel(lines []logLine, level, msg string) int {
 // WARN, naming the instance whose line it refused, and so do the others
 // about its lines: once per 10 s and reason, while hundreds are refused.
 func TestOperatorWrongSecret(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	// Heartbeats every 200 ms: many lines to refuse.
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LOG_FORMAT=json", "WEFT_HEARTBEAT_INTERVAL=200ms")
@@ -103,7 +103,7 @@ func TestOperatorWrongSecret(t *testing.T) {
 // is (502 naming the 401 and --secret, no Retry-After) and logged at
 // ERROR, not as a 503 to retry (issue 48, deliverable 5).
 func TestWrongSecretWriteIsAMisconfiguration(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LOG_FORMAT=json", "WEFT_EVENT_WRITERS=persister1")
 	master := c.start("master", "master")
@@ -136,7 +136,7 @@ func TestWrongSecretWriteIsAMisconfiguration(t *testing.T) {
 // --insecure starts with one WARN saying what it gives up; a text log
 // holds to the same rules as JSON (each key once, a level, a message).
 func TestOperatorInsecureAndTextLogs(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LOG_FORMAT=text", "WEFT_EVENT_WRITERS=persister1")
 	master := c.startWith("master", "master", []string{"WEFT_SECRET="}, "--insecure")
@@ -178,7 +178,7 @@ func TestOperatorInsecureAndTextLogs(t *testing.T) {
 // plainly, at the level it deserves, and the exit status tells a
 // supervisor whether to retry.
 func TestOperatorMissingDatabase(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	base := testenv.NewDatabase(t)
 	u, err := url.Parse(base)
@@ -262,7 +262,7 @@ func TestOperatorMissingDatabase(t *testing.T) {
 // A second process with a held writer name waits: alive, not ready, and
 // saying at WARN who holds the name; SIGTERM ends the wait with status 0.
 func TestOperatorHeldWriterName(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
 	master := c.start("master", "master")
@@ -312,7 +312,7 @@ func TestOperatorHeldWriterName(t *testing.T) {
 // Usage errors exit 2 with one line on stderr and a hint, nothing on
 // stdout; runtime errors exit 1.
 func TestOperatorExitStatus(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	cases := []struct {
 		bin  string
 		args []string
@@ -377,7 +377,7 @@ func TestOperatorExitStatus(t *testing.T) {
 // --version prints the module version and VCS revision from the build
 // info; a running instance says the same on its first line and /status.
 func TestVersion(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	re := regexp.MustCompile(`^(master|worker) (\S+) \(revision (\S+), go\S+ \w+/\w+\)\n$`)
 	var version, revision string
 	for _, bin := range []string{"master", "worker"} {
@@ -450,7 +450,7 @@ func gitHead(t *testing.T) string {
 // instance (ready, degraded, lag, queue depth), the views and the writer
 // registry; off a terminal each refresh follows the last.
 func TestOperatorStatusWatch(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	_, master, p1, p2, sync1 := smallCluster(t)
 	cmd := exec.Command(filepath.Join(binDir, "master"), "status", "--watch", "--interval", "300ms", "--url", master.url)
 	cmd.Env = baseEnv()

@@ -106,6 +106,6 @@ func TestRedisOutageDegraded(t *testing.T) {
 		}
 		ch.rds.Start(t)
 		cancel()
-		ch.loadFor(300)
+		ch.loadBetween()
 	})
 }

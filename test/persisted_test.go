@@ -20,7 +20,7 @@ import (
 // and stores, which would catch it up within one, do not run: only
 // reading what the other instances stored can bring it there.
 func TestSuccessorPersistedUptoNotBehind(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	c, _, _, _, sync1 := smallCluster(t)
 	ctx := context.Background()
 	write := func(n int, tag string) {

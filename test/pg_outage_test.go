@@ -61,7 +61,7 @@ func TestChaosPostgresOutageLongerThanLease(t *testing.T) {
 					p.name, ready[p.name], samples, said[p.name])
 			}
 		}
-		ch.loadFor(300)
+		ch.loadBetween()
 	})
 	// A write that met the outage is told to retry (503 with Retry-After),
 	// not that it failed (500).

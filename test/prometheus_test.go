@@ -23,7 +23,7 @@ import (
 // return values: weft_fabric_ready is 1 and weft_stream_persisted_upto
 // reaches the position of the message sent, all within 60 s.
 func TestPrometheusScrapesInstance(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	bin := testenv.RequireTool(t, "prometheus", "prometheus")
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))

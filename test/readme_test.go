@@ -27,7 +27,7 @@ import (
 // run against them; the curl lines of deploy/README.md run against the
 // second cluster's master.
 func TestReadmeExamples(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	curl := testenv.RequireTool(t, "curl", "curl")
 	t.Run("README", func(t *testing.T) {
 		runClusterBlock(t, curl, "../README.md", "## Running the binaries")
@@ -244,7 +244,7 @@ func stripComment(line string) string {
 // The edges of the client API that docs/OPERATIONS.md decides: each
 // answer, as documented there.
 func TestBadInputDecisions(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	_, master, _, _, sync1 := smallCluster(t)
 	ctx := context.Background()
 	do := func(method, path, body string) (int, http.Header, map[string]any) {
@@ -311,7 +311,7 @@ func TestBadInputDecisions(t *testing.T) {
 // The README's library quick start is examples/jobs, which has its own
 // test: its ```go block must be the example's code as it stands.
 func TestReadmeJobsExample(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +332,7 @@ func TestReadmeJobsExample(t *testing.T) {
 
 // The README is a newcomer's five minutes; the rest lives in docs/.
 func TestReadmeSize(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	st, err := os.Stat("../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +346,7 @@ func TestReadmeSize(t *testing.T) {
 // #anchor a heading (or an <a id> anchor) there; the README links every page of docs/, so each
 // is one link from it.
 func TestReadmeLinks(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	pages, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 	"github.com/weft-dev/weft/internal/testenv"
 )
 
-// Valid but stale input: every line published on the channel during 10 s
+// Valid but stale input: every line published on the channel during 5 s
 // of load (60 s under WEFT_CHAOS=long) is recorded, every instance is restarted, and the recording is
 // replayed, in order and then shuffled. Every replayed line is refused and
 // counted by every instance, /readyz stays 200 everywhere, forwarding and
@@ -32,7 +32,7 @@ func TestReplayedChannel(t *testing.T) {
 	channel := recordChannel(ctx, t, ch.rds.Addr(), &wg)
 	typing := startTyping(ctx, ch, &wg)
 	ch.run("replayed-channel", func(ch *chaos) {
-		time.Sleep(pick(10*time.Second, 60*time.Second)) // the recording: load, typing, heartbeats
+		time.Sleep(pick(5*time.Second, 60*time.Second)) // the recording: load, typing, 5 heartbeats of each instance or more
 		frames := channel.framesOn()
 		lines := 0 // each line of a replayed frame is refused on its own
 		for _, f := range frames {

@@ -29,6 +29,7 @@ import (
 // waited for three 10 s attempts, past the lease, before), and once the
 // writer wakes, the same write retried with the same txn_id succeeds, once.
 func TestRunbookStalledWriterAnswers503(t *testing.T) {
+	timed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LEASE_TTL=60s")
 	master := c.start("master", "master")
@@ -89,6 +90,7 @@ func TestRunbookStalledWriterAnswers503(t *testing.T) {
 // defect: each write took one interval) cannot pass for a slow host,
 // nor a slow host (2.5 s for the median write) for the defect.
 func TestRunbookRedisDownWriteLatency(t *testing.T) {
+	timed(t)
 	const announce = 5 * time.Second
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_ANNOUNCE_INTERVAL=5s")
@@ -141,7 +143,7 @@ func TestRunbookRedisDownWriteLatency(t *testing.T) {
 // and the client's write retried with the same txn_id succeeds above the
 // hole.
 func TestRunbookSequenceSetBack(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
 	master := c.start("master", "master")
@@ -247,7 +249,7 @@ func TestRunbookSequenceSetBack(t *testing.T) {
 // the fix, bringing Redis back: weft_fabric_reconnects_total rises,
 // degraded returns to 0, and a write is seen by every instance.
 func TestRunbookRedisKilled(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
 	master := c.start("master", "master")
@@ -322,7 +324,7 @@ func TestRunbookRedisKilled(t *testing.T) {
 // supervisor starting it again: it takes the name, and the client's write
 // retried with the same txn_id lands once.
 func TestRunbookWriterCrashed(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
 	master := c.start("master", "master")

@@ -58,7 +58,7 @@ func txnMessageURL(p *proc, room string) string {
 // any txn_id the API accepts is forwarded, and with the owner down a write
 // is a 503 to retry that names no internal address.
 func TestTxnIdempotency(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	c, master, p1, p2, worker := smallCluster(t)
 	all := []*proc{master, p1, p2, worker}
 	const roomA, roomB, sender = "!a:txn", "!b:txn", "@u:txn"

@@ -22,7 +22,7 @@ import (
 // restarted writer takes over, and every acknowledged write is visible
 // everywhere exactly once.
 func TestWriterKilledWithTheDefaultLease(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	c := newCluster(t, testenv.StartRedis(t).URL(), testenv.NewDatabase(t), "WEFT_LEASE_TTL=10s")
 	master := c.start("master", "master")
 	c.waitReady(master)
@@ -99,7 +99,7 @@ func TestWriterKilledWithTheDefaultLease(t *testing.T) {
 // restart takes over. Either way every acknowledged write is visible
 // everywhere exactly once.
 func TestWriterLivenessSessionTerminated(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	lc := writerUnderLoad(t)
 	c, p1, l := lc.c, lc.p1, lc.l
 	conn, err := pgx.Connect(context.Background(), c.dbURL)

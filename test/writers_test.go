@@ -45,7 +45,7 @@ func smallClusterOn(t *testing.T, rds *testenv.Redis) (c *cluster, master, p1, p
 // A write forwarded through an instance is visible on that instance as
 // soon as the write returns: 1,000 times, zero misses.
 func TestReadYourWritesThroughForwarding(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	_, _, _, _, sync1 := smallCluster(t)
 	ctx := context.Background()
 	var before struct {
@@ -185,7 +185,7 @@ func (lc loadedCluster) procs() []*proc { return []*proc{lc.master, lc.p1, lc.p2
 // its liveness session ends, without waiting for its lease; the rows it committed are all visible; it restarts as a
 // new instance and the cluster converges with nothing lost or duplicated.
 func TestWriterKilledMidLoad(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	lc := writerUnderLoad(t)
 	c, master, p1, sync1, l := lc.c, lc.master, lc.p1, lc.sync1, lc.l
 	c.stop(p1, syscall.SIGKILL)
@@ -240,7 +240,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 // A rolling restart of a writer (SIGTERM, then a new process of the same
 // name) hands over with no write lost or duplicated.
 func TestWriterRollingRestart(t *testing.T) {
-	t.Parallel()
+	untimed(t)
 	lc := writerUnderLoad(t)
 	c, p1, l := lc.c, lc.p1, lc.l
 	c.stop(p1, syscall.SIGTERM)

@@ -133,3 +133,40 @@ func TestRepeatedRuns(t *testing.T) {
 		t.Errorf("the failed second run is not reported alone:\n%s", got)
 	}
 }
+
+// ./test run as two processes (.ci/gotest's timed and untimed groups):
+// each skips the other's tests. Read as one stream, the package took the
+// longer process's time, failed as one of them did, and each test counts
+// once, with the run that ran it (a test both skipped, once).
+func TestTwoProcessesOfOnePackage(t *testing.T) {
+	const e2e = `{"Action":"run","Package":"github.com/weft-dev/weft/test","Test":"TestTimed"}
+{"Action":"pass","Package":"github.com/weft-dev/weft/test","Test":"TestTimed","Elapsed":300}
+{"Action":"run","Package":"github.com/weft-dev/weft/test","Test":"TestUntimed"}
+{"Action":"skip","Package":"github.com/weft-dev/weft/test","Test":"TestUntimed","Elapsed":0}
+{"Action":"run","Package":"github.com/weft-dev/weft/test","Test":"TestNoTool"}
+{"Action":"skip","Package":"github.com/weft-dev/weft/test","Test":"TestNoTool","Elapsed":0}
+{"Action":"pass","Package":"github.com/weft-dev/weft/test","Elapsed":301}
+{"Action":"run","Package":"github.com/weft-dev/weft/test","Test":"TestTimed"}
+{"Action":"skip","Package":"github.com/weft-dev/weft/test","Test":"TestTimed","Elapsed":0}
+{"Action":"run","Package":"github.com/weft-dev/weft/test","Test":"TestUntimed"}
+{"Action":"output","Package":"github.com/weft-dev/weft/test","Test":"TestUntimed","Output":"    u_test.go:7: no answer\n"}
+{"Action":"fail","Package":"github.com/weft-dev/weft/test","Test":"TestUntimed","Elapsed":20}
+{"Action":"run","Package":"github.com/weft-dev/weft/test","Test":"TestNoTool"}
+{"Action":"skip","Package":"github.com/weft-dev/weft/test","Test":"TestNoTool","Elapsed":0}
+{"Action":"fail","Package":"github.com/weft-dev/weft/test","Elapsed":120}
+`
+	var out bytes.Buffer
+	if err := run([]string{"times"}, strings.NewReader(e2e), &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "| `./test` | 301.0 | 3 | `TestTimed` 300.0 s | 1/1 |"; !strings.Contains(out.String(), want) {
+		t.Errorf("times output lacks %q:\n%s", want, out.String())
+	}
+	out.Reset()
+	if err := run([]string{"failures"}, strings.NewReader(e2e), &out); !errors.Is(err, errFailed) {
+		t.Fatalf("failures returned %v, want errFailed", err)
+	}
+	if got := out.String(); !strings.Contains(got, "TestUntimed") || !strings.Contains(got, "no answer") || strings.Contains(got, "#2") {
+		t.Errorf("failures output:\n%s", got)
+	}
+}
