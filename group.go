@@ -75,6 +75,9 @@ type group struct {
 	// prog is what the member knows of its progress record
 	// (group_progress.go).
 	prog progress
+	// busy: the partitions a Deliver lane holds (group_deliver.go),
+	// ascending; a release or an early leave skips them.
+	busy []int
 }
 
 // newGroup creates the group's rows, or checks the stored ones agree with
@@ -167,7 +170,11 @@ func (g *group) run(ctx context.Context) {
 	stopLiveness := g.runLiveness(ctx)
 	defer stopLiveness()
 	var wg sync.WaitGroup
-	wg.Go(func() { g.batches(ctx) })
+	if g.cfg.Deliver != nil {
+		wg.Go(func() { g.deliveries(ctx) })
+	} else {
+		wg.Go(func() { g.batches(ctx) })
+	}
 	g.membership(ctx)
 	g.leave(context.WithoutCancel(ctx), true)
 	wg.Wait()
@@ -427,6 +434,9 @@ func (g *group) foldTaken(ctx context.Context, tx pgx.Tx, free []int) ([]int, er
 // batch in flight holds (for the next round: the batch loop runs them no
 // more).
 func (g *group) release(ctx context.Context, parts []int) error {
+	if parts = g.notBusy(parts); len(parts) == 0 {
+		return nil
+	}
 	var done []int
 	pos, seeks := g.knownPos(parts)
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
@@ -504,9 +514,13 @@ func (g *group) leave(ctx context.Context, early bool) {
 		if pos, err = g.knownSince(ctx, tx, seeks, pos); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
-			g.cfg.Stream, g.cfg.Name, g.id); err != nil {
-			return err
+		// A member whose deliveries are still to commit keeps its lease
+		// until the late leave: the others would take their partitions.
+		if !early || len(g.notBusy(owned)) == len(owned) {
+			if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
+				g.cfg.Stream, g.cfg.Name, g.id); err != nil {
+				return err
+			}
 		}
 		skip := ""
 		if early {
@@ -518,6 +532,9 @@ func (g *group) leave(ctx context.Context, early bool) {
 			return err
 		}
 		mine, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if early { // nor those whose deliveries are still to commit
+			mine = g.notBusy(mine)
+		}
 		if err != nil || len(mine) == 0 {
 			return err
 		}
@@ -566,6 +583,22 @@ func (g *group) foldOwn(ctx context.Context, tx pgx.Tx, parts []int, wait bool) 
 		}
 	}
 	return parts, nil
+}
+
+// notBusy is parts but those a Deliver lane holds (group_deliver.go).
+func (g *group) notBusy(parts []int) []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.busy) == 0 {
+		return parts
+	}
+	var out []int
+	for _, p := range parts {
+		if _, ok := slices.BinarySearch(g.busy, p); !ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // kick wakes the batch loop.
