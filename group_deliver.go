@@ -36,11 +36,11 @@ type laneResult struct {
 	// done is the position every row of the partition is delivered up
 	// to: upto when none failed, else just below the failing position
 	// (and the rows read after the cursor before it).
-	done   int64
+	done      int64
 	delivered int   // rows delivered
 	failed    []Row // the failing position's rows, if one failed
 	err       error // its error
-	lost   bool  // the lane was cancelled: the member lost the partition
+	lost      bool  // the lane was cancelled: the member lost the partition
 }
 
 // lane is a partition being delivered.
