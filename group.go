@@ -75,6 +75,9 @@ type group struct {
 	// prog is what the member knows of its progress record
 	// (group_progress.go).
 	prog progress
+	// renewedAt is when the lease was last renewed (unix nanos, by this
+	// process's clock, from before the renewal was sent).
+	renewedAt atomic.Int64
 	// busy: the partitions a Deliver lane holds (group_deliver.go),
 	// ascending; a release or an early leave skips them.
 	busy []int
@@ -251,6 +254,7 @@ func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err e
 	}
 	if renew {
 		*renewed = sent
+		g.renewedAt.Store(sent.UnixNano())
 	} else if time.Since(*renewed) < lease && !slices.Contains(v.Live, g.id) {
 		g.takenForDead()
 		*renewed = time.Time{}

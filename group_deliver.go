@@ -151,7 +151,7 @@ func (g *group) deliveries(ctx context.Context) {
 // some, up to limit lanes in all. A partition without rows in the range
 // read has them all applied up to its end.
 func (g *group) startLanes(ctx, lctx context.Context, lanes map[int]*lane, limit int, ended chan<- *laneResult) {
-	if len(lanes) >= limit {
+	if len(lanes) >= limit || !g.leaseHeld() {
 		return
 	}
 	g.mu.Lock()
@@ -229,6 +229,12 @@ func (g *group) deliverLane(ctx context.Context, c grp.Cursor, rows []Row, upto 
 	r := &laneResult{part: c.Partition, seeks: c.Seeks, upto: upto, done: upto}
 	for len(rows) > 0 {
 		one := rows[:positionEnd(rows)]
+		if !g.leaseHeld() {
+			// Frozen or cut off past its lease: the partition may be
+			// another's already, so it starts no more deliveries.
+			r.done, r.lost = one[0].Pos-1, true
+			return r
+		}
 		if err := g.deliverRows(ctx, one); err != nil {
 			r.done = one[0].Pos - 1
 			if ctx.Err() != nil { // cancelled: the member lost the partition
@@ -242,6 +248,12 @@ func (g *group) deliverLane(ctx context.Context, c grp.Cursor, rows []Row, upto 
 		rows = rows[len(one):]
 	}
 	return r
+}
+
+// leaseHeld reports whether the member's lease, by its own clock, has
+// not run out since its last renewal (less a round's margin).
+func (g *group) leaseHeld() bool {
+	return time.Since(time.Unix(0, g.renewedAt.Load())) < g.n.cfg.LeaseTTL-groupPoll
 }
 
 // deliverRows gives the rows of one position to Deliver, in order, each

@@ -255,6 +255,7 @@ func measurements() []measurement {
 		{"groups", 4 * time.Minute, measureGroups},
 		{"consumers", 2 * time.Minute, measureConsumers},
 		{"failover", 3 * time.Minute, measureFailover},
+		{"isolation", 4 * time.Minute, measureIsolation},
 	}
 }
 
