@@ -32,6 +32,7 @@ const defaultMaxInFlight = 16
 type laneResult struct {
 	part  int
 	seeks int64 // the group's seek count the rows were read after
+	epoch int64 // the member held the partition at this epoch
 	upto  int64 // every row of the partition up to here was read
 	// done is the position every row of the partition is delivered up
 	// to: upto when none failed, else just below the failing position
@@ -72,8 +73,20 @@ func (g *group) deliveries(ctx context.Context) {
 	defer poll.Stop()
 	var redriven time.Time
 	var retryAt time.Time // a commit failed: the next try
+	var stopAt time.Time  // when ctx ended
 	for {
 		stopping := ctx.Err() != nil
+		if stopping && stopAt.IsZero() {
+			stopAt = time.Now()
+		}
+		if stopping && time.Since(stopAt) > batchTimeout+5*time.Second {
+			// A call that ignores its deadline, or commits that keep
+			// failing: what was delivered and not committed is
+			// delivered again by the next owner.
+			g.n.log.Warn("weft: a group member stops with deliveries not committed", "stream", g.cfg.Stream, "consumer", g.cfg.Name,
+				"partitions", len(lanes))
+			return
+		}
 		// Commit the lanes that ended.
 		for drained := false; !drained; {
 			select {
@@ -226,7 +239,7 @@ func (g *group) startLanes(ctx, lctx context.Context, lanes map[int]*lane, limit
 // upto, sorted by position) in order, each with a deadline, and stops at
 // the first position whose delivery fails.
 func (g *group) deliverLane(ctx context.Context, c grp.Cursor, rows []Row, upto int64) *laneResult {
-	r := &laneResult{part: c.Partition, seeks: c.Seeks, upto: upto, done: upto}
+	r := &laneResult{part: c.Partition, seeks: c.Seeks, epoch: c.Epoch, upto: upto, done: upto}
 	for len(rows) > 0 {
 		one := rows[:positionEnd(rows)]
 		if !g.leaseHeld() {
@@ -313,7 +326,9 @@ func (g *group) commitLane(ctx context.Context, r *laneResult) error {
 	var run []grp.Cursor
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 		c, ok, err := g.lockPart(ctx, tx, r.seeks, r.part)
-		if err != nil || !ok || c.Pos >= r.done {
+		if err != nil || !ok || c.Epoch != r.epoch || c.Pos >= r.done {
+			// Lost since (taken back again since, at a later epoch: its
+			// rows were run by another meanwhile), or passed already.
 			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE weft_group_partitions SET pos = $4, updated_at = now()

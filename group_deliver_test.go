@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -297,5 +298,30 @@ func TestDeliverCancelledWhenThePartitionIsLost(t *testing.T) {
 	}
 	if cur >= pos || attempts != 0 {
 		t.Fatalf("cursor %d (row %d), %d attempts: a lost delivery was committed or counted", cur, pos, attempts)
+	}
+}
+
+// Deliver is a group's, instead of Apply, and MaxInFlight goes with it:
+// Validate names the field otherwise.
+func TestDeliverValidated(t *testing.T) {
+	deliver := func(context.Context, weft.Row) error { return nil }
+	for field, c := range map[string]weft.Consumer{
+		"Apply":        {},
+		"Deliver":      {Key: "user", Apply: effects, Deliver: deliver},
+		"Deliver ":     {Deliver: deliver},
+		"MaxInFlight":  {Key: "user", Apply: effects, MaxInFlight: 4},
+		"MaxInFlight ": {Key: "user", Deliver: deliver, MaxInFlight: -1},
+	} {
+		c.Stream, c.Name = "jobs", "c"
+		cfg := weft.Config{Name: "p", DatabaseURL: "postgres://x", RedisURL: "redis://x", Insecure: true, Streams: []weft.Stream{jobs},
+			Consumers: []weft.Consumer{c}}
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "Consumers[0]."+strings.TrimSpace(field)+":") {
+			t.Errorf("%q: %v; want an error naming Consumers[0].%s", field, err, field)
+		}
+	}
+	ok := weft.Config{Name: "p", DatabaseURL: "postgres://x", RedisURL: "redis://x", Insecure: true, Streams: []weft.Stream{jobs},
+		Consumers: []weft.Consumer{{Stream: "jobs", Name: "c", Key: "user", Partitions: 1, Deliver: deliver, MaxInFlight: 4}}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("a group of one partition delivering: %v", err)
 	}
 }
