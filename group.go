@@ -167,18 +167,26 @@ func (n *Node) analyzePartitions(ctx context.Context) {
 
 // run is the member until ctx ends: then it leaves the group at once (its
 // partitions, but those of its batch in flight, are free to take), lets
-// the batch in flight commit, and releases the rest. It holds its
-// liveness lock from before its first round until it has left.
+// the batch in flight commit, and releases the rest. With Deliver it
+// first stays in the group until the deliveries in flight have ended and
+// been committed, then leaves. It holds its liveness lock from before its
+// first round until it has left.
 func (g *group) run(ctx context.Context) {
 	stopLiveness := g.runLiveness(ctx)
 	defer stopLiveness()
 	var wg sync.WaitGroup
+	mctx := ctx
 	if g.cfg.Deliver != nil {
-		wg.Go(func() { g.deliveries(ctx) })
+		// The member stays in its group, its lease renewed, until the
+		// deliveries in flight have ended and been committed: its
+		// partitions move only then, and nobody delivers those rows again.
+		var stop context.CancelFunc
+		mctx, stop = context.WithCancel(context.WithoutCancel(ctx))
+		wg.Go(func() { defer stop(); g.deliveries(ctx) })
 	} else {
 		wg.Go(func() { g.batches(ctx) })
 	}
-	g.membership(ctx)
+	g.membership(mctx)
 	g.leave(context.WithoutCancel(ctx), true)
 	wg.Wait()
 	g.leave(context.WithoutCancel(ctx), false)
@@ -518,13 +526,9 @@ func (g *group) leave(ctx context.Context, early bool) {
 		if pos, err = g.knownSince(ctx, tx, seeks, pos); err != nil {
 			return err
 		}
-		// A member whose deliveries are still to commit keeps its lease
-		// until the late leave: the others would take their partitions.
-		if !early || len(g.notBusy(owned)) == len(owned) {
-			if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
-				g.cfg.Stream, g.cfg.Name, g.id); err != nil {
-				return err
-			}
+		if _, err := tx.Exec(ctx, `DELETE FROM weft_group_members WHERE stream = $1 AND name = $2 AND member = $3`,
+			g.cfg.Stream, g.cfg.Name, g.id); err != nil {
+			return err
 		}
 		skip := ""
 		if early {
@@ -536,9 +540,6 @@ func (g *group) leave(ctx context.Context, early bool) {
 			return err
 		}
 		mine, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if early { // nor those whose deliveries are still to commit
-			mine = g.notBusy(mine)
-		}
 		if err != nil || len(mine) == 0 {
 			return err
 		}

@@ -78,6 +78,10 @@ func (g *group) deliveries(ctx context.Context) {
 		stopping := ctx.Err() != nil
 		if stopping && stopAt.IsZero() {
 			stopAt = time.Now()
+			if len(lanes) > 0 {
+				g.n.log.Info("weft: a group member stops once its deliveries in flight have ended", "stream", g.cfg.Stream,
+					"consumer", g.cfg.Name, "partitions", len(lanes))
+			}
 		}
 		if stopping && time.Since(stopAt) > batchTimeout+5*time.Second {
 			// A call that ignores its deadline, or commits that keep

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -324,4 +325,102 @@ func TestDeliverValidated(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("a group of one partition delivering: %v", err)
 	}
+}
+
+// A graceful stop lets the deliveries in flight end and commits them
+// before the member leaves: the member that takes its partitions over
+// does not deliver the row again.
+func TestDeliverStopCommitsInFlight(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	w := wefttest.Open(t, writerConfig(db, rds, notices))
+	var d deliveries
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	stopping := make(chan struct{}, 1)
+	member := func(name string) weft.Config {
+		cfg := wefttest.Config(name, db, rds)
+		cfg.Streams = []weft.Stream{notices}
+		cfg.Logger = slog.New(&heard{Handler: wefttest.Logger(t).Handler(), msg: "stops once its deliveries in flight have ended", ch: stopping})
+		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "hooks", Key: "user", Partitions: 4,
+			Deliver: func(ctx context.Context, r weft.Row) error {
+				if name == "m0" {
+					select {
+					case started <- struct{}{}:
+					default:
+					}
+					<-release // ignores ctx: a stop must not cancel it
+				}
+				d.add(delivery{member: name, pos: r.Pos, ok: true})
+				return nil
+			}}}
+		return cfg
+	}
+	m0 := wefttest.Open(t, member("m0"))
+	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(m0.Status(), 1) }, "m0 not owning its partitions")
+	appendNotices(t, w, 0, 1, 1) // user u0
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery started")
+	}
+	m1 := wefttest.Open(t, member("m1"))
+	closed := make(chan error, 1)
+	go func() { closed <- m0.Close() }()
+	select {
+	case <-stopping:
+	case <-time.After(30 * time.Second):
+		t.Fatal("m0 did not say it waits for its delivery in flight")
+	}
+	// For four of m1's rounds, the partition in flight stays m0's.
+	busy := grp.Partition("u0", 4)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if g := m1.Status().Groups; len(g) == 1 && slices.ContainsFunc(g[0].Members, func(x weft.GroupMember) bool {
+			return x.Member == m1.Instance() && slices.Contains(x.Partitions, busy)
+		}) {
+			t.Fatalf("m1 took partition %d while m0's delivery of it was in flight", busy)
+		}
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(m1.Status(), 1) }, "m1 does not own every partition after m0 stopped: %+v",
+		m1.Status().Groups)
+	appendNotices(t, w, 1, 1, 1) // u0 again: delivered after any repeat of the first
+	wefttest.Eventually(t, 30*time.Second, func() bool { return len(d.ok()) == 2 }, "the second row not delivered")
+	for p, n := range d.ok() {
+		if n != 1 {
+			t.Fatalf("row %d delivered %d times: the stop did not commit what was in flight", p, n)
+		}
+	}
+}
+
+// heard is a slog.Handler that signals ch when a record's message
+// contains msg.
+type heard struct {
+	slog.Handler
+	msg string
+	ch  chan struct{}
+}
+
+func (h *heard) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *heard) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.msg) {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *heard) WithAttrs(as []slog.Attr) slog.Handler {
+	return &heard{Handler: h.Handler.WithAttrs(as), msg: h.msg, ch: h.ch}
+}
+
+func (h *heard) WithGroup(name string) slog.Handler {
+	return &heard{Handler: h.Handler.WithGroup(name), msg: h.msg, ch: h.ch}
 }
