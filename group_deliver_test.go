@@ -424,3 +424,55 @@ func (h *heard) WithAttrs(as []slog.Attr) slog.Handler {
 func (h *heard) WithGroup(name string) slog.Handler {
 	return &heard{Handler: h.Handler.WithGroup(name), msg: h.msg, ch: h.ch}
 }
+
+// A pause returns while a delivery is in flight (it holds no lock); the
+// delivery that ends while paused is committed after the resume, not
+// delivered again; and nothing more is delivered while paused.
+func TestDeliverPausedKeepsWhatItDelivered(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	w := wefttest.Open(t, writerConfig(db, rds, notices))
+	var d deliveries
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	cfg := wefttest.Config("m0", db, rds)
+	cfg.Streams = []weft.Stream{notices}
+	cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "hooks", Key: "user", Partitions: 4,
+		Deliver: func(ctx context.Context, r weft.Row) error {
+			once.Do(func() {
+				started <- struct{}{}
+				<-release
+			})
+			d.add(delivery{pos: r.Pos, ok: true})
+			return nil
+		}}}
+	m := wefttest.Open(t, cfg)
+	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(m.Status(), 1) }, "not owning its partitions")
+	appendNotices(t, w, 0, 1, 1)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery started")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.PauseConsumer(ctx, "notices", "hooks"); err != nil {
+		t.Fatalf("pause while a delivery is in flight: %v", err)
+	}
+	close(release)
+	wefttest.Eventually(t, 10*time.Second, func() bool { return len(d.ok()) == 1 }, "the delivery in flight did not end")
+	appendNotices(t, w, 1, 20, 4)
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if n := len(d.ok()); n > 1 {
+			t.Fatalf("%d rows delivered while paused", n)
+		}
+	}
+	if err := m.ResumeConsumer(ctx, "notices", "hooks"); err != nil {
+		t.Fatal(err)
+	}
+	wefttest.Eventually(t, 30*time.Second, func() bool { return len(d.ok()) == 21 }, "not every row delivered after the resume: %v", d.ok())
+	for p, n := range d.ok() {
+		if n != 1 {
+			t.Fatalf("row %d delivered %d times", p, n)
+		}
+	}
+}
