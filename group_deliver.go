@@ -125,6 +125,8 @@ func (g *group) deliveries(ctx context.Context) {
 		if stopping && len(lanes) == 0 {
 			return
 		}
+		// Before the read: positions heard after it wake the loop.
+		wake := g.st.gen.Watch()
 		if !stopping && !g.paused.Load() {
 			if time.Since(redriven) >= g.n.cfg.AnnounceInterval {
 				g.redriveRequested(ctx)
@@ -143,7 +145,6 @@ func (g *group) deliveries(ctx context.Context) {
 		if !retryAt.IsZero() && time.Now().Before(retryAt) {
 			held = time.After(time.Until(retryAt))
 		}
-		wake := g.st.gen.Watch()
 		var done <-chan struct{}
 		if !stopping {
 			done = ctx.Done()
@@ -185,12 +186,12 @@ func (g *group) startLanes(ctx, lctx context.Context, lanes map[int]*lane, limit
 	for _, c := range cur {
 		lo = min(lo, c.Pos)
 	}
+	if len(cur) > 0 && upto <= lo && g.st.raiseUpto(ctx, lo) {
+		upto = g.st.gen.ComputedUpto() // positions heard since the last refresh
+	}
 	if len(cur) == 0 || upto <= lo {
 		if len(lanes) == 0 {
 			g.behind.Store(0)
-		}
-		if len(cur) > 0 {
-			g.st.raiseUpto(ctx, lo)
 		}
 		return
 	}
