@@ -176,8 +176,13 @@ type Consumer struct {
 	// letters as Apply's do. Only in a group (Key); Partitions: 1 keeps
 	// one order over the whole stream. See docs/DESIGN.md, "Deliver".
 	Deliver func(ctx context.Context, r Row) error
-	// MaxInFlight bounds the rows a member delivers at once, one per
-	// partition (Deliver) [16].
+	// MaxInFlight bounds the partitions a member runs at once, each in a
+	// lane of its own: with Deliver, the rows in flight, one per
+	// partition [16]; with Apply (a group's), set, it applies each
+	// partition's rows in a transaction of its own, this many at once, so
+	// that a slow row holds back only its partition (at the cost of a
+	// transaction per partition per read, and this many connections);
+	// zero, a batch spans the member's partitions in one transaction.
 	MaxInFlight int
 	// StartAtEnd starts a consumer new to the database at the stream's
 	// current end rather than at its beginning.
@@ -343,8 +348,8 @@ func (c Config) Validate() error {
 			return fail(field+".Deliver", "set with Apply (a consumer applies in the transaction or delivers outside it, not both)")
 		case k.Deliver != nil && k.Key == "":
 			return fail(field+".Deliver", "set without Key (only a group delivers; Partitions: 1 keeps one order)")
-		case k.MaxInFlight != 0 && k.Deliver == nil:
-			return fail(field+".MaxInFlight", "set without Deliver")
+		case k.MaxInFlight != 0 && k.Key == "":
+			return fail(field+".MaxInFlight", "set without Key (only a group runs partitions apart)")
 		case k.MaxInFlight < 0:
 			return fail(field+".MaxInFlight", "%d is below 0", k.MaxInFlight)
 		}

@@ -176,10 +176,11 @@ func (g *group) run(ctx context.Context) {
 	defer stopLiveness()
 	var wg sync.WaitGroup
 	mctx := ctx
-	if g.cfg.Deliver != nil {
-		// The member stays in its group, its lease renewed, until the
-		// deliveries in flight have ended and been committed: its
-		// partitions move only then, and nobody delivers those rows again.
+	if g.cfg.Deliver != nil || g.cfg.MaxInFlight > 0 {
+		// Lanes (group_deliver.go). The member stays in its group, its
+		// lease renewed, until the lanes in flight have ended and been
+		// committed: its partitions move only then, and nobody delivers
+		// those rows again.
 		var stop context.CancelFunc
 		mctx, stop = context.WithCancel(context.WithoutCancel(ctx))
 		wg.Go(func() { defer stop(); g.deliveries(ctx) })

@@ -38,6 +38,7 @@ type laneResult struct {
 	// to: upto when none failed, else just below the failing position
 	// (and the rows read after the cursor before it).
 	done      int64
+	applied   bool  // an Apply lane: it committed what it could itself
 	delivered int   // rows delivered
 	failed    []Row // the failing position's rows, if one failed
 	err       error // its error
@@ -231,7 +232,11 @@ func (g *group) startLanes(ctx, lctx context.Context, lanes map[int]*lane, limit
 		ctx, cancel := context.WithCancel(lctx)
 		lanes[c.Partition] = &lane{cancel: cancel}
 		go func() {
-			ended <- g.deliverLane(ctx, c, prow, next)
+			if g.cfg.Deliver != nil {
+				ended <- g.deliverLane(ctx, c, prow, next)
+			} else {
+				ended <- g.applyLane(ctx, c, prow, next)
+			}
 			cancel()
 		}()
 	}
@@ -266,6 +271,23 @@ func (g *group) deliverLane(ctx context.Context, c grp.Cursor, rows []Row, upto 
 		rows = rows[len(one):]
 	}
 	return r
+}
+
+// applyLane applies rows (partition c's, read after its cursor up to
+// upto) with Apply, in transactions that lock and fence the partition, as
+// a failing batch's partition is run (isolate): at once, or a position at
+// a time once one fails, recording the failure.
+func (g *group) applyLane(ctx context.Context, c grp.Cursor, rows []Row, upto int64) *laneResult {
+	ctx, cancel := context.WithTimeout(ctx, batchTimeout)
+	defer cancel()
+	parts := make([]int, len(rows))
+	for i := range parts {
+		parts[i] = c.Partition
+	}
+	after := make([]int64, g.parts)
+	after[c.Partition] = c.Pos
+	err := g.isolate(ctx, c.Seeks, []int{c.Partition}, rows, parts, after, upto)
+	return &laneResult{part: c.Partition, applied: true, err: err}
 }
 
 // leaseHeld reports whether the member's lease, by its own clock, has
@@ -310,6 +332,18 @@ func (g *group) commitLanes(ctx context.Context, lanes map[int]*lane) error {
 	slices.Sort(ps)
 	for _, p := range ps {
 		r := lanes[p].result
+		if r.applied { // committed, or rolled back and read again
+			if r.err != nil && !errors.Is(r.err, errPaused) && !errors.Is(r.err, errSeeked) && ctx.Err() == nil {
+				g.fails.Inc()
+				g.n.log.Warn("weft: a group member's partition failed to apply; it is tried again", "stream", g.cfg.Stream,
+					"consumer", g.cfg.Name, "partition", p, "err", r.err)
+				g.mu.Lock()
+				g.m.Hold(p, time.Now().Add(time.Second)) // not at once: the database may be down
+				g.mu.Unlock()
+			}
+			delete(lanes, p)
+			continue
+		}
 		err := g.commitLane(ctx, r)
 		switch {
 		case errors.Is(err, errPaused):

@@ -310,7 +310,7 @@ func TestDeliverValidated(t *testing.T) {
 		"Apply":        {},
 		"Deliver":      {Key: "user", Apply: effects, Deliver: deliver},
 		"Deliver ":     {Deliver: deliver},
-		"MaxInFlight":  {Key: "user", Apply: effects, MaxInFlight: 4},
+		"MaxInFlight":  {Apply: effects, MaxInFlight: 4},
 		"MaxInFlight ": {Key: "user", Deliver: deliver, MaxInFlight: -1},
 	} {
 		c.Stream, c.Name = "jobs", "c"

@@ -26,8 +26,9 @@ import (
 // 100ms to 1s) and is dead-lettered; the other partitions' p99 must stay
 // within 1 s of the run without it.
 //
-// Hangs (Deliver): the rows of 6 of the 200 users (3%) hang 2 s each; the
-// other partitions' p99 must stay within 2x of the run without hangs.
+// Hangs (Deliver, and Apply with MaxInFlight 16): the rows of 6 of the
+// 200 users (3%) hang 2 s each; the other partitions' p99 must stay
+// within 2x of the run without hangs.
 
 const (
 	isolationRate  = 120 // rows/s appended
@@ -44,15 +45,16 @@ func measureIsolation(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	var out []Sample
 	for _, c := range []struct {
 		id, name string
-		deliver  bool
+		kind     isolationKind
 		goal     Goal
 	}{
-		{"isolation.poison", "a poison row (Apply, dead-lettered after 5 attempts): p99 lag (raw: without it)", false, Goal{Kind: GoalRawPlus, Value: 1000}},
-		{"isolation.hang", "3% of rows hang 2 s (Deliver): p99 lag (raw: without hangs)", true, Goal{Kind: GoalRatioAtMost, Value: 2}},
+		{"isolation.poison", "a poison row (Apply, dead-lettered after 5 attempts): p99 lag (raw: without it)", isolationPoison, Goal{Kind: GoalRawPlus, Value: 1000}},
+		{"isolation.hang", "3% of rows hang 2 s (Deliver): p99 lag (raw: without hangs)", isolationHangDeliver, Goal{Kind: GoalRatioAtMost, Value: 2}},
+		{"isolation.hangapply", "3% of rows hang 2 s (Apply, MaxInFlight 16): p99 lag (raw: without hangs)", isolationHangApply, Goal{Kind: GoalRatioAtMost, Value: 2}},
 	} {
 		var p99 [2]float64
 		for i, fault := range []bool{false, true} {
-			p50, p, err := isolationRun(ctx, e, c.deliver, fault, secs)
+			p50, p, err := isolationRun(ctx, e, c.kind, fault, secs)
 			if err != nil {
 				return nil, fmt.Errorf("%s (fault %v): %w", c.id, fault, err)
 			}
@@ -65,10 +67,19 @@ func measureIsolation(ctx context.Context, e *benchEnv) ([]Sample, error) {
 	return out, nil
 }
 
+// isolationKind is a case: the fault and the consumer's mode.
+type isolationKind int
+
+const (
+	isolationPoison      isolationKind = iota // a poison row, Apply
+	isolationHangDeliver                      // 3% of rows hang 2 s, Deliver
+	isolationHangApply                        // 3% of rows hang 2 s, Apply with MaxInFlight
+)
+
 // isolationRun runs one case for secs seconds and returns the p50 and p99
 // lag, in ms, of the rows of the partitions the fault does not touch.
-func isolationRun(ctx context.Context, e *benchEnv, deliver, fault bool, secs int) (p50, p99 float64, err error) {
-	what := fmt.Sprintf("isolation%v%v", deliver, fault)
+func isolationRun(ctx context.Context, e *benchEnv, kind isolationKind, fault bool, secs int) (p50, p99 float64, err error) {
+	what := fmt.Sprintf("isolation%d%v", kind, fault)
 	g, err := newGroupEnv(ctx, e, what)
 	if err != nil {
 		return 0, 0, err
@@ -77,7 +88,7 @@ func isolationRun(ctx context.Context, e *benchEnv, deliver, fault bool, secs in
 	const poisonUser, poisonN = "u7", 40
 	slow := map[string]bool{"u0": true, "u1": true, "u2": true, "u3": true, "u4": true, "u5": true}
 	touched := map[int]bool{grp.Partition(poisonUser, isolationParts): true}
-	if deliver {
+	if kind != isolationPoison {
 		touched = map[int]bool{}
 		for u := range slow {
 			touched[grp.Partition(u, isolationParts)] = true
@@ -97,7 +108,8 @@ func isolationRun(ctx context.Context, e *benchEnv, deliver, fault bool, secs in
 	}
 	c := weft.Consumer{Stream: "jobs", Name: "hooks", Key: "user", Partitions: isolationParts,
 		Retry: weft.RetryPolicy{MaxAttempts: 5, Initial: 100 * time.Millisecond, Max: time.Second}}
-	if deliver {
+	switch kind {
+	case isolationHangDeliver:
 		c.Deliver = func(ctx context.Context, r weft.Row) error {
 			var x row
 			if err := json.Unmarshal(r.Data, &x); err != nil {
@@ -113,19 +125,29 @@ func isolationRun(ctx context.Context, e *benchEnv, deliver, fault bool, secs in
 			seen(r, x)
 			return nil
 		}
-	} else {
-		c.Apply = func(ctx context.Context, _ pgx.Tx, rows []weft.Row) error {
+	default:
+		c.Apply = func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
 			for _, r := range rows {
 				var x row
 				if err := json.Unmarshal(r.Data, &x); err != nil {
 					return weft.Permanent(err)
 				}
-				if fault && x.User == poisonUser && x.N == poisonN {
+				if fault && kind == isolationPoison && x.User == poisonUser && x.N == poisonN {
 					return errors.New("poison")
 				}
-				seen(r, x)
+				if fault && kind == isolationHangApply && slow[x.User] {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(2 * time.Second):
+					}
+				}
+				seen(r, x) // the last call's: a rolled-back one is called again
 			}
 			return nil
+		}
+		if kind == isolationHangApply {
+			c.MaxInFlight = 16
 		}
 	}
 	for i := range 2 {
