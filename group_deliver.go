@@ -24,6 +24,12 @@ import (
 // that hangs, or fails and waits for its next attempt, holds back its own
 // partition only. At most MaxInFlight lanes run at once, each with one
 // row in flight.
+//
+// A group whose Apply runs with MaxInFlight set runs the same lanes, each
+// applying its partition's rows in transactions that lock and fence the
+// partition (isolate, a failing batch's per-partition path): a slow row
+// holds back its own partition only, at a transaction per partition per
+// read.
 
 // defaultMaxInFlight is Consumer.MaxInFlight's default.
 const defaultMaxInFlight = 16
@@ -51,7 +57,8 @@ type lane struct {
 	result *laneResult // set once ended, until its commit lands
 }
 
-// deliveries is the batch loop of a group with Deliver: it starts a lane
+// deliveries is the batch loop of a group with Deliver (or Apply with
+// MaxInFlight): it starts a lane
 // for every partition the member runs that has rows and is neither busy
 // nor held back, commits the lanes that ended, and cancels those whose
 // partition the member no longer holds. When ctx ends it starts no more,
