@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weft-dev/weft"
+	"github.com/weft-dev/weft/internal/control"
 	"github.com/weft-dev/weft/internal/exampletest"
 	"github.com/weft-dev/weft/wefttest"
 )
@@ -145,7 +145,7 @@ func TestWebhooks(t *testing.T) {
 	}
 	var pos13 int64
 	wefttest.Eventually(t, 2*time.Minute, func() bool {
-		dls, err := weft.ReadDeadLetters(ctx, r.Pool, "orders", "webhooks")
+		dls, err := control.DeadLetters(ctx, r.Pool, "orders", "webhooks")
 		if err != nil || len(dls) != 1 {
 			return false
 		}
@@ -170,8 +170,8 @@ func TestWebhooks(t *testing.T) {
 		}
 		// A re-drive is one attempt, and the receiver still fails 20%:
 		// asked again until it lands.
-		err := weft.RequestDeadLetterRetry(ctx, r.Pool, "orders", "webhooks", pos13)
-		if err != nil && !errors.Is(err, weft.ErrNoDeadLetter) {
+		err := control.RetryDeadLetter(ctx, r.Pool, "orders", "webhooks", pos13)
+		if err != nil && !errors.Is(err, control.ErrNoDeadLetter) {
 			t.Fatal(err)
 		}
 		return false
