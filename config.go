@@ -33,8 +33,10 @@ type Config struct {
 	// for as long as its handler runs (up to 30 s), a group's batch and
 	// its membership one each; writes and catch-up reads need theirs. The
 	// pool Open makes from DatabaseURL has pgxpool's default, max(4,
-	// NumCPU), plus one connection per consumer and two per group, unless
-	// the URL sets pool_max_conns; size a pool of your own the same way.
+	// NumCPU), plus one connection per consumer and two per group (and
+	// MaxInFlight-1 more for a group whose Apply runs with MaxInFlight:
+	// its partitions' transactions), unless the URL sets pool_max_conns;
+	// size a pool of your own the same way.
 	// The writer name's lease heartbeat never uses the pool: it runs on
 	// one connection of its own, so handlers that hold every connection
 	// delay writes, never the lease.
