@@ -78,8 +78,8 @@ type group struct {
 	// renewedAt is when the lease was last renewed (unix nanos, by this
 	// process's clock, from before the renewal was sent).
 	renewedAt atomic.Int64
-	// busy: the partitions a Deliver lane holds (group_deliver.go),
-	// ascending; a release or an early leave skips them.
+	// busy: the partitions a lane holds (group_deliver.go), ascending;
+	// a release skips them.
 	busy []int
 }
 
@@ -591,7 +591,7 @@ func (g *group) foldOwn(ctx context.Context, tx pgx.Tx, parts []int, wait bool) 
 	return parts, nil
 }
 
-// notBusy is parts but those a Deliver lane holds (group_deliver.go).
+// notBusy is parts but those a lane holds (group_deliver.go).
 func (g *group) notBusy(parts []int) []int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
