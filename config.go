@@ -1,6 +1,7 @@
 package weft
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -32,8 +33,10 @@ type Config struct {
 	// for as long as its handler runs (up to 30 s), a group's batch and
 	// its membership one each; writes and catch-up reads need theirs. The
 	// pool Open makes from DatabaseURL has pgxpool's default, max(4,
-	// NumCPU), plus one connection per consumer and two per group, unless
-	// the URL sets pool_max_conns; size a pool of your own the same way.
+	// NumCPU), plus one connection per consumer and two per group (and
+	// MaxInFlight-1 more for a group whose Apply runs with MaxInFlight:
+	// its partitions' transactions), unless the URL sets pool_max_conns;
+	// size a pool of your own the same way.
 	// The writer name's lease heartbeat never uses the pool: it runs on
 	// one connection of its own, so handlers that hold every connection
 	// delay writes, never the lease.
@@ -161,8 +164,28 @@ type Consumer struct {
 	// a consumer of the same name share its cursor, and each batch is
 	// applied by one of them. Required: 1-64 of [a-z0-9_-].
 	Name string
-	// Apply applies a batch. Required.
+	// Apply applies a batch inside the transaction that moves the
+	// cursor: effects exactly once. Exactly one of Apply and Deliver is
+	// set.
 	Apply ConsumerFunc
+	// Deliver gives one row to something outside the database (an HTTP
+	// endpoint, a mail server) that cannot join the transaction: at least
+	// once, each key's rows in order, the cursor committed after the row
+	// was delivered. It runs holding no transaction and no lock, with a
+	// deadline of 30s, and its context is cancelled when the member loses
+	// the row's partition. r.Stream and r.Pos identify the row: send them
+	// as the idempotency key. Its errors go through Retry and dead
+	// letters as Apply's do. Only in a group (Key); Partitions: 1 keeps
+	// one order over the whole stream. See docs/DESIGN.md, "Deliver".
+	Deliver func(ctx context.Context, r Row) error
+	// MaxInFlight bounds the partitions a member runs at once, each in a
+	// lane of its own: with Deliver, the rows in flight, one per
+	// partition [16]; with Apply (a group's), set, it applies each
+	// partition's rows in a transaction of its own, this many at once, so
+	// that a slow row holds back only its partition (at the cost of a
+	// transaction per partition per read, and this many connections);
+	// zero, a batch spans the member's partitions in one transaction.
+	MaxInFlight int
 	// StartAtEnd starts a consumer new to the database at the stream's
 	// current end rather than at its beginning.
 	StartAtEnd bool
@@ -320,8 +343,17 @@ func (c Config) Validate() error {
 			return fail(field+".Name", "consumer %q of %q given twice", k.Name, k.Stream)
 		}
 		names[[2]string{k.Stream, k.Name}] = true
-		if k.Apply == nil {
-			return fail(field+".Apply", "nil")
+		switch {
+		case k.Apply == nil && k.Deliver == nil:
+			return fail(field+".Apply", "nil, and Deliver is nil")
+		case k.Apply != nil && k.Deliver != nil:
+			return fail(field+".Deliver", "set with Apply (a consumer applies in the transaction or delivers outside it, not both)")
+		case k.Deliver != nil && k.Key == "":
+			return fail(field+".Deliver", "set without Key (only a group delivers; Partitions: 1 keeps one order)")
+		case k.MaxInFlight != 0 && k.Key == "":
+			return fail(field+".MaxInFlight", "set without Key (only a group runs partitions apart)")
+		case k.MaxInFlight < 0:
+			return fail(field+".MaxInFlight", "%d is below 0", k.MaxInFlight)
 		}
 		if k.MaxBatch < 1 {
 			return fail(field+".MaxBatch", "%d is below 1", k.MaxBatch)

@@ -130,6 +130,12 @@ func (n *Node) redrive(ctx context.Context, c Consumer, q retryRequest, lock fun
 	defer cancel()
 	var fnErr error
 	applied := false
+	if c.Deliver != nil {
+		// Outside the transaction, before it: a delivery holds no lock.
+		if fnErr = deliverRows(ctx, c, q.rows); fnErr != nil {
+			return false, n.redriveFailed(ctx, c, q, fnErr)
+		}
+	}
 	err := pgx.BeginFunc(ctx, n.pool, func(tx pgx.Tx) error {
 		if ok, err := lock(ctx, tx); err != nil || !ok {
 			return err
@@ -143,9 +149,11 @@ func (n *Node) redrive(ctx context.Context, c Consumer, q retryRequest, lock fun
 		if err != nil {
 			return err
 		}
-		if err := c.Apply(ctx, tx, q.rows); err != nil {
-			fnErr = err
-			return err
+		if c.Apply != nil {
+			if err := c.Apply(ctx, tx, q.rows); err != nil {
+				fnErr = err
+				return err
+			}
 		}
 		_, err = tx.Exec(ctx, `DELETE FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4`,
 			c.Stream, c.Name, q.pos, q.part)
@@ -155,8 +163,14 @@ func (n *Node) redrive(ctx context.Context, c Consumer, q retryRequest, lock fun
 	if fnErr == nil {
 		return applied && err == nil, err
 	}
+	return false, n.redriveFailed(ctx, c, q, fnErr)
+}
+
+// redriveFailed records a dead letter's failed retry: one more attempt,
+// the new error, and the request done with.
+func (n *Node) redriveFailed(ctx context.Context, c Consumer, q retryRequest, fnErr error) error {
 	n.log.Warn("weft: a dead letter's retry failed; it stays dead", "stream", c.Stream, "consumer", c.Name, "pos", q.pos, "err", fnErr)
-	_, err = n.pool.Exec(ctx, `UPDATE weft_dead_letters SET attempts = attempts + 1, error = $5, last_failed_at = now(), retry_requested_at = NULL
+	_, err := n.pool.Exec(ctx, `UPDATE weft_dead_letters SET attempts = attempts + 1, error = $5, last_failed_at = now(), retry_requested_at = NULL
 		WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4`, c.Stream, c.Name, q.pos, q.part, fnErr.Error())
-	return false, err
+	return err
 }

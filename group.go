@@ -75,6 +75,12 @@ type group struct {
 	// prog is what the member knows of its progress record
 	// (group_progress.go).
 	prog progress
+	// renewedAt is when the lease was last renewed (unix nanos, by this
+	// process's clock, from before the renewal was sent).
+	renewedAt atomic.Int64
+	// busy: the partitions a lane holds (group_deliver.go), ascending;
+	// a release skips them.
+	busy []int
 }
 
 // newGroup creates the group's rows, or checks the stored ones agree with
@@ -161,14 +167,27 @@ func (n *Node) analyzePartitions(ctx context.Context) {
 
 // run is the member until ctx ends: then it leaves the group at once (its
 // partitions, but those of its batch in flight, are free to take), lets
-// the batch in flight commit, and releases the rest. It holds its
-// liveness lock from before its first round until it has left.
+// the batch in flight commit, and releases the rest. With Deliver it
+// first stays in the group until the deliveries in flight have ended and
+// been committed, then leaves. It holds its liveness lock from before its
+// first round until it has left.
 func (g *group) run(ctx context.Context) {
 	stopLiveness := g.runLiveness(ctx)
 	defer stopLiveness()
 	var wg sync.WaitGroup
-	wg.Go(func() { g.batches(ctx) })
-	g.membership(ctx)
+	mctx := ctx
+	if g.cfg.Deliver != nil || g.cfg.MaxInFlight > 0 {
+		// Lanes (group_deliver.go). The member stays in its group, its
+		// lease renewed, until the lanes in flight have ended and been
+		// committed: its partitions move only then, and nobody delivers
+		// those rows again.
+		var stop context.CancelFunc
+		mctx, stop = context.WithCancel(context.WithoutCancel(ctx))
+		wg.Go(func() { defer stop(); g.deliveries(ctx) })
+	} else {
+		wg.Go(func() { g.batches(ctx) })
+	}
+	g.membership(mctx)
 	g.leave(context.WithoutCancel(ctx), true)
 	wg.Wait()
 	g.leave(context.WithoutCancel(ctx), false)
@@ -244,6 +263,7 @@ func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err e
 	}
 	if renew {
 		*renewed = sent
+		g.renewedAt.Store(sent.UnixNano())
 	} else if time.Since(*renewed) < lease && !slices.Contains(v.Live, g.id) {
 		g.takenForDead()
 		*renewed = time.Time{}
@@ -427,6 +447,9 @@ func (g *group) foldTaken(ctx context.Context, tx pgx.Tx, free []int) ([]int, er
 // batch in flight holds (for the next round: the batch loop runs them no
 // more).
 func (g *group) release(ctx context.Context, parts []int) error {
+	if parts = g.notBusy(parts); len(parts) == 0 {
+		return nil
+	}
 	var done []int
 	pos, seeks := g.knownPos(parts)
 	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
@@ -566,6 +589,22 @@ func (g *group) foldOwn(ctx context.Context, tx pgx.Tx, parts []int, wait bool) 
 		}
 	}
 	return parts, nil
+}
+
+// notBusy is parts but those a lane holds (group_deliver.go).
+func (g *group) notBusy(parts []int) []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.busy) == 0 {
+		return parts
+	}
+	var out []int
+	for _, p := range parts {
+		if _, ok := slices.BinarySearch(g.busy, p); !ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // kick wakes the batch loop.

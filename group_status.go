@@ -130,5 +130,9 @@ func (g *group) collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ownedDesc, prometheus.GaugeValue, float64(owned), g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(g.deadLetters.Load()), g.cfg.Stream, g.cfg.Name)
 	ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, gauge(g.paused.Load()), g.cfg.Stream, g.cfg.Name)
+	g.mu.Lock()
+	lanes := len(g.busy)
+	g.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(lanes), g.cfg.Stream, g.cfg.Name)
 	g.collectLiveness(ch)
 }

@@ -49,12 +49,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 type lagCollector struct{ n atomic.Pointer[Node] } // set once the consumers are built
 
 var (
-	posDesc     = prometheus.NewDesc("weft_consumer_position", "A consumer's cursor: every row at or below it is applied.", []string{"stream", "consumer"}, nil)
-	lagPosDesc  = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
-	lagSecsDesc = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
-	ownedDesc   = prometheus.NewDesc("weft_group_partitions_owned", "How many partitions of a consumer group this member owns and runs.", []string{"stream", "consumer"}, nil)
-	deadDesc    = prometheus.NewDesc("weft_consumer_dead_letters", "A consumer's dead letters stored now (a group's, as each member last read them, about every announce interval).", []string{"stream", "consumer"}, nil)
-	pausedDesc  = prometheus.NewDesc("weft_consumer_paused", "1 while a consumer or group is paused (PauseConsumer, `master consumers pause`), as this process last read it; else 0.", []string{"stream", "consumer"}, nil)
+	posDesc      = prometheus.NewDesc("weft_consumer_position", "A consumer's cursor: every row at or below it is applied.", []string{"stream", "consumer"}, nil)
+	lagPosDesc   = prometheus.NewDesc("weft_consumer_lag_positions", "How far a consumer's cursor is behind its stream's persisted-upto, in positions.", []string{"stream", "consumer"}, nil)
+	lagSecsDesc  = prometheus.NewDesc("weft_consumer_lag_seconds", "How long the oldest row a consumer has not applied has waited; 0 when caught up.", []string{"stream", "consumer"}, nil)
+	ownedDesc    = prometheus.NewDesc("weft_group_partitions_owned", "How many partitions of a consumer group this member owns and runs.", []string{"stream", "consumer"}, nil)
+	deadDesc     = prometheus.NewDesc("weft_consumer_dead_letters", "A consumer's dead letters stored now (a group's, as each member last read them, about every announce interval).", []string{"stream", "consumer"}, nil)
+	inFlightDesc = prometheus.NewDesc("weft_group_in_flight", "A consumer group member's partitions being applied or delivered apart, each in a lane of its own (Deliver, or Apply with MaxInFlight); 0 for batches.", []string{"stream", "consumer"}, nil)
+	pausedDesc   = prometheus.NewDesc("weft_consumer_paused", "1 while a consumer or group is paused (PauseConsumer, `master consumers pause`), as this process last read it; else 0.", []string{"stream", "consumer"}, nil)
 )
 
 func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -64,6 +65,7 @@ func (l *lagCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ownedDesc
 	ch <- deadDesc
 	ch <- pausedDesc
+	ch <- inFlightDesc
 	ch <- livenessHeldDesc
 	ch <- watchedDesc
 }

@@ -247,6 +247,10 @@ func (n *Node) openPool(ctx context.Context) error {
 			if c.Key != "" {
 				pc.MaxConns++
 			}
+			if c.Apply != nil && c.MaxInFlight > 0 {
+				// Its partitions' transactions, MaxInFlight at once.
+				pc.MaxConns += int32(c.MaxInFlight - 1)
+			}
 		}
 	}
 	if len(n.cfg.Writes) > 0 || len(n.cfg.Consumers) > 0 {

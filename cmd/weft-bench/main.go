@@ -256,6 +256,7 @@ func measurements() []measurement {
 		{"consumers", 2 * time.Minute, measureConsumers},
 		{"failover", 3 * time.Minute, measureFailover},
 		{"retention", 4 * time.Minute, measureRetention},
+		{"isolation", 4 * time.Minute, measureIsolation},
 	}
 }
 
