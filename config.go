@@ -30,16 +30,17 @@ type Config struct {
 	// open.
 	//
 	// Pool sizing: a consumer's batch holds one connection of the pool
-	// for as long as its handler runs (up to 30 s), a group's batch and
-	// its membership one each; writes and catch-up reads need theirs. The
+	// for as long as its handler runs (up to 30 s), a group's batch one
+	// and its lanes' commits one more; writes and catch-up reads need theirs. The
 	// pool Open makes from DatabaseURL has pgxpool's default, max(4,
 	// NumCPU), plus one connection per consumer and two per group (and
 	// MaxInFlight-1 more for a group whose Apply runs with MaxInFlight:
 	// its partitions' transactions), unless the URL sets pool_max_conns;
 	// size a pool of your own the same way.
-	// The writer name's lease heartbeat never uses the pool: it runs on
-	// one connection of its own, so handlers that hold every connection
-	// delay writes, never the lease.
+	// The writer name's lease heartbeat and a group member's membership
+	// rounds (its lease) never use the pool: each runs on a connection of
+	// its own, so handlers that hold every connection delay writes, never
+	// a lease.
 	Database *pgxpool.Pool
 	// DatabaseReadURL is a streaming replica of the database: range reads
 	// of the streams' tables (catch-up, consumers' reads) go to it as far as it

@@ -66,6 +66,7 @@ type group struct {
 	redrive        chan struct{} // a retry of a dead letter was asked for
 	deadLetters    atomic.Int64  // the group's, stored, as last read
 	live           liveness      // its liveness lock and the watch over the others' (group_live.go)
+	conn           *memberConn   // the membership's own connection (group_conn.go)
 
 	mu sync.Mutex
 	m  *grp.Member
@@ -142,6 +143,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		redrive:  make(chan struct{}, 1),
 		failing:  map[int]bool{}}
 	g.live.watch = grp.NewWatch(memberGrace)
+	g.conn = g.newMemberConn() // connected at the first round
 	g.readSQL, g.allSQL = g.rowsSQL(), g.allRowsSQL()
 	return g, nil
 }
@@ -172,6 +174,7 @@ func (n *Node) analyzePartitions(ctx context.Context) {
 // been committed, then leaves. It holds its liveness lock from before its
 // first round until it has left.
 func (g *group) run(ctx context.Context) {
+	defer g.conn.close()
 	stopLiveness := g.runLiveness(ctx)
 	defer stopLiveness()
 	var wg sync.WaitGroup
@@ -255,7 +258,11 @@ func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err e
 		g.queueLook(b, &look)
 	}
 	// One implicit transaction: the lease and the view are of one moment.
-	if err := g.n.pool.SendBatch(ctx, b).Close(); err != nil {
+	c, err := g.conn.get(ctx)
+	if err == nil {
+		err = c.SendBatch(ctx, b).Close()
+	}
+	if err != nil {
 		if g.liveOn() {
 			g.observeLook(nil, err)
 		}
@@ -333,7 +340,7 @@ func queueView(b *pgx.Batch, stream, name string, v *grp.View, paused *bool) {
 func (g *group) take(ctx context.Context, parts []int) error {
 	var took []grp.Locked
 	var seeks int64
-	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+	err := g.conn.beginFunc(ctx, func(tx pgx.Tx) error {
 		free, err := g.lockFree(ctx, tx, parts)
 		if err != nil || len(free) == 0 {
 			return err
@@ -452,7 +459,7 @@ func (g *group) release(ctx context.Context, parts []int) error {
 	}
 	var done []int
 	pos, seeks := g.knownPos(parts)
-	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+	err := g.conn.beginFunc(ctx, func(tx pgx.Tx) error {
 		var err error
 		if pos, err = g.knownSince(ctx, tx, seeks, pos); err != nil {
 			return err
@@ -522,7 +529,7 @@ func (g *group) leave(ctx context.Context, early bool) {
 	owned := g.m.Owned()
 	g.mu.Unlock()
 	pos, seeks := g.knownPos(owned)
-	err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+	err := g.conn.beginFunc(ctx, func(tx pgx.Tx) error {
 		var err error
 		if pos, err = g.knownSince(ctx, tx, seeks, pos); err != nil {
 			return err

@@ -61,6 +61,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(g.conn.close)
 	var renewed time.Time
 	if _, err := g.step(ctx, &renewed); err != nil {
 		t.Fatal(err)
@@ -141,6 +142,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(o.conn.close)
 	o.id, o.m = "other", grp.NewMember("other", "notices/mailer", parts)
 	var oRenewed time.Time
 	if _, err := o.step(ctx, &oRenewed); err != nil {

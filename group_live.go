@@ -173,7 +173,11 @@ func (g *group) observeLook(look *grp.Look, err error) []string {
 // partitions are then free to take: the take raises each one's epoch
 // under its row lock, which fences off the member if it lives after all.
 func (g *group) expireDead(ctx context.Context, dead []string) ([]string, error) {
-	rows, err := g.n.pool.Query(ctx, `UPDATE weft_group_members SET lease_until = now()
+	c, err := g.conn.get(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("expire dead members %v: %w", dead, err)
+	}
+	rows, err := c.Query(ctx, `UPDATE weft_group_members SET lease_until = now()
 		WHERE stream = $1 AND name = $2 AND member = ANY($3) AND lease_until > now()
 			AND pg_try_advisory_xact_lock_shared(`+memberKeySQL("stream", "name", "member")+`)
 		RETURNING member`, g.cfg.Stream, g.cfg.Name, dead)

@@ -40,6 +40,7 @@ func TestGroupBatchAfterLostCommitAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(g.conn.close)
 	var renewed time.Time
 	if _, err := g.step(ctx, &renewed); err != nil {
 		t.Fatal(err)

@@ -139,3 +139,63 @@ func TestSlowConsumersDoNotStarveTheLease(t *testing.T) {
 	appendJobs(t, w, 1, 5, 1)
 	notFailed(t, w)
 }
+
+// A group member's lease is renewed on a connection of its own: with a
+// pool of two connections (pool_max_conns), both held by handlers busy on
+// the server past three leases (the member's own batch and another
+// consumer's), the member's lease is renewed all along and it keeps its
+// partitions. (Before, its rounds waited for the pool behind the handlers
+// and the lease ran out.)
+func TestSlowHandlersDoNotStarveAMembersLease(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	pool := effectsPool(t, db, `SELECT 1`)
+	release := make(chan struct{})
+	var inside atomic.Int32
+	slow := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
+		inside.Add(1)
+		for { // busy on the server (not idle in transaction) until released
+			select {
+			case <-release:
+				return nil
+			default:
+			}
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
+				return err
+			}
+		}
+	}
+	cfg := streamConfig(db+"?pool_max_conns=2", rds, notices)("member")
+	cfg.LeaseTTL = 3 * time.Second
+	cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "slow-group", Key: "user", Partitions: 4, Apply: slow},
+		{Stream: "notices", Name: "slow-one", Apply: slow}}
+	m := wefttest.Open(t, cfg)
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let) // before the node closes: its batches end
+	w := wefttest.Open(t, writerConfig(db, rds, notices))
+	appendNotices(t, w, 0, 1, 1)
+	wefttest.Eventually(t, 10*time.Second, func() bool { return inside.Load() == 2 }, "%d of 2 handlers running", inside.Load())
+	if s := m.DB().Stat(); s.AcquiredConns() != s.MaxConns() {
+		t.Fatalf("the handlers hold %d of the pool's %d connections, want all", s.AcquiredConns(), s.MaxConns())
+	}
+	lease := func() (until time.Time, expired bool) {
+		err := pool.QueryRow(context.Background(), `SELECT lease_until, lease_until < now() FROM weft_group_members
+			WHERE stream = 'notices' AND name = 'slow-group' AND member = $1`, m.Instance()).Scan(&until, &expired)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return until, expired
+	}
+	start, _ := lease()
+	wefttest.Eventually(t, 60*time.Second, func() bool {
+		until, expired := lease()
+		if expired {
+			t.Fatalf("the member's lease ran out while the handlers held the pool (until %v)", until)
+		}
+		return until.Sub(start) > 3*cfg.LeaseTTL
+	}, "the member's lease was not renewed for 3*LeaseTTL while the handlers held the pool")
+	if g := m.Status().Groups; len(g) != 1 || len(g[0].Members) != 1 || len(g[0].Members[0].Partitions) != 4 {
+		t.Fatalf("the member lost partitions while its handlers held the pool: %+v", g)
+	}
+	notFailed(t, m)
+	let()
+}

@@ -240,8 +240,10 @@ func (n *Node) openPool(ctx context.Context) error {
 	}
 	if !strings.Contains(n.cfg.DatabaseURL, "pool_max_conns") {
 		// Each consumer's batch may hold a connection for as long as its
-		// handler runs; a group, its batch and its membership: on top of
-		// the default, so that they never take what writes need.
+		// handler runs; a group, its batch and one more (its lanes'
+		// commits; its membership has a connection of its own,
+		// group_conn.go): on top of the default, so that they never take
+		// what writes need.
 		pc.MaxConns += int32(len(n.cfg.Consumers))
 		for _, c := range n.cfg.Consumers {
 			if c.Key != "" {
