@@ -50,13 +50,13 @@ func TestImageBinariesAsDockerfileBuildsThem(t *testing.T) {
 	}
 
 	env := map[string]string{}
-	dir := ""
+	dir, workdir := "", ""
 	ran := 0
 	for _, ins := range build.instructions {
 		op, rest, _ := strings.Cut(ins, " ")
 		switch strings.ToUpper(op) {
 		case "WORKDIR":
-			dir = ctxDir // the context is copied to the WORKDIR before any RUN that builds
+			dir, workdir = ctxDir, rest // the context is copied to the WORKDIR before any RUN that builds
 		case "ENV", "ARG":
 			for _, kv := range strings.Fields(rest) {
 				k, v, hasDefault := strings.Cut(kv, "=")
@@ -68,6 +68,9 @@ func TestImageBinariesAsDockerfileBuildsThem(t *testing.T) {
 					if given {
 						v = a
 					}
+				}
+				if workdir != "" && strings.HasPrefix(v, workdir+"/") { // a path in the WORKDIR (GOWORK)
+					v = ctxDir + strings.TrimPrefix(v, workdir)
 				}
 				env[k] = v
 			}
