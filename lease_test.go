@@ -99,19 +99,7 @@ func TestSlowConsumersDoNotStarveTheLease(t *testing.T) {
 	pool := effectsPool(t, db, `SELECT 1`)
 	release := make(chan struct{})
 	var inside atomic.Int32
-	slow := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
-		inside.Add(1)
-		for { // busy on the server (not idle in transaction) until released
-			select {
-			case <-release:
-				return nil
-			default:
-			}
-			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
-				return err
-			}
-		}
-	}
+	slow := busyUntil(release, &inside)
 	cfg := writerConfig(db+"?pool_max_conns=2", rds, jobs)
 	cfg.LeaseTTL = 3 * time.Second
 	cfg.Consumers = []weft.Consumer{{Stream: "jobs", Name: "slow-1", Apply: slow}, {Stream: "jobs", Name: "slow-2", Apply: slow}}
@@ -151,19 +139,7 @@ func TestSlowHandlersDoNotStarveAMembersLease(t *testing.T) {
 	pool := effectsPool(t, db, `SELECT 1`)
 	release := make(chan struct{})
 	var inside atomic.Int32
-	slow := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
-		inside.Add(1)
-		for { // busy on the server (not idle in transaction) until released
-			select {
-			case <-release:
-				return nil
-			default:
-			}
-			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
-				return err
-			}
-		}
-	}
+	slow := busyUntil(release, &inside)
 	cfg := streamConfig(db+"?pool_max_conns=2", rds, notices)("member")
 	cfg.LeaseTTL = 3 * time.Second
 	cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "slow-group", Key: "user", Partitions: 4, Apply: slow},
@@ -198,4 +174,23 @@ func TestSlowHandlersDoNotStarveAMembersLease(t *testing.T) {
 	}
 	notFailed(t, m)
 	let()
+}
+
+// busyUntil is a consumer function that counts itself in inside and keeps
+// its batch's connection busy on the server (not idle in transaction)
+// until release is closed.
+func busyUntil(release <-chan struct{}, inside *atomic.Int32) weft.ConsumerFunc {
+	return func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
+		inside.Add(1)
+		for {
+			select {
+			case <-release:
+				return nil
+			default:
+			}
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`); err != nil {
+				return err
+			}
+		}
+	}
 }
