@@ -102,7 +102,7 @@ func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row,
 }
 
 // rowKey is a row's group key as the database computes it
-// (coalesce(data->>key, '')): a string's text, another value's JSON text,
+// (coalesce(data->>key, ”)): a string's text, another value's JSON text,
 // "" when absent or null.
 func rowKey(data []byte, key string) string {
 	var m map[string]json.RawMessage
