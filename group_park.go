@@ -101,9 +101,9 @@ func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row,
 	return keep, parked, nil
 }
 
-// rowKey is a row's group key as the database computes it
-// (coalesce(data->>key, ”)): a string's text, another value's JSON text,
-// "" when absent or null.
+// rowKey is a row's group key as the database computes it (the key
+// field's text with ->>, the empty string for null): a string's text,
+// another value's JSON text, "" when absent or null.
 func rowKey(data []byte, key string) string {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(data, &m) != nil {
