@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,10 +21,19 @@ import (
 // dead-lettered is parked: every other key goes on, those of its
 // partition included, while none of its later rows is applied, and they
 // are stored as dead letters parked behind it; a restart of the member
-// that runs it keeps it parked (its later rows still park); a retry of
-// its first letter with the function fixed applies every row of the key
-// once, in position order, and the key goes on.
+// that runs it keeps it parked (its later rows still park); a retry
+// while the function still fails leaves every letter, one more attempt
+// on the first; a retry of its first letter with the function fixed
+// applies every row of the key once, in position order, and the key goes
+// on. Discarding the first instead drops it and lets a retry of the next
+// re-drive the rest. Both with one batch at a time and with MaxInFlight
+// (a transaction per partition).
 func TestGroupParkKeepsKeyOrder(t *testing.T) {
+	t.Run("retry", func(t *testing.T) { testGroupPark(t, 0, false) })
+	t.Run("discard/MaxInFlight", func(t *testing.T) { testGroupPark(t, 4, true) })
+}
+
+func testGroupPark(t *testing.T, maxInFlight int, discard bool) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := effectsPool(t, db, `CREATE TABLE got (pos bigint PRIMARY KEY, usr text NOT NULL, n int NOT NULL, seq bigserial)`)
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
@@ -48,7 +58,7 @@ func TestGroupParkKeepsKeyOrder(t *testing.T) {
 		cfg := wefttest.Config(name, db, rds)
 		cfg.Streams = []weft.Stream{notices}
 		cfg.LeaseTTL = 2 * time.Second
-		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 20,
+		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 20, MaxInFlight: maxInFlight,
 			OnDeadLetter: weft.DeadLetterPark, Retry: weft.RetryPolicy{MaxAttempts: 2, Initial: 10 * time.Millisecond}}}
 		return cfg
 	}
@@ -133,18 +143,16 @@ func TestGroupParkKeepsKeyOrder(t *testing.T) {
 	// Restart the member that runs u3's partition: the key stays parked
 	// (the dead letters say so), its new rows park, the others go on.
 	owner := -1
-	for i, m := range ms {
-		for _, gm := range m.Status().Groups[0].Members {
-			for _, p := range gm.Partitions {
-				if gm.Member == m.Instance() && p == grp.Partition("u3", parts) {
+	wefttest.Eventually(t, 10*time.Second, func() bool {
+		for _, gm := range ms[0].Status().Groups[0].Members {
+			for i, m := range ms {
+				if gm.Member == m.Instance() && slices.Contains(gm.Partitions, grp.Partition("u3", parts)) {
 					owner = i
 				}
 			}
 		}
-	}
-	if owner < 0 {
-		t.Fatalf("no member owns u3's partition: %+v", ms[0].Status().Groups[0])
-	}
+		return owner >= 0
+	}, "no member owns u3's partition: %+v (members %s, %s)", ms[0].Status().Groups[0], ms[0].Instance(), ms[1].Instance())
 	if err := ms[owner].Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -155,14 +163,37 @@ func TestGroupParkKeepsKeyOrder(t *testing.T) {
 	letters(poison, 1+len(parked))
 	noneApplied(append(parked, poison))
 
-	fixed.Store(true)
-	if err := ms[0].RetryDeadLetter(context.Background(), "notices", "mailer", poison); err != nil {
+	// A retry while the function still fails: every letter stays.
+	dls, err := ms[0].DeadLetters(context.Background(), "notices", "mailer")
+	if err != nil {
 		t.Fatal(err)
 	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(append(parked, poison)) }, "the parked key's rows not applied after the retry")
+	if err := ms[0].RetryDeadLetter(context.Background(), "notices", "mailer", parked[0]); err != nil {
+		t.Fatal(err)
+	}
+	wefttest.Eventually(t, 30*time.Second, func() bool {
+		now, _ := ms[0].DeadLetters(context.Background(), "notices", "mailer")
+		return len(now) == len(dls) && now[0].Attempts == dls[0].Attempts+1 && now[0].RetryRequestedAt.IsZero()
+	}, "the failed retry not recorded on the first letter")
+	letters(poison, 1+len(parked))
+	noneApplied(append(parked, poison))
+
+	want := append([]int64{poison}, parked...) // the first letter, then the rest
+	if discard {
+		if err := ms[1].DiscardDeadLetter(context.Background(), "notices", "mailer", poison); err != nil {
+			t.Fatal(err)
+		}
+		want = parked
+	} else {
+		fixed.Store(true)
+	}
+	if err := ms[0].RetryDeadLetter(context.Background(), "notices", "mailer", want[0]); err != nil {
+		t.Fatal(err)
+	}
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(want) }, "the parked key's rows not applied after the retry")
 	letters(poison, 0)
-	if got, all := gotPositions(t, pool), wefttest.Rows(t, db, notices); len(got) != len(all) {
-		t.Fatalf("%d rows applied, want %d", len(got), len(all))
+	if got, all := gotPositions(t, pool), wefttest.Rows(t, db, notices); len(got) != len(all)-1-len(parked)+len(want) {
+		t.Fatalf("%d rows applied of %d", len(got), len(all))
 	}
 	// Every key's rows in position order, the parked key's included.
 	q, err := pool.Query(context.Background(), `SELECT pos, usr FROM got ORDER BY seq`)
@@ -184,7 +215,8 @@ func TestGroupParkKeepsKeyOrder(t *testing.T) {
 	// The key goes on: a new row of it is applied.
 	appendNotices(t, w, 300, 20, users)
 	all := wefttest.Rows(t, db, notices)
-	wefttest.Eventually(t, 30*time.Second, func() bool { return len(gotPositions(t, pool)) == len(all) }, "the key's new rows not applied after its letters")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return len(gotPositions(t, pool)) == len(all)-1-len(parked)+len(want) },
+		"the key's new rows not applied after its letters")
 	letters(poison, 0)
 }
 
