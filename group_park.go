@@ -1,7 +1,6 @@
 package weft
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,15 +63,35 @@ func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row,
 	if len(behind) == 0 {
 		return batch, 0, nil
 	}
+	// Each row's key as the database computes it (as the group's
+	// partitions and dead letters do), so that a key not written as the
+	// database writes it back (a number, say) is the same key.
+	data := make([]string, len(batch))
+	for i, r := range batch {
+		data[i] = string(r.Data)
+	}
+	kq, err := tx.Query(ctx, `SELECT coalesce(d::jsonb ->> $2, '') FROM unnest($1::text[]) WITH ORDINALITY AS u(d, i) ORDER BY i`,
+		data, g.cfg.Key)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the keys of %d's rows: %w", p, err)
+	}
+	keys, err := pgx.CollectRows(kq, pgx.RowTo[string])
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the keys of %d's rows: %w", p, err)
+	}
+	if len(keys) != len(batch) {
+		return nil, 0, fmt.Errorf("read the keys of %d's rows: %d of %d", p, len(keys), len(batch))
+	}
 	var keep []Row
 	parked := 0
 	for len(batch) > 0 {
 		one := batch[:positionEnd(batch)]
-		batch = batch[len(one):]
+		oneKeys := keys[:len(one)]
+		batch, keys = batch[len(one):], keys[len(one):]
 		key, first, ok := "", int64(0), false
-		for _, r := range one {
-			if first, ok = behind[rowKey(r.Data, g.cfg.Key)]; ok {
-				key = rowKey(r.Data, g.cfg.Key)
+		for _, k := range oneKeys {
+			if first, ok = behind[k]; ok {
+				key = k
 				break
 			}
 		}
@@ -99,29 +118,6 @@ func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row,
 		parked++
 	}
 	return keep, parked, nil
-}
-
-// rowKey is a row's group key as the database computes it (the key
-// field's text with ->>, the empty string for null): a string's text,
-// another value's JSON text, "" when absent or null.
-func rowKey(data []byte, key string) string {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(data, &m) != nil {
-		return ""
-	}
-	v, ok := m[key]
-	if !ok || bytes.Equal(v, []byte("null")) {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(v, &s) == nil {
-		return s
-	}
-	var b bytes.Buffer
-	if json.Compact(&b, v) != nil {
-		return string(v)
-	}
-	return b.String()
 }
 
 // redriveKey carries out a retry request under DeadLetterPark: it applies
@@ -155,10 +151,10 @@ func (g *group) redriveKey(ctx context.Context, seeks int64, q retryRequest) (in
 		var fnErr error
 		var pos int64
 		var n int
-		done := false
+		done, stopped := false, false
 		err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
 			if ok, err := g.redriveLock(seeks, q.part)(ctx, tx); err != nil || !ok {
-				done = true
+				done, stopped = true, err == nil
 				return err
 			}
 			var writer, data string
@@ -192,6 +188,12 @@ func (g *group) redriveKey(ctx context.Context, seeks int64, q retryRequest) (in
 					retry_requested_at = NULL
 				WHERE stream = $1 AND name = $2 AND partition = $3 AND key = $4`, g.cfg.Stream, g.cfg.Name, q.part, *key, pos, fnErr.Error())
 			return applied, err
+		}
+		if stopped && applied > 0 {
+			// Paused, seeked or lost midway: the rest of the key's letters
+			// are asked for again, for whoever runs the partition next.
+			_, err = g.n.pool.Exec(ctx, `UPDATE weft_dead_letters SET retry_requested_at = now()
+				WHERE stream = $1 AND name = $2 AND partition = $3 AND key = $4`, g.cfg.Stream, g.cfg.Name, q.part, *key)
 		}
 		if err != nil || done {
 			return applied, err
