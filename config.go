@@ -372,8 +372,6 @@ func (c Config) Validate() error {
 			// Every row is one key's: a dead letter would stop the consumer,
 			// which a failing position does already (Retry.MaxAttempts).
 			return fail(field+".OnDeadLetter", "DeadLetterPark without Key (a single consumer has one order: every later row would wait; raise Retry.MaxAttempts instead)")
-		case k.OnDeadLetter == DeadLetterPark && k.Deliver != nil:
-			return fail(field+".OnDeadLetter", "DeadLetterPark with Deliver (not built: parking is for a group that applies with Apply)")
 		}
 	}
 	return nil

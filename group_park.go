@@ -36,20 +36,35 @@ func (g *group) parkedParts(ctx context.Context, parts []int) ([]int, error) {
 	return out, nil
 }
 
-// park stores, in tx (which holds partition p's lock, fenced), the
-// positions of batch (p's rows, whole positions, in order) that hold a
-// row of a parked key as dead letters parked behind the key's first, and
-// returns the rest, to be applied. A position is one unit: all its rows
-// of p are parked when one of them is (the letter carries the parked
-// key).
-func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row, int, error) {
+// parkedPos is a position of a parked key's: its rows (of the
+// partition) and the key's first dead letter.
+type parkedPos struct {
+	rows  []Row
+	key   string
+	first int64
+}
+
+// querier is a transaction or the pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// splitParked splits batch (partition p's rows, whole positions, in
+// order) into the rows to run and the positions that hold a row of a
+// parked key (read with db: the parked keys, then, when there are any,
+// the rows' keys as the database computes them, as the group's
+// partitions and dead letters do, so that a key not written as the
+// database writes it back, a number say, is the same key). A position is
+// one unit: all its rows of p are parked when one of them is (the letter
+// carries the parked key).
+func (g *group) splitParked(ctx context.Context, db querier, p int, batch []Row) ([]Row, []parkedPos, error) {
 	if g.cfg.OnDeadLetter != DeadLetterPark || len(batch) == 0 {
-		return batch, 0, nil
+		return batch, nil, nil
 	}
-	q, err := tx.Query(ctx, `SELECT key, min(pos) FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND partition = $3 AND key IS NOT NULL
+	q, err := db.Query(ctx, `SELECT key, min(pos) FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND partition = $3 AND key IS NOT NULL
 		GROUP BY key`, g.cfg.Stream, g.cfg.Name, p)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read the parked keys of %d: %w", p, err)
+		return nil, nil, fmt.Errorf("read the parked keys of %d: %w", p, err)
 	}
 	behind := map[string]int64{}
 	var key string
@@ -58,66 +73,85 @@ func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row,
 		behind[key] = first
 		return nil
 	}); err != nil {
-		return nil, 0, fmt.Errorf("read the parked keys of %d: %w", p, err)
+		return nil, nil, fmt.Errorf("read the parked keys of %d: %w", p, err)
 	}
 	if len(behind) == 0 {
-		return batch, 0, nil
+		return batch, nil, nil
 	}
-	// Each row's key as the database computes it (as the group's
-	// partitions and dead letters do), so that a key not written as the
-	// database writes it back (a number, say) is the same key.
 	data := make([]string, len(batch))
 	for i, r := range batch {
 		data[i] = string(r.Data)
 	}
-	kq, err := tx.Query(ctx, `SELECT coalesce(d::jsonb ->> $2, '') FROM unnest($1::text[]) WITH ORDINALITY AS u(d, i) ORDER BY i`,
+	kq, err := db.Query(ctx, `SELECT coalesce(d::jsonb ->> $2, '') FROM unnest($1::text[]) WITH ORDINALITY AS u(d, i) ORDER BY i`,
 		data, g.cfg.Key)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read the keys of %d's rows: %w", p, err)
+		return nil, nil, fmt.Errorf("read the keys of %d's rows: %w", p, err)
 	}
 	keys, err := pgx.CollectRows(kq, pgx.RowTo[string])
 	if err != nil {
-		return nil, 0, fmt.Errorf("read the keys of %d's rows: %w", p, err)
+		return nil, nil, fmt.Errorf("read the keys of %d's rows: %w", p, err)
 	}
 	if len(keys) != len(batch) {
-		return nil, 0, fmt.Errorf("read the keys of %d's rows: %d of %d", p, len(keys), len(batch))
+		return nil, nil, fmt.Errorf("read the keys of %d's rows: %d of %d", p, len(keys), len(batch))
 	}
 	var keep []Row
-	parked := 0
+	var parked []parkedPos
 	for len(batch) > 0 {
 		one := batch[:positionEnd(batch)]
 		oneKeys := keys[:len(one)]
 		batch, keys = batch[len(one):], keys[len(one):]
-		key, first, ok := "", int64(0), false
+		pp := parkedPos{rows: one}
+		ok := false
 		for _, k := range oneKeys {
-			if first, ok = behind[k]; ok {
-				key = k
+			if pp.first, ok = behind[k]; ok {
+				pp.key = k
 				break
 			}
 		}
-		if !ok {
+		if ok {
+			parked = append(parked, pp)
+		} else {
 			keep = append(keep, one...)
-			continue
 		}
-		data := make([]json.RawMessage, len(one))
-		for i, r := range one {
+	}
+	return keep, parked, nil
+}
+
+// storeParked stores, in tx (which holds partition p's lock, fenced, and
+// moves its cursor past them), parked positions as dead letters parked
+// behind their key's first.
+func (g *group) storeParked(ctx context.Context, tx pgx.Tx, p int, parked []parkedPos) error {
+	for _, pp := range parked {
+		data := make([]json.RawMessage, len(pp.rows))
+		for i, r := range pp.rows {
 			data[i] = r.Data
 		}
 		all, err := json.Marshal(data)
 		if err != nil {
-			return nil, 0, fmt.Errorf("park %d: %w", one[0].Pos, err)
+			return fmt.Errorf("park %d: %w", pp.rows[0].Pos, err)
 		}
 		// Attempts 0: the function never ran on it.
 		if _, err := tx.Exec(ctx, `INSERT INTO weft_dead_letters (stream, name, pos, partition, key, writer, rows, error, attempts,
 				first_failed_at, last_failed_at, dead_at)
 			VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, 0, clock_timestamp(), clock_timestamp(), clock_timestamp())
-			ON CONFLICT (stream, name, pos, partition) DO NOTHING`, g.cfg.Stream, g.cfg.Name, one[0].Pos, p, key, one[0].Writer,
-			string(all), fmt.Sprintf("parked behind position %d", first)); err != nil {
-			return nil, 0, fmt.Errorf("park %d behind %d: %w", one[0].Pos, first, err)
+			ON CONFLICT (stream, name, pos, partition) DO NOTHING`, g.cfg.Stream, g.cfg.Name, pp.rows[0].Pos, p, pp.key, pp.rows[0].Writer,
+			string(all), fmt.Sprintf("parked behind position %d", pp.first)); err != nil {
+			return fmt.Errorf("park %d behind %d: %w", pp.rows[0].Pos, pp.first, err)
 		}
-		parked++
 	}
-	return keep, parked, nil
+	return nil
+}
+
+// park stores, in tx (which holds partition p's lock, fenced), the
+// positions of batch that hold a row of a parked key as dead letters
+// (splitParked, storeParked), and returns the rest, to be applied, and
+// how many it parked.
+func (g *group) park(ctx context.Context, tx pgx.Tx, p int, batch []Row) ([]Row, int, error) {
+	keep, parked, err := g.splitParked(ctx, tx, p, batch)
+	if err == nil {
+		err = g.storeParked(ctx, tx, p, parked)
+	}
+	return keep, len(parked), err
 }
 
 // redriveKey carries out a retry request under DeadLetterPark: it applies
@@ -152,34 +186,47 @@ func (g *group) redriveKey(ctx context.Context, seeks int64, q retryRequest) (in
 		var pos int64
 		var n int
 		done, stopped := false, false
-		err := pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
-			if ok, err := g.redriveLock(seeks, q.part)(ctx, tx); err != nil || !ok {
-				done, stopped = true, err == nil
+		var delivered []Row
+		if g.cfg.Deliver != nil {
+			// Outside the transaction, before it: a delivery holds no lock
+			// (at least once: delivered again if the delete is lost).
+			var found bool
+			var err error
+			if pos, delivered, found, err = g.firstLetter(ctx, g.n.pool, q.part, *key); err != nil || !found {
+				return applied, err
+			}
+			fnErr = deliverRows(ctx, g.cfg, delivered)
+		}
+		err := fnErr
+		if fnErr == nil {
+			err = pgx.BeginFunc(ctx, g.n.pool, func(tx pgx.Tx) error {
+				if ok, err := g.redriveLock(seeks, q.part)(ctx, tx); err != nil || !ok {
+					done, stopped = true, err == nil
+					return err
+				}
+				if delivered != nil {
+					n = len(delivered)
+					_, err := tx.Exec(ctx, `DELETE FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4`,
+						g.cfg.Stream, g.cfg.Name, pos, q.part)
+					return err
+				}
+				var rows []Row
+				var found bool
+				var err error
+				if pos, rows, found, err = g.firstLetter(ctx, tx, q.part, *key); err != nil || !found {
+					done = !found // none left: the key goes on
+					return err
+				}
+				if err := g.cfg.Apply(ctx, tx, rows); err != nil {
+					fnErr = err
+					return err
+				}
+				n = len(rows)
+				_, err = tx.Exec(ctx, `DELETE FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4`,
+					g.cfg.Stream, g.cfg.Name, pos, q.part)
 				return err
-			}
-			var writer, data string
-			err := tx.QueryRow(ctx, `SELECT pos, writer, rows::text FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND partition = $3
-				AND key = $4 ORDER BY pos LIMIT 1 FOR UPDATE`, g.cfg.Stream, g.cfg.Name, q.part, *key).Scan(&pos, &writer, &data)
-			if errors.Is(err, pgx.ErrNoRows) { // none left: the key goes on
-				done = true
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			rows, err := deadRows(g.cfg.Stream, writer, pos, data)
-			if err != nil {
-				return err
-			}
-			if err := g.cfg.Apply(ctx, tx, rows); err != nil {
-				fnErr = err
-				return err
-			}
-			n = len(rows)
-			_, err = tx.Exec(ctx, `DELETE FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND pos = $3 AND partition = $4`,
-				g.cfg.Stream, g.cfg.Name, pos, q.part)
-			return err
-		})
+			})
+		}
 		if fnErr != nil {
 			g.n.log.Warn("weft: a parked key's dead letter failed again; the key stays parked", "stream", g.cfg.Stream, "consumer", g.cfg.Name,
 				"partition", q.part, "pos", pos, "err", fnErr)
@@ -200,6 +247,26 @@ func (g *group) redriveKey(ctx context.Context, seeks int64, q retryRequest) (in
 		}
 		applied += n
 	}
+}
+
+// firstLetter reads the first dead letter of key in partition p (locked,
+// in a transaction): its position and rows.
+func (g *group) firstLetter(ctx context.Context, db querier, p int, key string) (int64, []Row, bool, error) {
+	q, err := db.Query(ctx, `SELECT pos, writer, rows::text FROM weft_dead_letters WHERE stream = $1 AND name = $2 AND partition = $3
+		AND key = $4 ORDER BY pos LIMIT 1 FOR UPDATE`, g.cfg.Stream, g.cfg.Name, p, key)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("read the first dead letter of a parked key: %w", err)
+	}
+	type letter struct {
+		Pos          int64
+		Writer, Rows string
+	}
+	ls, err := pgx.CollectRows(q, pgx.RowToStructByPos[letter])
+	if err != nil || len(ls) == 0 {
+		return 0, nil, false, err
+	}
+	rows, err := deadRows(g.cfg.Stream, ls[0].Writer, ls[0].Pos, ls[0].Rows)
+	return ls[0].Pos, rows, err == nil, err
 }
 
 // redriveLock locks and fences partition p for a retry (false: not this

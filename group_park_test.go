@@ -29,11 +29,12 @@ import (
 // re-drive the rest. Both with one batch at a time and with MaxInFlight
 // (a transaction per partition).
 func TestGroupParkKeepsKeyOrder(t *testing.T) {
-	t.Run("retry", func(t *testing.T) { testGroupPark(t, 0, false) })
-	t.Run("discard/MaxInFlight", func(t *testing.T) { testGroupPark(t, 4, true) })
+	t.Run("retry", func(t *testing.T) { testGroupPark(t, 0, false, false) })
+	t.Run("discard/MaxInFlight", func(t *testing.T) { testGroupPark(t, 4, true, false) })
+	t.Run("retry/Deliver", func(t *testing.T) { testGroupPark(t, 0, false, true) })
 }
 
-func testGroupPark(t *testing.T, maxInFlight int, discard bool) {
+func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 	db, rds := wefttest.Database(t), wefttest.Redis(t)
 	pool := effectsPool(t, db, `CREATE TABLE got (pos bigint PRIMARY KEY, usr text NOT NULL, n int NOT NULL, seq bigserial)`)
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
@@ -54,12 +55,28 @@ func testGroupPark(t *testing.T, maxInFlight int, discard bool) {
 		}
 		return nil
 	}
+	// delivered records a row's effect outside any transaction, at least
+	// once (a second delivery of a row records nothing).
+	delivered := func(ctx context.Context, r weft.Row) error {
+		var n notice
+		if err := r.Decode(&n); err != nil {
+			return err
+		}
+		if n.N == poisonN && !fixed.Load() {
+			return weft.Permanent(errors.New("notice 103 is malformed"))
+		}
+		_, err := pool.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, r.Pos, n.User, n.N)
+		return err
+	}
 	cfgOf := func(name string) weft.Config {
 		cfg := wefttest.Config(name, db, rds)
 		cfg.Streams = []weft.Stream{notices}
 		cfg.LeaseTTL = 2 * time.Second
 		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 20, MaxInFlight: maxInFlight,
 			OnDeadLetter: weft.DeadLetterPark, Retry: weft.RetryPolicy{MaxAttempts: 2, Initial: 10 * time.Millisecond}}}
+		if deliver {
+			cfg.Consumers[0].Apply, cfg.Consumers[0].Deliver = nil, delivered
+		}
 		return cfg
 	}
 	ms := []*weft.Node{wefttest.Open(t, cfgOf("m0")), wefttest.Open(t, cfgOf("m1"))}
@@ -220,13 +237,10 @@ func testGroupPark(t *testing.T, maxInFlight int, discard bool) {
 	letters(poison, 0)
 }
 
-// DeadLetterPark is refused for a single consumer and for Deliver,
-// naming the field.
+// DeadLetterPark is refused for a single consumer, naming the field.
 func TestDeadLetterParkValidated(t *testing.T) {
-	deliver := func(context.Context, weft.Row) error { return nil }
 	for name, c := range map[string]weft.Consumer{
 		"no key":  {Stream: "notices", Name: "c", Apply: sent("x"), OnDeadLetter: weft.DeadLetterPark},
-		"deliver": {Stream: "notices", Name: "c", Key: "user", Deliver: deliver, OnDeadLetter: weft.DeadLetterPark},
 		"unknown": {Stream: "notices", Name: "c", Key: "user", Apply: sent("x"), OnDeadLetter: 7},
 	} {
 		cfg := weft.Config{Name: "p", DatabaseURL: "postgres://x", RedisURL: "redis://x", Insecure: true, Streams: []weft.Stream{notices},
