@@ -209,8 +209,8 @@ type Consumer struct {
 	// are its defaults: 10 attempts from 100ms growing to 1m).
 	Retry RetryPolicy
 	// OnDeadLetter is what the rows after a dead-lettered position do
-	// [DeadLetterSkip: they go on]; DeadLetterPark (a group with Apply
-	// only) parks the dead row's key until its letters are retried.
+	// [DeadLetterSkip: they go on]; DeadLetterPark (a group only) parks
+	// the dead row's key until its letters are retried.
 	OnDeadLetter DeadLetterPolicy
 }
 

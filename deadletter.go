@@ -19,9 +19,9 @@ const (
 	// letter waits, visible, to be retried (out of order, then) or
 	// discarded. The default: see docs/DESIGN.md, "Failures".
 	DeadLetterSkip DeadLetterPolicy = iota
-	// DeadLetterPark (a group with Apply only): the dead row's key is
+	// DeadLetterPark (a group only: with Key): the dead row's key is
 	// parked while a dead letter of it remains, and the key's later rows
-	// are not applied but stored as dead letters too, "parked behind" the
+	// are not applied (nor delivered) but stored as dead letters too, "parked behind" the
 	// first, as the cursor moves past them; the other keys go on. A
 	// retry of one of the key's letters applies them all in position
 	// order, from the first, stopping at one that fails again; the key
