@@ -210,7 +210,8 @@ type Consumer struct {
 	// are its defaults: 10 attempts from 100ms growing to 1m).
 	Retry RetryPolicy
 	// OnDeadLetter is what the rows after a dead-lettered position do
-	// [DeadLetterSkip: they go on].
+	// [DeadLetterSkip: they go on]; DeadLetterPark (a group only) parks
+	// the dead row's key until its letters are retried.
 	OnDeadLetter DeadLetterPolicy
 }
 
@@ -365,8 +366,13 @@ func (c Config) Validate() error {
 		if f, msg := k.Retry.validate(); msg != "" {
 			return fail(field+".Retry."+f, "%s", msg)
 		}
-		if k.OnDeadLetter != DeadLetterSkip {
+		switch {
+		case k.OnDeadLetter != DeadLetterSkip && k.OnDeadLetter != DeadLetterPark:
 			return fail(field+".OnDeadLetter", "%d is not a DeadLetterPolicy", k.OnDeadLetter)
+		case k.OnDeadLetter == DeadLetterPark && k.Key == "":
+			// Every row is one key's: a dead letter would stop the consumer,
+			// which a failing position does already (Retry.MaxAttempts).
+			return fail(field+".OnDeadLetter", "DeadLetterPark without Key (a single consumer has one order: every later row would wait; raise Retry.MaxAttempts instead)")
 		}
 	}
 	return nil

@@ -26,7 +26,8 @@ import (
 // consumer's RetryPolicy's delay (from 100ms doubling up to 1m, by
 // default), the rows after it waiting (in a group, only its partition's
 // rows wait), and after the policy's MaxAttempts (10) it is dead-lettered
-// (see DeadLetter) and the rows after it go on. Wrap an error in
+// (see DeadLetter) and the rows after it go on (a group may park its key
+// instead: DeadLetterPark). Wrap an error in
 // Permanent to dead-letter at once, or in RetryAfter to choose the delay.
 // The attempts are counted in the database: a restart continues the
 // count. Errors of the database's (locking or moving the cursor) are not

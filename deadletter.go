@@ -19,6 +19,16 @@ const (
 	// letter waits, visible, to be retried (out of order, then) or
 	// discarded. The default: see docs/DESIGN.md, "Failures".
 	DeadLetterSkip DeadLetterPolicy = iota
+	// DeadLetterPark (a group only: with Key): the dead row's key is
+	// parked while a dead letter of it remains, and the key's later rows
+	// are not applied (nor delivered) but stored as dead letters too, "parked behind" the
+	// first, as the cursor moves past them; the other keys go on. A
+	// retry of one of the key's letters applies them all in position
+	// order, from the first, stopping at one that fails again; the key
+	// goes on once none remains. Discarding a letter drops that row: the
+	// key's next letter becomes its first. See docs/DESIGN.md,
+	// "Failures".
+	DeadLetterPark
 )
 
 // ErrNoDeadLetter: no dead letter of that consumer at that position.

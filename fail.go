@@ -75,6 +75,10 @@ func (n *Node) logFailure(c Consumer, part int, f failure, err error) {
 	if part >= 0 {
 		args = append(args, "partition", part)
 	}
+	if f.dead && c.OnDeadLetter == DeadLetterPark {
+		n.log.Error("weft: a consumer gave up on a row: dead-lettered, its key parked until it is retried or discarded", args...)
+		return
+	}
 	if f.dead {
 		n.log.Error("weft: a consumer gave up on a row: dead-lettered, the rows after it go on", args...)
 		return

@@ -245,9 +245,14 @@ func (g *group) batch(ctx context.Context, cur []grp.Cursor, upto int64) error {
 	}
 	slices.Sort(touched)
 	seeks := cur[0].Seeks
-	if len(touched) > 0 && g.anyFailing(touched) {
-		// A partition's failing position is due: each partition on its
-		// own, so that another attempt at it holds back no other. Those
+	parked, err := g.parkedParts(ctx, touched)
+	if err != nil {
+		return err
+	}
+	if len(touched) > 0 && (g.anyFailing(touched) || len(parked) > 0) {
+		// A partition's failing position is due (or one has a parked
+		// key, DeadLetterPark): each partition on its own, so that
+		// another attempt at it holds back no other. Those
 		// its cursors move are not the record's: the next batch settles.
 		g.forgetProgress()
 		if err := g.isolate(ctx, seeks, touched, rows, parts, after, next); err != nil {

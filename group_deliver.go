@@ -47,8 +47,11 @@ type laneResult struct {
 	applied   bool  // an Apply lane: it committed what it could itself
 	delivered int   // rows delivered
 	failed    []Row // the failing position's rows, if one failed
-	err       error // its error
-	lost      bool  // the lane was cancelled: the member lost the partition
+	// parked are the positions of parked keys it did not deliver
+	// (DeadLetterPark), stored as dead letters by its commit.
+	parked []parkedPos
+	err    error // its error
+	lost   bool  // the lane was cancelled: the member lost the partition
 }
 
 // lane is a partition being delivered.
@@ -257,8 +260,23 @@ func (g *group) startLanes(ctx, lctx context.Context, lanes map[int]*lane, limit
 // the first position whose delivery fails.
 func (g *group) deliverLane(ctx context.Context, c grp.Cursor, rows []Row, upto int64) *laneResult {
 	r := &laneResult{part: c.Partition, seeks: c.Seeks, epoch: c.Epoch, upto: upto, done: upto}
+	// Read under no lock: a key unparked meanwhile (its letters
+	// re-driven) has its rows parked again, never delivered ahead of them;
+	// none is parked meanwhile but by this lane's partition's failure.
+	rows, parked, err := g.splitParked(ctx, g.n.pool, c.Partition, rows)
+	if err != nil {
+		if ctx.Err() == nil {
+			g.n.log.Warn("weft: a group member could not read its parked keys; it reads its rows again", "stream", g.cfg.Stream,
+				"consumer", g.cfg.Name, "partition", c.Partition, "err", err)
+		}
+		r.done, r.lost = c.Pos, true
+		return r
+	}
 	for len(rows) > 0 {
 		one := rows[:positionEnd(rows)]
+		for len(parked) > 0 && parked[0].rows[0].Pos < one[0].Pos {
+			r.parked, parked = append(r.parked, parked[0]), parked[1:]
+		}
 		if !g.leaseHeld() {
 			// Frozen or cut off past its lease: the partition may be
 			// another's already, so it starts no more deliveries.
@@ -277,6 +295,7 @@ func (g *group) deliverLane(ctx context.Context, c grp.Cursor, rows []Row, upto 
 		r.delivered += len(one)
 		rows = rows[len(one):]
 	}
+	r.parked = append(r.parked, parked...)
 	return r
 }
 
@@ -384,6 +403,16 @@ func (g *group) commitLane(ctx context.Context, r *laneResult) error {
 		if err := g.clearAttempts(ctx, tx, []int{r.part}, r.done); err != nil {
 			return err
 		}
+		var parked []parkedPos
+		for _, pp := range r.parked {
+			if pp.rows[0].Pos > c.Pos && pp.rows[0].Pos <= r.done {
+				parked = append(parked, pp)
+			}
+		}
+		if err := g.storeParked(ctx, tx, r.part, parked); err != nil {
+			return err
+		}
+		g.dead.Add(float64(len(parked)))
 		run = []grp.Cursor{c}
 		return nil
 	})

@@ -151,6 +151,13 @@ func (g *group) commitPart(ctx context.Context, seeks int64, p int, rows []Row, 
 				batch = append(batch, r)
 			}
 		}
+		batch, parked, err := g.park(ctx, tx, p, batch)
+		if err != nil {
+			return err
+		}
+		if parked > 0 {
+			g.dead.Add(float64(parked))
+		}
 		if len(batch) > 0 {
 			if err := g.cfg.Apply(ctx, tx, batch); err != nil {
 				return &applyError{from: batch[0].Pos, to: batch[len(batch)-1].Pos, err: err}
@@ -304,14 +311,16 @@ func (g *group) redriveRequested(ctx context.Context) {
 		return
 	}
 	for _, q := range qs {
-		lock := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-			_, ok, err := g.lockPart(ctx, tx, seeks, q.part)
-			if errors.Is(err, errPaused) || errors.Is(err, errSeeked) {
-				return false, nil // for after the resume, or the next round
+		if g.cfg.OnDeadLetter == DeadLetterPark {
+			n, err := g.redriveKey(ctx, seeks, q)
+			if err != nil {
+				g.n.log.Warn("weft: a group member could not retry a parked key's dead letters", "stream", g.cfg.Stream, "consumer", g.cfg.Name,
+					"pos", q.pos, "err", err)
 			}
-			return ok, err
+			g.rows.Add(float64(n))
+			continue
 		}
-		applied, err := g.n.redrive(ctx, g.cfg, q, lock)
+		applied, err := g.n.redrive(ctx, g.cfg, q, g.redriveLock(seeks, q.part))
 		if err != nil {
 			g.n.log.Warn("weft: a group member could not retry a dead letter", "stream", g.cfg.Stream, "consumer", g.cfg.Name, "pos", q.pos, "err", err)
 		}

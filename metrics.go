@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Failed attempts of a consumer's function at a position (each is retried, or dead-lettered after the last), by stream and consumer."},
 			[]string{"stream", "consumer"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "dead_letters_total",
-			Help: "Positions a consumer dead-lettered (its retry policy gave up, or a permanent error), by stream and consumer."},
+			Help: "Positions a consumer dead-lettered (its retry policy gave up, or a permanent error; or parked behind one), by stream and consumer."},
 			[]string{"stream", "consumer"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "stream", Name: "pruned_rows_total",
 			Help: "Table rows this process deleted by a stream's Retention, by stream."}, []string{"stream"}),
