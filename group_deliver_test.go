@@ -13,6 +13,7 @@ import (
 
 	"github.com/weft-dev/weft"
 	grp "github.com/weft-dev/weft/internal/group"
+	"github.com/weft-dev/weft/internal/testenv"
 	"github.com/weft-dev/weft/wefttest"
 )
 
@@ -372,12 +373,14 @@ func TestDeliverStopCommitsInFlight(t *testing.T) {
 	}
 	// For four of m1's rounds, the partition in flight stays m0's.
 	busy := grp.Partition("u0", 4)
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if g := m1.Status().Groups; len(g) == 1 && slices.ContainsFunc(g[0].Members, func(x weft.GroupMember) bool {
+	took := func() bool {
+		g := m1.Status().Groups
+		return len(g) == 1 && slices.ContainsFunc(g[0].Members, func(x weft.GroupMember) bool {
 			return x.Member == m1.Instance() && slices.Contains(x.Partitions, busy)
-		}) {
-			t.Fatalf("m1 took partition %d while m0's delivery of it was in flight", busy)
-		}
+		})
+	}
+	if testenv.Poll(time.Second, took) { // an absence: watched for a second
+		t.Fatalf("m1 took partition %d while m0's delivery of it was in flight", busy)
 	}
 	close(release)
 	if err := <-closed; err != nil {
@@ -461,10 +464,8 @@ func TestDeliverPausedKeepsWhatItDelivered(t *testing.T) {
 	close(release)
 	wefttest.Eventually(t, 10*time.Second, func() bool { return len(d.ok()) == 1 }, "the delivery in flight did not end")
 	appendNotices(t, w, 1, 20, 4)
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if n := len(d.ok()); n > 1 {
-			t.Fatalf("%d rows delivered while paused", n)
-		}
+	if testenv.Poll(time.Second, func() bool { return len(d.ok()) > 1 }) { // an absence: watched for a second
+		t.Fatalf("%d rows delivered while paused", len(d.ok()))
 	}
 	if err := m.ResumeConsumer(ctx, "notices", "hooks"); err != nil {
 		t.Fatal(err)
