@@ -89,3 +89,148 @@ func TestBatchNeverSplitsAPosition(t *testing.T) {
 		}
 	}
 }
+
+// The table rows of one position reach every reader in one order: their
+// OrderColumn's, or else the order they were inserted in (the table's
+// physical order). 30 positions of 12 rows each, written two positions
+// to a transaction with the later position's rows inserted first (so a
+// scan does not meet the rows sorted and the sort shuffles ties), are
+// read by a consumer, a group of two members (partitions with cursors of
+// their own), a group of one (every partition from one cursor) and a
+// follower started afterwards (the catch-up): each sees every position's
+// rows in order. A read ordered by position alone fails this.
+func TestRowsOfOnePositionKeepTheirOrder(t *testing.T) {
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	physical := weft.Stream{Name: "multi"}
+	// rev's rows are inserted in reverse of the order its column gives.
+	rev := weft.Stream{Name: "rev", OrderColumn: "seq"}
+	effectsPool(t, db, `CREATE SEQUENCE multi_seq; CREATE SEQUENCE rev_seq;
+		CREATE TABLE multi (id bigint NOT NULL, writer text NOT NULL, data jsonb NOT NULL);
+		CREATE TABLE rev (id bigint NOT NULL, writer text NOT NULL, data jsonb NOT NULL, seq int NOT NULL);
+		CREATE INDEX ON multi (writer, id); CREATE INDEX ON rev (writer, id)`)
+	wc := writerConfig(db, rds, physical)
+	wc.Streams, wc.Writes = []weft.Stream{physical, rev}, []string{"multi", "rev"}
+	w := wefttest.Open(t, wc)
+	ctx := context.Background()
+	const positions, perPos = 30, 12
+	insert := map[string]string{
+		"multi": `INSERT INTO multi (id, writer, data) SELECT $1, 'writer', jsonb_build_object('k', $2::text, 'n', $1::bigint, 'i', i - 1)
+			FROM generate_series(1, $3::int) AS i`,
+		"rev": `INSERT INTO rev (id, writer, data, seq) SELECT $1, 'writer', jsonb_build_object('k', $2::text, 'n', $1::bigint, 'i', i - 1), i
+			FROM generate_series($3::int, 1, -1) AS i`,
+	}
+	var last int64
+	for _, s := range []string{"multi", "rev"} {
+		for p := 0; p < positions; p += 2 {
+			ids, err := w.Write(ctx, s, 2, func(ctx context.Context, tx pgx.Tx, ids []int64) ([]json.RawMessage, error) {
+				out := make([]json.RawMessage, 2)
+				for j := 1; j >= 0; j-- { // the later position first
+					k := fmt.Sprintf("k%d", (p+j)%3)
+					if _, err := tx.Exec(ctx, insert[s], ids[j], k, perPos); err != nil {
+						return nil, err
+					}
+					var rows []map[string]any
+					for i := range perPos {
+						rows = append(rows, map[string]any{"k": k, "n": ids[j], "i": i})
+					}
+					out[j], _ = json.Marshal(rows)
+				}
+				return out, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = max(last, ids[1])
+		}
+	}
+
+	type seen struct {
+		K string `json:"k"`
+		N int64  `json:"n"`
+		I int    `json:"i"`
+	}
+	var mu sync.Mutex
+	got := map[string][]seen{} // by reader and stream
+	record := func(reader string) weft.ConsumerFunc {
+		return func(_ context.Context, _ pgx.Tx, rows []weft.Row) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range rows {
+				var s seen
+				if err := r.Decode(&s); err != nil {
+					return err
+				}
+				got[reader+" "+r.Stream] = append(got[reader+" "+r.Stream], s)
+			}
+			return nil
+		}
+	}
+	follow := weft.HandlerFunc(func(_ context.Context, r weft.Row) error {
+		var s seen
+		if err := r.Decode(&s); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		got["follower "+r.Stream] = append(got["follower "+r.Stream], s)
+		return nil
+	})
+	var consumers []weft.Consumer
+	for _, s := range []string{"multi", "rev"} {
+		consumers = append(consumers,
+			weft.Consumer{Stream: s, Name: "single", MaxBatch: 30, Apply: record("single")},
+			weft.Consumer{Stream: s, Name: "pair", Key: "k", Partitions: 4, MaxBatch: 30, Apply: record("pair")},
+			weft.Consumer{Stream: s, Name: "alone", Key: "k", Partitions: 4, MaxBatch: 30, Apply: record("alone")})
+	}
+	var nodes []*weft.Node
+	for i := range 2 {
+		c := wefttest.Config(fmt.Sprintf("reader%d", i), db, rds)
+		c.Streams = []weft.Stream{physical, rev}
+		for _, cs := range consumers {
+			if cs.Name != "alone" || i == 0 {
+				c.Consumers = append(c.Consumers, cs)
+			}
+		}
+		if i == 0 {
+			c.Followers = []weft.Follower{{Stream: "multi", FromStart: true, Handler: follow}, {Stream: "rev", FromStart: true, Handler: follow}}
+		}
+		nodes = append(nodes, wefttest.Open(t, c))
+	}
+	want := positions * perPos
+	wefttest.Eventually(t, 60*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range []string{"single", "pair", "alone", "follower"} {
+			for _, s := range []string{"multi", "rev"} {
+				if len(got[r+" "+s]) < want {
+					return false
+				}
+			}
+		}
+		return true
+	}, "not every reader read every row")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range []string{"single", "pair", "alone", "follower"} {
+		for _, s := range []string{"multi", "rev"} {
+			rows := got[r+" "+s]
+			if len(rows) != want {
+				t.Errorf("%s of %s: %d rows, want %d", r, s, len(rows), want)
+				continue
+			}
+			// Each key's rows in (position, index) order.
+			at := map[string]seen{}
+			bad := 0
+			for _, x := range rows {
+				if p, ok := at[x.K]; ok && (x.N < p.N || x.N == p.N && x.I != p.I+1 || x.N > p.N && x.I != 0) {
+					if bad++; bad <= 3 {
+						t.Errorf("%s of %s: %s's row {%d %d} after {%d %d}", r, s, x.K, x.N, x.I, p.N, p.I)
+					}
+				}
+				at[x.K] = x
+			}
+		}
+	}
+	_ = nodes
+	_ = last
+}

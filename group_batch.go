@@ -1,6 +1,7 @@
 package weft
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +26,9 @@ import (
 // to. Every answer row carries the window's top (upto when the window
 // holds every row up to upto), and there is one answer row, with no
 // stream row, when none is returned ($1 lo, $2 upto, $3 after, $4 the
-// limit, $5 the key, $6 the window).
+// limit, $5 the key, $6 the window). The rows of one position come in
+// their order (Stream.order): the ties a FETCH WITH TIES keeps are in
+// no order of their own.
 func (g *group) rowsSQL() string {
 	st := g.st
 	id, t := st.ident(st.IDColumn), st.ident(st.Table)
@@ -34,11 +37,12 @@ func (g *group) rowsSQL() string {
 	SELECT CASE WHEN count(*) < $6 THEN $2::bigint ELSE max(id) END AS top FROM (
 		SELECT %[1]s AS id FROM %[2]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $6) AS l) AS w
 LEFT JOIN LATERAL (
-	SELECT id, writer, data, part FROM (
-		SELECT %[1]s AS id, %[3]s AS writer, %[4]s::text AS data, %[5]s AS part FROM %[2]s WHERE %[1]s > $1 AND %[1]s <= w.top) AS s
+	SELECT id, writer, data, part, tie FROM (
+		SELECT %[1]s AS id, %[3]s AS writer, %[4]s::text AS data, %[5]s AS part, %[6]s AS tie FROM %[2]s
+		WHERE %[1]s > $1 AND %[1]s <= w.top) AS s
 	WHERE id > ($3::bigint[])[part + 1] ORDER BY id FETCH FIRST ($4) ROWS WITH TIES) AS r ON true
-ORDER BY r.id`,
-		id, t, st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)))
+ORDER BY r.id, r.tie`,
+		id, t, st.ident(st.WriterColumn), st.ident(st.DataColumn), grp.PartitionSQL(key, fmt.Sprint(g.parts)), cmp.Or(st.order(), "0"))
 }
 
 // allRowsSQL reads the rows of a batch of a member that runs every partition
@@ -51,7 +55,7 @@ func (g *group) allRowsSQL() string {
 	id, t := st.ident(st.IDColumn), st.ident(st.Table)
 	return fmt.Sprintf(`SELECT %[1]s, %[2]s, %[3]s::text, coalesce(%[3]s->>$4, '') FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= least($2,
 	(SELECT max(%[1]s) FROM (SELECT %[1]s FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $3) AS l))
-ORDER BY %[1]s`, id, st.ident(st.WriterColumn), st.ident(st.DataColumn), t)
+ORDER BY %[5]s`, id, st.ident(st.WriterColumn), st.ident(st.DataColumn), t, st.orderBy())
 }
 
 // readAll is readRows for a member that runs every partition from lo

@@ -38,6 +38,13 @@ type Stream struct {
 	// through Node.Write). Followers and consumers get one Row per
 	// position, its Data the array; Append takes arrays.
 	Arrays bool
+	// OrderColumn orders the table rows of one position, for every reader
+	// (a table of one's own may hold several at one position). Empty:
+	// their physical order, the same for every reader, which is the order
+	// they were inserted in unless one was updated or landed in space that
+	// deleted rows left (pruning). Set it when that order matters. Not
+	// with Arrays (one table row per position).
+	OrderColumn string
 	// Retention bounds how long rows are kept (see Retention). The zero
 	// value keeps them all. Not for an ephemeral stream.
 	Retention Retention
@@ -67,7 +74,7 @@ func (s *Stream) setDefaults() {
 
 func (s Stream) validate() error {
 	if s.Ephemeral {
-		if s.Table != "" || s.Sequence != "" || s.IDColumn != "" || s.WriterColumn != "" || s.DataColumn != "" || s.Arrays {
+		if s.Table != "" || s.Sequence != "" || s.IDColumn != "" || s.WriterColumn != "" || s.DataColumn != "" || s.OrderColumn != "" || s.Arrays {
 			return errors.New("an ephemeral stream has no table: leave Table, Sequence, the columns and Arrays unset")
 		}
 		if s.Retention.set() {
@@ -84,6 +91,14 @@ func (s Stream) validate() error {
 	}
 	if err := s.Retention.validate(); err != nil {
 		return err
+	}
+	if s.OrderColumn != "" {
+		if s.Arrays {
+			return errors.New("OrderColumn: with Arrays each position is one table row, with nothing to order")
+		}
+		if !identRE.MatchString(s.OrderColumn) {
+			return fmt.Errorf("OrderColumn %q is not a plain lower-case SQL identifier", s.OrderColumn)
+		}
 	}
 	for field, v := range map[string]string{"Table": s.Table, "Sequence": s.Sequence, "IDColumn": s.IDColumn, "WriterColumn": s.WriterColumn, "DataColumn": s.DataColumn} {
 		if !identRE.MatchString(v) {
@@ -103,19 +118,49 @@ func (s Stream) config() streams.Config {
 // row is one row of its position, or with Arrays all of them.
 func (s Stream) source(pool *pgxpool.Pool, reads *catchup.ReadRouter) *catchup.SQLSource {
 	return &catchup.SQLSource{Pool: pool, Reads: reads, Stream: s.Name, Table: s.Table, IDColumn: s.IDColumn,
-		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: !s.Arrays, Retention: s.Retention.set()}
+		WriterColumn: s.WriterColumn, RowsColumn: s.DataColumn, Grouped: !s.Arrays, OrderColumn: s.orderColumn(),
+		Retention: s.Retention.set()}
+}
+
+// orderColumn is what orders the table rows of one position (OrderColumn,
+// or their physical order: ctid), for every reader: a sort by position
+// alone leaves them in whatever order the sort does (a heap sort under a
+// LIMIT, a quicksort of rows that did not arrive sorted), so readers
+// differed. Empty with Arrays.
+func (s Stream) orderColumn() string {
+	if s.Arrays {
+		return ""
+	}
+	return cmp.Or(s.OrderColumn, "ctid")
+}
+
+// order is orderColumn as SQL.
+func (s Stream) order() string {
+	if c := s.orderColumn(); c != "" {
+		return s.ident(c)
+	}
+	return ""
+}
+
+// orderBy is the ORDER BY of a read of whole positions.
+func (s Stream) orderBy() string {
+	if o := s.order(); o != "" {
+		return s.ident(s.IDColumn) + ", " + o
+	}
+	return s.ident(s.IDColumn)
 }
 
 // batchSQL reads a consumer's batch: the rows after $1 up to $2, in
 // position order, about $3 of them but whole positions (a table of one's
 // own may hold several rows at one position): it reads up to the
 // position of the $3-th row, all of that position's rows included, so a
-// cursor moved to its last row's position never skips a row.
+// cursor moved to its last row's position never skips a row. The rows of
+// one position come in their order (Stream.order).
 func (s Stream) batchSQL() string {
 	id, t := s.ident(s.IDColumn), s.ident(s.Table)
 	return fmt.Sprintf(`SELECT %[1]s, %[2]s, %[3]s::text FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= least($2,
 	(SELECT max(%[1]s) FROM (SELECT %[1]s FROM %[4]s WHERE %[1]s > $1 AND %[1]s <= $2 ORDER BY %[1]s LIMIT $3) AS l))
-ORDER BY %[1]s`, id, s.ident(s.WriterColumn), s.ident(s.DataColumn), t)
+ORDER BY %[5]s`, id, s.ident(s.WriterColumn), s.ident(s.DataColumn), t, s.orderBy())
 }
 
 func (s Stream) ident(name string) string { return pgx.Identifier{name}.Sanitize() }
@@ -193,8 +238,8 @@ func (s Stream) check(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, c := range cols {
 		have[c] = true
 	}
-	for _, c := range []string{s.IDColumn, s.WriterColumn, s.DataColumn} {
-		if !have[c] {
+	for _, c := range []string{s.IDColumn, s.WriterColumn, s.DataColumn, s.OrderColumn} {
+		if c != "" && !have[c] {
 			return fmt.Errorf("%w: stream %s: table %s has no column %s", errTable, s.Name, s.Table, c)
 		}
 	}

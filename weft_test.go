@@ -270,6 +270,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Config.Streams[1]", func(c *weft.Config) {
 			c.Streams = append(c.Streams, weft.Stream{Name: "typing", Ephemeral: true, Table: "t"})
 		}},
+		{"OrderColumn", func(c *weft.Config) { c.Streams = []weft.Stream{{Name: "jobs", Arrays: true, OrderColumn: "seq"}} }},
+		{"OrderColumn", func(c *weft.Config) { c.Streams = []weft.Stream{{Name: "jobs", OrderColumn: "Seq"}} }},
 		{"Config.Consumers[0].Stream", func(c *weft.Config) {
 			c.Streams = append(c.Streams, weft.Stream{Name: "typing", Ephemeral: true})
 			c.Consumers = []weft.Consumer{{Stream: "typing", Name: "c", Apply: effects}}
@@ -304,6 +306,11 @@ func TestOwnTableChecked(t *testing.T) {
 	}
 	if _, err := pool.Exec(context.Background(), `CREATE INDEX ON mine (writer, id)`); err != nil {
 		t.Fatal(err)
+	}
+	ordered := cfg
+	ordered.Streams = []weft.Stream{{Name: "mine", OrderColumn: "seq"}}
+	if _, err := weft.Open(context.Background(), ordered); err == nil || !strings.Contains(err.Error(), "table mine has no column seq") {
+		t.Fatalf("open with an OrderColumn the table lacks: %v", err)
 	}
 	n := wefttest.Open(t, cfg)
 	if _, err := n.Append(context.Background(), "mine", map[string]string{"hello": "world"}); err != nil {
