@@ -211,6 +211,7 @@ type freezer struct {
 	thaw  chan struct{}
 	mu    sync.Mutex
 	conns []net.Conn
+	wide  bool // thawed: upstream buffers no longer small
 	wg    sync.WaitGroup
 }
 
@@ -244,10 +245,15 @@ func (f *freezer) accept() {
 			continue
 		}
 		if tc, ok := up.(*net.TCPConn); ok {
+			// Small, so that the server soon waits on a frozen client;
+			// unfreeze widens it again.
 			_ = tc.SetReadBuffer(4096)
 		}
 		f.mu.Lock()
 		f.conns = append(f.conns, c, up)
+		if tc, ok := up.(*net.TCPConn); ok && f.wide {
+			_ = tc.SetReadBuffer(4 << 20)
+		}
 		f.mu.Unlock()
 		answer := new(atomic.Int64) // server bytes since this client last sent any
 		f.wg.Go(func() { f.pipe(up, c, answer, false) })
@@ -259,7 +265,7 @@ func (f *freezer) accept() {
 // fromServer says which way.
 func (f *freezer) pipe(dst, src net.Conn, answer *atomic.Int64, fromServer bool) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
-	buf := make([]byte, 1024)
+	buf := make([]byte, 32<<10)
 	for {
 		f.wait()
 		n, err := src.Read(buf)
@@ -305,10 +311,22 @@ func (f *freezer) freeze() {
 // n bytes.
 func (f *freezer) freezeMidAnswer(n int64) { f.armed.Store(n) }
 
-// unfreeze lets them move again.
+// unfreeze lets them move again, at full speed: with the small buffers
+// that make the server wait on a frozen client, a delayed ACK per 4 KiB
+// held a thawed process's reads to about 100 KB/s, so that its batches
+// of 2 KiB rows took seconds each and it looked stalled (a member that
+// took its partitions back after the thaw kept them behind for over a
+// minute).
 func (f *freezer) unfreeze() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.armed.Store(0)
+	for _, c := range f.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(4 << 20)
+		}
+	}
+	f.wide = true
 	if f.frozen.CompareAndSwap(true, false) {
 		close(f.thaw)
 	}

@@ -37,8 +37,8 @@
 // Append returns by its context's deadline (ErrOutcomeUnknown when its
 // write is still in doubt, settled from the table later).
 //
-// The lower packages (fabric, streams, catchup) stay public for what the
-// front door does not do.
+// This package and its test kit, wefttest, are the whole public surface:
+// the engine beneath them is internal (docs/LIBRARY.md describes it).
 package weft
 
 import (
