@@ -2,6 +2,7 @@ package weft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,8 +18,9 @@ import (
 // Only the membership loop and, after it, the leave use it, one at a
 // time.
 type memberConn struct {
-	cfg *pgx.ConnConfig
-	c   *pgx.Conn
+	cfg     *pgx.ConnConfig
+	timeout time.Duration // connect's
+	c       *pgx.Conn
 }
 
 func (g *group) newMemberConn() *memberConn {
@@ -27,7 +29,7 @@ func (g *group) newMemberConn() *memberConn {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = "weft membership " + g.id + " " + g.cfg.Stream + "/" + g.cfg.Name
-	return &memberConn{cfg: cfg}
+	return &memberConn{cfg: cfg, timeout: g.connectTimeout()}
 }
 
 // get is the connection, connected again when the last one broke or was
@@ -37,13 +39,38 @@ func (m *memberConn) get(ctx context.Context) (*pgx.Conn, error) {
 		return m.c, nil
 	}
 	m.close()
-	c, err := pgx.ConnectConfig(ctx, m.cfg)
+	c, err := connect(ctx, m.cfg, m.timeout)
 	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
+		return nil, err
 	}
 	m.c = c
 	return c, nil
 }
+
+// connect connects with cfg within timeout, whatever ctx's deadline (a
+// membership round's: a third of the lease), and gives up when ctx is
+// cancelled. A connection outlives its round: on a loaded host a connect
+// (TLS tried first, then plain) took over a second, and a member whose
+// every round ran out while connecting never joined its group.
+func connect(ctx context.Context, cfg *pgx.ConnConfig, timeout time.Duration) (*pgx.Conn, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			cancel()
+		}
+	})
+	defer stop()
+	c, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return c, nil
+}
+
+// connectTimeout bounds a member's connects (connect): its lease, and at
+// least 5 s.
+func (g *group) connectTimeout() time.Duration { return max(g.n.cfg.LeaseTTL, 5*time.Second) }
 
 func (m *memberConn) close() {
 	if m.c == nil {

@@ -110,12 +110,12 @@ func (g *group) holdLock(ctx context.Context) {
 // lockOn connects with cfg and takes the member's lock: the connection
 // that holds it, or nil (closed) when another session still holds it.
 func (g *group) lockOn(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	c, err := connect(ctx, cfg, g.connectTimeout())
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, max(g.n.cfg.LeaseTTL/3, time.Second))
 	defer cancel()
-	c, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
 	var ok bool
 	err = c.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+memberKeySQL("$1::text", "$2::text", "$3::text")+`)`,
 		g.cfg.Stream, g.cfg.Name, g.id).Scan(&ok)
