@@ -16,7 +16,7 @@ func simSeeds(t *testing.T) uint64 { return simtest.Seeds(t, 10000, 1000) }
 
 func TestSimulation(t *testing.T) {
 	var total simStats
-	n := simtest.Run(t, simSeeds(t), "./shard/handover/", func(seed uint64) *sim { return newSim(seed, defaultSim) },
+	n := simtest.Run(t, simSeeds(t), "./internal/shard/handover/", func(seed uint64) *sim { return newSim(seed, defaultSim) },
 		func(s *sim) { total.add(s.stats) })
 	t.Logf("%d seeds: %s", n, total)
 	// The faults must have happened, or the seeds proved nothing.
@@ -86,7 +86,7 @@ func TestSimulationAbsentWriters(t *testing.T) {
 	for name, cfg := range map[string]simConfig{"faults": absentSim, "calm": calmAbsentSim} {
 		t.Run(name, func(t *testing.T) {
 			var total simStats
-			n := simtest.Run(t, simtest.Seeds(t, 2000, 200), "./shard/handover/", func(seed uint64) *sim { return newSim(seed, cfg) },
+			n := simtest.Run(t, simtest.Seeds(t, 2000, 200), "./internal/shard/handover/", func(seed uint64) *sim { return newSim(seed, cfg) },
 				func(s *sim) { total.add(s.stats) })
 			t.Logf("%d seeds: %s", n, total)
 			if total.changes < int(n) || total.refused == 0 {
