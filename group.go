@@ -236,6 +236,10 @@ func (g *group) membership(ctx context.Context) {
 // this one found itself taken for dead).
 func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err error) {
 	lease := g.n.cfg.LeaseTTL
+	// The connection first, within connect's budget of its own: the
+	// round's is for its queries (a slow connect that used it up left
+	// them "context already done").
+	c, cerr := g.conn.get(ctx)
 	ctx, cancel := context.WithTimeout(ctx, max(lease/3, time.Second))
 	defer cancel()
 	b := &pgx.Batch{}
@@ -258,7 +262,7 @@ func (g *group) step(ctx context.Context, renewed *time.Time) (again bool, err e
 		g.queueLook(b, &look)
 	}
 	// One implicit transaction: the lease and the view are of one moment.
-	c, err := g.conn.get(ctx)
+	err = cerr
 	if err == nil {
 		err = c.SendBatch(ctx, b).Close()
 	}
