@@ -2,7 +2,6 @@ package weft
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -47,21 +46,15 @@ func (m *memberConn) get(ctx context.Context) (*pgx.Conn, error) {
 	return c, nil
 }
 
-// connect connects with cfg within timeout, whatever ctx's deadline (a
-// membership round's: a third of the lease), and gives up when ctx is
-// cancelled. A connection outlives its round: on a loaded host a connect
-// (TLS tried first, then plain) took over a second, and a member whose
-// every round ran out while connecting never joined its group.
+// connect connects with cfg within timeout, or ctx's deadline if sooner.
+// A round takes its connection before its own budget starts (step), and
+// the liveness lock connects under the member's run: on a loaded host a
+// connect (TLS tried first, then plain) took over a second, and a member
+// whose every round ran out while connecting never joined its group.
 func connect(ctx context.Context, cfg *pgx.ConnConfig, timeout time.Duration) (*pgx.Conn, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			cancel()
-		}
-	})
-	defer stop()
-	c, err := pgx.ConnectConfig(cctx, cfg)
+	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
