@@ -61,6 +61,7 @@ type group struct {
 	rows     prometheus.Counter
 	fails    prometheus.Counter
 	handover *prometheus.CounterVec
+	expired  prometheus.Counter // other members this one took for dead
 	// attempts and dead count failed attempts and dead letters.
 	attempts, dead prometheus.Counter
 	redrive        chan struct{} // a retry of a dead letter was asked for
@@ -138,6 +139,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		rows:     n.m.rows.WithLabelValues(c.Stream, c.Name),
 		fails:    n.m.fails.WithLabelValues(c.Stream, c.Name),
 		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name}),
+		expired:  n.m.expired.WithLabelValues(c.Stream, c.Name),
 		attempts: n.m.attempts.WithLabelValues(c.Stream, c.Name),
 		dead:     n.m.dead.WithLabelValues(c.Stream, c.Name),
 		redrive:  make(chan struct{}, 1),

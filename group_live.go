@@ -189,6 +189,7 @@ func (g *group) expireDead(ctx context.Context, dead []string) ([]string, error)
 		return nil, fmt.Errorf("expire dead members %v: %w", dead, err)
 	}
 	if len(gone) > 0 {
+		g.expired.Add(float64(len(gone)))
 		g.n.log.Warn("weft: a group member's process ended (its liveness session is gone); its partitions are taken now, not when its lease runs out",
 			"stream", g.cfg.Stream, "consumer", g.cfg.Name, "members", gone)
 	}

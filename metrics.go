@@ -12,6 +12,7 @@ type metrics struct {
 	rows      *prometheus.CounterVec
 	fails     *prometheus.CounterVec
 	handovers *prometheus.CounterVec
+	expired   *prometheus.CounterVec
 	attempts  *prometheus.CounterVec
 	dead      *prometheus.CounterVec
 	pruned    *prometheus.CounterVec
@@ -27,6 +28,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "group", Name: "handovers_total",
 			Help: "Partitions of a consumer group this member took, released, or lost (taken over after its lease ran out), by stream, consumer and event."},
 			[]string{"stream", "consumer", "event"}),
+		expired: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "group", Name: "members_expired_total",
+			Help: "Other members of a consumer group this member took for dead (their liveness lock gone past the grace) and whose lease it ended, by stream and consumer."},
+			[]string{"stream", "consumer"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "weft", Subsystem: "consumer", Name: "attempts_total",
 			Help: "Failed attempts of a consumer's function at a position (each is retried, or dead-lettered after the last), by stream and consumer."},
 			[]string{"stream", "consumer"}),
@@ -37,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Table rows this process deleted by a stream's Retention, by stream."}, []string{"stream"}),
 		lag: &lagCollector{},
 	}
-	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.attempts, m.dead, m.pruned, m.lag} {
+	for _, c := range []prometheus.Collector{m.rows, m.fails, m.handovers, m.expired, m.attempts, m.dead, m.pruned, m.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
