@@ -132,7 +132,7 @@ func TestWriterLivenessSessionTerminated(t *testing.T) {
 		acked := l.ackedCount()
 		exited := false
 		// Generous: a CI host at load 40 stalled processes for 9.5 s.
-		testenv.Eventually(t, 60*time.Second, func() bool {
+		if !testenv.Poll(60*time.Second, func() bool {
 			select {
 			case <-p1.done:
 				exited = true
@@ -141,7 +141,9 @@ func TestWriterLivenessSessionTerminated(t *testing.T) {
 			}
 			now := backend()
 			return now != 0 && now != pid && l.ackedCount() > acked+50
-		}, "round %d: persister1 neither went on nor stopped (acked %d, then %d; backend %d, was %d)", round, acked, l.ackedCount(), backend(), pid)
+		}) {
+			t.Fatalf("round %d: persister1 neither went on nor stopped: acked %d, then %d; liveness backend %d, was %d", round, acked, l.ackedCount(), backend(), pid)
+		}
 		if exited {
 			stopped++
 			log, err := os.ReadFile(filepath.Join(c.dir, p1.name+".log"))
