@@ -6,8 +6,10 @@
 //
 // It needs a PostgreSQL server (WEFT_TEST_DATABASE_URL, or
 // postgres://postgres@127.0.0.1:5432/test) on which it may create
-// databases, and redis-server on PATH (for Redis, StartRedis and nodes). A test whose server is missing is
-// skipped, or fails when CI=true.
+// databases, and redis-server on PATH for Redis and StartRedis; a test
+// whose subject is not Redis (its outages, a cluster) can run its nodes on
+// MemoryRedis, in the test's own process, instead. A test whose server is
+// missing is skipped, or fails when CI=true.
 package wefttest
 
 import (
