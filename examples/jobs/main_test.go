@@ -21,8 +21,9 @@ type rig struct{ *exampletest.Rig }
 func newRig(t *testing.T, perJob time.Duration) *rig {
 	t.Helper()
 	// The example's own table: a job done twice shows, and kills land
-	// inside batches.
-	return &rig{exampletest.New(t, "jobs", "done", "job int, pos bigint, at bigserial", perJob)}
+	// inside batches. Its runners are killed, never stopped, and Redis
+	// stays up: an in-process one serves.
+	return &rig{exampletest.NewOn(t, wefttest.MemoryRedis(t), "jobs", "done", "job int, pos bigint, at bigserial", perJob)}
 }
 
 func (r *rig) count() int {

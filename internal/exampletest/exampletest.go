@@ -32,12 +32,21 @@ type Rig struct {
 
 // New builds the example in the current directory as the binary name
 // (or takes $WEFT_TEST_BIN/name, testenv.BinEnv),
-// gives it a database and a Redis of its own (DATABASE_URL, REDIS_URL,
+// gives it a database and a redis-server of its own (DATABASE_URL, REDIS_URL,
 // and WEFT_SECRET in Env) and creates its effects table with columns,
 // before any process starts: with no primary key, so an effect made twice
 // shows, and with every insert slowed by perRow, so that kills and
 // signals land inside batches.
 func New(t *testing.T, name, table, columns string, perRow time.Duration) *Rig {
+	t.Helper()
+	return NewOn(t, wefttest.Redis(t), name, table, columns, perRow)
+}
+
+// NewOn is New with the processes' Redis at redisURL: a
+// wefttest.MemoryRedis for an example whose processes are killed but
+// never stopped (SIGSTOP), as a subscriber that stops reading stalls every
+// client of it.
+func NewOn(t *testing.T, redisURL, name, table, columns string, perRow time.Duration) *Rig {
 	t.Helper()
 	bin, err := testenv.Prebuilt(name) // make test builds the examples once
 	if err != nil {
@@ -49,7 +58,7 @@ func New(t *testing.T, name, table, columns string, perRow time.Duration) *Rig {
 			t.Fatalf("build: %v\n%s", err, out)
 		}
 	}
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	db := wefttest.Database(t)
 	pool, err := pgxpool.New(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +70,7 @@ func New(t *testing.T, name, table, columns string, perRow time.Duration) *Rig {
 		CREATE TRIGGER slow BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION slow();`, table, columns, perRow.Seconds())); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), "DATABASE_URL="+db, "REDIS_URL="+rds, "WEFT_SECRET="+name+"-example-secret")
+	env := append(os.Environ(), "DATABASE_URL="+db, "REDIS_URL="+redisURL, "WEFT_SECRET="+name+"-example-secret")
 	return &Rig{T: t, Bin: bin, Env: env, Pool: pool}
 }
 
