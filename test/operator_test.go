@@ -265,10 +265,8 @@ func TestOperatorHeldWriterName(t *testing.T) {
 	untimed(t)
 	rds := testenv.StartRedis(t)
 	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
-	master := c.start("master", "master")
-	c.waitReady(master)
-	first := c.start("worker", "persister1")
-	c.waitReady(first)
+	_, ws := c.startFleet("persister1")
+	first := ws[0]
 	holder := instanceOf(t, first)
 
 	second := c.startNamed("worker", "persister1-again", "persister1", nil)
