@@ -331,15 +331,23 @@ func nodeLog(verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// render regenerates the reports from a results file, unchanged figures.
-func render(o options) error {
-	b, err := os.ReadFile(o.Render)
+// readJSON decodes the JSON file at path into v.
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// render regenerates the reports from a results file, unchanged figures.
+func render(o options) error {
 	var res Results
-	if err := json.Unmarshal(b, &res); err != nil {
-		return fmt.Errorf("%s: %w", o.Render, err)
+	if err := readJSON(o.Render, &res); err != nil {
+		return err
 	}
 	if err := writeReports(res, reports{JSON: o.JSON, Markdown: o.Markdown, Chart: o.Chart, Peers: o.Peers}); err != nil {
 		return err

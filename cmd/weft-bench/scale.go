@@ -128,13 +128,9 @@ func scaleMain(ctx context.Context, args []string) error {
 		return err
 	}
 	if o.render != "" {
-		b, err := os.ReadFile(o.render)
-		if err != nil {
-			return err
-		}
 		var res ScaleResults
-		if err := json.Unmarshal(b, &res); err != nil {
-			return fmt.Errorf("%s: %w", o.render, err)
+		if err := readJSON(o.render, &res); err != nil {
+			return err
 		}
 		return writeScaleDoc(res, o.doc, o.charts)
 	}
@@ -245,12 +241,8 @@ func runScale(ctx context.Context, o scaleOptions) error {
 // mergeScale puts res's curves in place of the same curves of the results
 // at path, keeping the others.
 func mergeScale(path string, res ScaleResults) ScaleResults {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return res
-	}
 	var old ScaleResults
-	if json.Unmarshal(b, &old) != nil {
+	if readJSON(path, &old) != nil {
 		return res
 	}
 	fresh := map[string]Curve{}
