@@ -23,9 +23,7 @@ import (
 // named ghost started.
 func TestForceAddOfANameNobodyRuns(t *testing.T) {
 	timed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master, ws := c.startFleet("persister1", "persister2")
+	_, c, master, ws := newFleet(t, nil, "persister1", "persister2")
 	p1, p2 := ws[0], ws[1]
 	procs := []*proc{master, p1, p2}
 
