@@ -47,15 +47,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		return got
 	}
 	const parts = 4
-	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.conn.close)
-	var renewed time.Time
-	if _, err := g.step(ctx, &renewed); err != nil {
-		t.Fatal(err)
-	}
+	g, renewed := soleMailer(t, n, parts, apply)
 	if got := g.m.Owned(); len(got) != parts {
 		t.Fatalf("the only member owns %v", got)
 	}
@@ -87,7 +79,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatalf("the member still owns %v", got)
 	}
 	// "other" has no lease: the member takes it back, at a new epoch.
-	if _, err := g.step(ctx, &renewed); err != nil {
+	if _, err := g.step(ctx, renewed); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {

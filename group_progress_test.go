@@ -27,15 +27,7 @@ func TestGroupBatchAfterLostCommitAnswer(t *testing.T) {
 		return nil
 	}
 	const parts = 8
-	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.conn.close)
-	var renewed time.Time
-	if _, err := g.step(ctx, &renewed); err != nil {
-		t.Fatal(err)
-	}
+	g, _ := soleMailer(t, n, parts, apply)
 	appendUsers := func(from, count int) {
 		t.Helper()
 		var last int64
@@ -115,4 +107,23 @@ func appendUsers(t *testing.T, g *group, users []string) int64 {
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return g.st.gen.ComputedUpto() >= last }, "persisted-upto behind %d", last)
 	return last
+}
+
+// soleMailer is n's member of group mailer over notices, its parts
+// partitions keyed by user, after its first round: the only member, it
+// owns them all. It returns the member and the renewal time its rounds
+// keep.
+func soleMailer(t *testing.T, n *Node, parts int, apply ConsumerFunc) (*group, *time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.conn.close)
+	renewed := new(time.Time)
+	if _, err := g.step(ctx, renewed); err != nil {
+		t.Fatal(err)
+	}
+	return g, renewed
 }
