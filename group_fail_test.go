@@ -24,6 +24,26 @@ const (
 	poisonFixed
 )
 
+// intoGot records each notice's effect in got, in its batch's
+// transaction, and fails the batch on a notice fail says fails.
+func intoGot(fail func(n notice) error) weft.ConsumerFunc {
+	return func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
+		for _, r := range rows {
+			var n notice
+			if err := r.Decode(&n); err != nil {
+				return err
+			}
+			if err := fail(n); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3)`, r.Pos, n.User, n.N); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // gotPositions is the positions in got, in the order applied, and fails t
 // if one was applied twice.
 func gotPositions(t *testing.T, pool *pgxpool.Pool) map[int64]bool {
@@ -58,26 +78,17 @@ func TestGroupPoisonHoldsOnlyItsPartition(t *testing.T) {
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
 	const users, rows, poisonN = 20, 300, 103 // user u3
 	var mode atomic.Int32
-	apply := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
-		for _, r := range rows {
-			var n notice
-			if err := r.Decode(&n); err != nil {
-				return err
-			}
-			if n.N == poisonN {
-				switch mode.Load() {
-				case poisonRetry:
-					return errors.New("the endpoint refuses notice 103")
-				case poisonPermanent:
-					return weft.Permanent(errors.New("notice 103 is malformed"))
-				}
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3)`, r.Pos, n.User, n.N); err != nil {
-				return err
+	apply := intoGot(func(n notice) error {
+		if n.N == poisonN {
+			switch mode.Load() {
+			case poisonRetry:
+				return errors.New("the endpoint refuses notice 103")
+			case poisonPermanent:
+				return weft.Permanent(errors.New("notice 103 is malformed"))
 			}
 		}
 		return nil
-	}
+	})
 	ms := openGroup(t, 2, func(name string) weft.Config {
 		return noticesGroup(name, db, rds, 2*time.Second, weft.Consumer{Name: "mailer", Key: "user", Partitions: 64, Apply: apply, MaxBatch: 20,
 			Retry: weft.RetryPolicy{MaxAttempts: 1000, Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}})

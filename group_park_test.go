@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/weft-dev/weft"
 	grp "github.com/weft-dev/weft/internal/group"
 	"github.com/weft-dev/weft/wefttest"
@@ -40,21 +38,12 @@ func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
 	const users, rows, poisonN, parts = 20, 200, 103, 16 // user u3
 	var fixed atomic.Bool
-	apply := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
-		for _, r := range rows {
-			var n notice
-			if err := r.Decode(&n); err != nil {
-				return err
-			}
-			if n.N == poisonN && !fixed.Load() {
-				return weft.Permanent(errors.New("notice 103 is malformed"))
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3)`, r.Pos, n.User, n.N); err != nil {
-				return err
-			}
+	apply := intoGot(func(n notice) error {
+		if n.N == poisonN && !fixed.Load() {
+			return weft.Permanent(errors.New("notice 103 is malformed"))
 		}
 		return nil
-	}
+	})
 	// delivered records a row's effect outside any transaction, at least
 	// once (a second delivery of a row records nothing).
 	delivered := func(ctx context.Context, r weft.Row) error {
