@@ -67,6 +67,16 @@ func appliedCounts(t *testing.T, pool *pgxpool.Pool) map[int]int {
 	return out
 }
 
+// jobsRig is a database and a Redis, the applied table, and jobs 1 to
+// upto appended with appendSeq, whose positions it returns.
+func jobsRig(t *testing.T, upto int) (db, rds string, pool *pgxpool.Pool, pos map[int]int64) {
+	t.Helper()
+	db, rds = wefttest.Database(t), wefttest.Redis(t)
+	pool = appliedTable(t, db)
+	w := wefttest.Open(t, writerConfig(db, rds, jobs))
+	return db, rds, pool, appendSeq(t, w, 1, upto)
+}
+
 // appendSeq appends jobs from..to one at a time: each its own position,
 // ascending with n. It returns the positions by n.
 func appendSeq(t *testing.T, w *weft.Node, from, to int) map[int]int64 {
@@ -101,10 +111,7 @@ func deadLetters(t *testing.T, n *weft.Node, consumer string, want int) []weft.D
 // it go on; retried with the function fixed, it is applied once and its
 // dead letter is gone.
 func TestPoisonRowDeadLettered(t *testing.T) {
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool := appliedTable(t, db)
-	w := wefttest.Open(t, writerConfig(db, rds, jobs))
-	pos := appendSeq(t, w, 1, 10)
+	db, rds, pool, pos := jobsRig(t, 10)
 	var broken atomic.Bool
 	broken.Store(true)
 	cfg := streamConfig(db, rds, jobs)("runner")
@@ -184,10 +191,7 @@ func (c *callsOf) of(n int) int {
 // A Permanent error, wrapped, dead-letters its row at the first attempt
 // whatever the attempts left; a discarded dead letter is gone.
 func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool := appliedTable(t, db)
-	w := wefttest.Open(t, writerConfig(db, rds, jobs))
-	pos := appendSeq(t, w, 1, 3)
+	db, rds, pool, pos := jobsRig(t, 3)
 	var calls callsOf
 	cfg := streamConfig(db, rds, jobs)("runner")
 	cfg.Consumers = []weft.Consumer{{Stream: "jobs", Name: "runner", Apply: failing(func(n int) error {
@@ -221,10 +225,7 @@ func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
 // that run the consumer makes it (the delay is stored, not remembered);
 // the row is applied once when its function succeeds.
 func TestRetryAfterIsHonoured(t *testing.T) {
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool := appliedTable(t, db)
-	w := wefttest.Open(t, writerConfig(db, rds, jobs))
-	appendSeq(t, w, 1, 1)
+	db, rds, pool, _ := jobsRig(t, 1)
 	const after = 1500 * time.Millisecond
 	var mu sync.Mutex
 	var starts []time.Time
@@ -276,10 +277,7 @@ func attemptsOf(t *testing.T, pool *pgxpool.Pool, consumer string) int {
 // consumer after another stopped goes on with its count, and dead-letters
 // the row once the two together have made MaxAttempts.
 func TestAttemptsSurviveRestart(t *testing.T) {
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool := appliedTable(t, db)
-	w := wefttest.Open(t, writerConfig(db, rds, jobs))
-	pos := appendSeq(t, w, 1, 1)
+	db, rds, pool, pos := jobsRig(t, 1)
 	var calls callsOf
 	poison := failing(func(n int) error {
 		calls.add(n)

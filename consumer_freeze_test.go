@@ -3,7 +3,6 @@ package weft_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -40,26 +39,43 @@ type bigRow struct {
 	Pad  string `json:"pad"`
 }
 
-// frozenProxy starts a proxy to db's server, closed before the nodes of
-// the test (a node behind a frozen proxy closes only once it is), and
-// returns it with db's URL through it. Its small receive buffer makes
-// the server wait on a frozen client once about a megabyte is in flight.
+// frozenProxy is proxied, closed by the test before its nodes (a node
+// behind a frozen proxy closes only once it is). Its small receive buffer
+// makes the server wait on a frozen client once about a megabyte is in
+// flight.
 func frozenProxy(t *testing.T, db string) (*faultproxy.PGProxy, string) {
 	t.Helper()
-	u, err := url.Parse(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.StartPG(context.Background(), u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, through := proxied(t, db)
 	p.SetUpstreamReadBuffer(64 << 10)
-	through, err := p.URL(db)
-	if err != nil {
+	return p, through
+}
+
+// freezeFirst writes 40 big rows, opens node a consuming them as
+// consumer("a") behind a proxy that freezes it once the server sends it
+// rows for a query matching match, then node b, consuming as
+// consumer("b") straight from the database. It returns the effects table,
+// when a froze, and b.
+func freezeFirst(t *testing.T, match string, consumer func(name string) weft.Consumer) (*pgxpool.Pool, time.Time, *weft.Node) {
+	t.Helper()
+	db, rds := wefttest.Database(t), wefttest.Redis(t)
+	pool := effectsPool(t, db, `CREATE TABLE applied (pos bigint PRIMARY KEY, by text NOT NULL)`)
+	w := wefttest.Open(t, writerConfig(db, rds, bigRows))
+	p, through := frozenProxy(t, db)
+	cfg := func(name, db string) weft.Config {
+		c := streamConfig(db, rds, bigRows)(name)
+		c.LeaseTTL = freezeLease
+		c.Consumers = []weft.Consumer{consumer(name)}
+		return c
+	}
+	appendBig(t, w, 40)
+	if _, err := p.Arm(faultproxy.Rule{Fault: faultproxy.FreezeAtRows, Match: match}); err != nil {
 		t.Fatal(err)
 	}
-	return p, through
+	openBehind(t, p, cfg("a", through))
+	frozen := waitFrozen(t, p)
+	b := wefttest.Open(t, cfg("b", db))
+	t.Cleanup(func() { _ = p.Close() }) // before b closes: on a broken build b waits on a's locks
+	return pool, frozen, b
 }
 
 // openBehind opens a node whose database is reached through p, and
@@ -133,25 +149,10 @@ func waitFrozen(t *testing.T, p *faultproxy.PGProxy) time.Time {
 // holds no lock the others wait for: another member owns every
 // partition and has applied every row within freezeBound.
 func TestFrozenMemberLosesItsPartitionsWithinItsLease(t *testing.T) {
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool := effectsPool(t, db, `CREATE TABLE applied (pos bigint PRIMARY KEY, by text NOT NULL)`)
-	w := wefttest.Open(t, writerConfig(db, rds, bigRows))
-	p, through := frozenProxy(t, db)
-	cfg := func(name, db string) weft.Config {
-		c := streamConfig(db, rds, bigRows)(name)
-		c.LeaseTTL = freezeLease
-		c.Consumers = []weft.Consumer{{Stream: "big", Name: "g", Key: "user", Partitions: 4, MaxBatch: 40, Apply: appliedBy(name)}}
-		return c
-	}
-	appendBig(t, w, 40)
-	if _, err := p.Arm(faultproxy.Rule{Fault: faultproxy.FreezeAtRows, Match: `coalesce("data"->>$`}); err != nil {
-		t.Fatal(err)
-	}
 	// a, alone, takes every partition and reads them all in one batch.
-	openBehind(t, p, cfg("a", through))
-	frozen := waitFrozen(t, p)
-	b := wefttest.Open(t, cfg("b", db))
-	t.Cleanup(func() { _ = p.Close() }) // before b closes: on a broken build b waits on a's locks
+	pool, frozen, b := freezeFirst(t, `coalesce("data"->>$`, func(name string) weft.Consumer {
+		return weft.Consumer{Stream: "big", Name: "g", Key: "user", Partitions: 4, MaxBatch: 40, Apply: appliedBy(name)}
+	})
 	ownsAll := func() bool {
 		g := b.Status().Groups[0]
 		for _, m := range g.Members {
@@ -171,24 +172,9 @@ func TestFrozenMemberLosesItsPartitionsWithinItsLease(t *testing.T) {
 // the server sends it its batch's rows keeps no lock on the cursor, and
 // the other applies every row.
 func TestFrozenConsumerHoldsNoLock(t *testing.T) {
-	db, rds := wefttest.Database(t), wefttest.Redis(t)
-	pool := effectsPool(t, db, `CREATE TABLE applied (pos bigint PRIMARY KEY, by text NOT NULL)`)
-	w := wefttest.Open(t, writerConfig(db, rds, bigRows))
-	p, through := frozenProxy(t, db)
-	cfg := func(name, db string) weft.Config {
-		c := streamConfig(db, rds, bigRows)(name)
-		c.LeaseTTL = freezeLease
-		c.Consumers = []weft.Consumer{{Stream: "big", Name: "c", MaxBatch: 40, Apply: appliedBy(name)}}
-		return c
-	}
-	appendBig(t, w, 40)
-	if _, err := p.Arm(faultproxy.Rule{Fault: faultproxy.FreezeAtRows, Match: `"data"::text FROM "big"`}); err != nil {
-		t.Fatal(err)
-	}
-	openBehind(t, p, cfg("a", through))
-	frozen := waitFrozen(t, p)
-	wefttest.Open(t, cfg("b", db))
-	t.Cleanup(func() { _ = p.Close() }) // before b closes: on a broken build b waits on a's locks
+	pool, frozen, _ := freezeFirst(t, `"data"::text FROM "big"`, func(name string) weft.Consumer {
+		return weft.Consumer{Stream: "big", Name: "c", MaxBatch: 40, Apply: appliedBy(name)}
+	})
 	if !testenv.Poll(time.Until(frozen.Add(freezeBound)), func() bool { return countApplied(pool, "b") == 40 }) {
 		t.Fatalf("%v after the freeze, b applied %d of 40 rows", time.Since(frozen), countApplied(pool, "b"))
 	}

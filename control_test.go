@@ -132,6 +132,20 @@ func awaitAppliedOnce(t *testing.T, pool *pgxpool.Pool, consumer string, want in
 	}
 }
 
+// pausedWhileFed starts a feed of w, waits until "target" applies its
+// rows, pauses it through n, and checks it holds while paused; it returns
+// the feed, still going.
+func pausedWhileFed(t *testing.T, pool *pgxpool.Pool, w, n *weft.Node) *feed {
+	t.Helper()
+	f := startFeed(t, w)
+	wefttest.Eventually(t, 30*time.Second, func() bool { c, _ := applied(t, pool, "target"); return c >= 20 }, "target applies nothing")
+	if err := n.PauseConsumer(context.Background(), "orders", "target"); err != nil {
+		t.Fatal(err)
+	}
+	holdsWhilePaused(t, pool, f, "target")
+	return f
+}
+
 // holdsWhilePaused checks that target, paused, applies nothing while the
 // feed goes on: the witness (a consumer of the same stream in the same
 // process, never paused) applies 40 rows written after the pause, and
@@ -160,13 +174,8 @@ func TestPauseResumeRunningConsumer(t *testing.T) {
 		{Stream: "orders", Name: "witness", Apply: ledger("witness")},
 	}
 	n := wefttest.Open(t, cfg)
-	f := startFeed(t, w)
 	ctx := context.Background()
-	wefttest.Eventually(t, 30*time.Second, func() bool { c, _ := applied(t, pool, "target"); return c >= 20 }, "target applies nothing")
-	if err := n.PauseConsumer(ctx, "orders", "target"); err != nil {
-		t.Fatal(err)
-	}
-	holdsWhilePaused(t, pool, f, "target")
+	f := pausedWhileFed(t, pool, w, n)
 	wefttest.Eventually(t, 10*time.Second, func() bool { return n.Status().Consumers[0].Paused }, "/status: %+v", n.Status().Consumers)
 	for path, want := range map[string]string{
 		"/status":  `"paused": true`,
@@ -215,13 +224,8 @@ func TestPauseResumeRunningGroup(t *testing.T) {
 	a := groupMember(t, db, rds, "a", true, ledger("target"))
 	b := groupMember(t, db, rds, "b", false, ledger("target"))
 	wefttest.Eventually(t, 20*time.Second, func() bool { return balanced(a.Status(), 2) }, "not balanced: %+v", a.Status().Groups)
-	f := startFeed(t, w)
 	ctx := context.Background()
-	wefttest.Eventually(t, 30*time.Second, func() bool { c, _ := applied(t, pool, "target"); return c >= 20 }, "the group applies nothing")
-	if err := a.PauseConsumer(ctx, "orders", "target"); err != nil {
-		t.Fatal(err)
-	}
-	holdsWhilePaused(t, pool, f, "target")
+	f := pausedWhileFed(t, pool, w, a)
 	for _, m := range []*weft.Node{a, b} {
 		wefttest.Eventually(t, 10*time.Second, func() bool { return m.Status().Groups[0].Paused }, "/status: %+v", m.Status().Groups)
 	}

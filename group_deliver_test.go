@@ -120,39 +120,20 @@ func TestDeliverHoldsBackOnlyItsPartition(t *testing.T) {
 			return nil
 		}
 	}
-	var ms []*weft.Node
-	for i := range 2 {
-		cfg := wefttest.Config(fmt.Sprintf("m%d", i), db, rds)
-		cfg.Streams = []weft.Stream{notices}
-		cfg.LeaseTTL = 2 * time.Second
-		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "hooks", Key: "user", Partitions: parts,
-			Deliver: deliver(cfg.Name), MaxBatch: 50, MaxInFlight: 8,
-			Retry: weft.RetryPolicy{MaxAttempts: 4, Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}}}
-		ms = append(ms, wefttest.Open(t, cfg))
-	}
-	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(ms[0].Status(), 2) }, "not balanced: %+v", ms[0].Status().Groups)
+	ms := openGroup(t, 2, func(name string) weft.Config {
+		return noticesGroup(name, db, rds, 2*time.Second, weft.Consumer{Name: "hooks", Key: "user", Partitions: parts,
+			Deliver: deliver(name), MaxBatch: 50, MaxInFlight: 8,
+			Retry: weft.RetryPolicy{MaxAttempts: 4, Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
+	})
 	appendNotices(t, w, 0, rows, users)
 
 	all := wefttest.Rows(t, db, notices)
+	ns := noticesOf(t, all)
 	hungPart, poisonPart := grp.Partition("u5", parts), grp.Partition("u23", parts)
-	var hung, poison int64
+	hung, poison := positionOf(t, all, ns, hangN), positionOf(t, all, ns, poisonN)
 	var others, afterHung, afterPoison []int64
-	for _, r := range all {
-		var n notice
-		if err := r.Decode(&n); err != nil {
-			t.Fatal(err)
-		}
-		switch n.N {
-		case hangN:
-			hung = r.Pos
-		case poisonN:
-			poison = r.Pos
-		}
-	}
-	for _, r := range all {
-		var n notice
-		_ = r.Decode(&n)
-		switch p := grp.Partition(n.User, parts); {
+	for i, r := range all {
+		switch p := grp.Partition(ns[i].User, parts); {
 		case p == hungPart && r.Pos > hung:
 			afterHung = append(afterHung, r.Pos)
 		case p == poisonPart && r.Pos > poison:

@@ -3,7 +3,6 @@ package weft_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -24,6 +23,26 @@ const (
 	poisonPermanent
 	poisonFixed
 )
+
+// intoGot records each notice's effect in got, in its batch's
+// transaction, and fails the batch on a notice fail says fails.
+func intoGot(fail func(n notice) error) weft.ConsumerFunc {
+	return func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
+		for _, r := range rows {
+			var n notice
+			if err := r.Decode(&n); err != nil {
+				return err
+			}
+			if err := fail(n); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3)`, r.Pos, n.User, n.N); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
 
 // gotPositions is the positions in got, in the order applied, and fails t
 // if one was applied twice.
@@ -59,56 +78,31 @@ func TestGroupPoisonHoldsOnlyItsPartition(t *testing.T) {
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
 	const users, rows, poisonN = 20, 300, 103 // user u3
 	var mode atomic.Int32
-	apply := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
-		for _, r := range rows {
-			var n notice
-			if err := r.Decode(&n); err != nil {
-				return err
-			}
-			if n.N == poisonN {
-				switch mode.Load() {
-				case poisonRetry:
-					return errors.New("the endpoint refuses notice 103")
-				case poisonPermanent:
-					return weft.Permanent(errors.New("notice 103 is malformed"))
-				}
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3)`, r.Pos, n.User, n.N); err != nil {
-				return err
+	apply := intoGot(func(n notice) error {
+		if n.N == poisonN {
+			switch mode.Load() {
+			case poisonRetry:
+				return errors.New("the endpoint refuses notice 103")
+			case poisonPermanent:
+				return weft.Permanent(errors.New("notice 103 is malformed"))
 			}
 		}
 		return nil
-	}
-	var ms []*weft.Node
-	for i := range 2 {
-		cfg := wefttest.Config(fmt.Sprintf("m%d", i), db, rds)
-		cfg.Streams = []weft.Stream{notices}
-		cfg.LeaseTTL = 2 * time.Second
-		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "mailer", Key: "user", Partitions: 64, Apply: apply, MaxBatch: 20,
-			Retry: weft.RetryPolicy{MaxAttempts: 1000, Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}}}
-		ms = append(ms, wefttest.Open(t, cfg))
-	}
-	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(ms[0].Status(), 2) }, "not balanced: %+v", ms[0].Status().Groups)
+	})
+	ms := openGroup(t, 2, func(name string) weft.Config {
+		return noticesGroup(name, db, rds, 2*time.Second, weft.Consumer{Name: "mailer", Key: "user", Partitions: 64, Apply: apply, MaxBatch: 20,
+			Retry: weft.RetryPolicy{MaxAttempts: 1000, Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}})
+	})
 	appendNotices(t, w, 0, rows, users)
 
 	all := wefttest.Rows(t, db, notices)
+	ns := noticesOf(t, all)
 	held := grp.Partition("u3", 64)
-	var poison int64
+	poison := positionOf(t, all, ns, poisonN)
 	var before, after, others []int64 // the poison's partition's rows before and after it; the other partitions'
-	for _, r := range all {
-		var n notice
-		if err := r.Decode(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n.N == poisonN {
-			poison = r.Pos
-		}
-	}
-	for _, r := range all {
-		var n notice
-		_ = r.Decode(&n)
+	for i, r := range all {
 		switch {
-		case grp.Partition(n.User, 64) != held:
+		case grp.Partition(ns[i].User, 64) != held:
 			others = append(others, r.Pos)
 		case r.Pos < poison:
 			before = append(before, r.Pos)
@@ -119,16 +113,7 @@ func TestGroupPoisonHoldsOnlyItsPartition(t *testing.T) {
 	if len(after) == 0 {
 		t.Fatal("no row after the poison in its partition: the test shows nothing")
 	}
-	appliedAll := func(ps []int64) bool {
-		got := gotPositions(t, pool)
-		for _, p := range ps {
-			if !got[p] {
-				return false
-			}
-		}
-		return true
-	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(others) && appliedAll(before) },
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, others) && appliedAll(t, pool, before) },
 		"the other partitions' rows, and the poison's partition's before it, not all applied: %d of %d", len(gotPositions(t, pool)), len(others)+len(before))
 	// Still being retried: counted, not dead, its partition held behind
 	// it (shown held back between attempts).
@@ -162,13 +147,13 @@ func TestGroupPoisonHoldsOnlyItsPartition(t *testing.T) {
 	if d := dls[0]; d.Pos != poison || d.Partition != held || d.Key != "u3" || d.Attempts < 2 {
 		t.Fatalf("dead letter %+v; want row %d of partition %d, key u3, after its attempts", d, poison, held)
 	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(after) }, "the rows after the dead letter not applied")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, after) }, "the rows after the dead letter not applied")
 
 	mode.Store(poisonFixed)
 	if err := ms[0].RetryDeadLetter(context.Background(), "notices", "mailer", poison); err != nil {
 		t.Fatal(err)
 	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll([]int64{poison}) }, "the dead letter not applied after its retry")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, []int64{poison}) }, "the dead letter not applied after its retry")
 	wefttest.Eventually(t, 10*time.Second, func() bool {
 		dls, _ = ms[0].DeadLetters(context.Background(), "notices", "mailer")
 		return len(dls) == 0
@@ -178,23 +163,5 @@ func TestGroupPoisonHoldsOnlyItsPartition(t *testing.T) {
 	}
 	// Every row of a key in order, but the dead letter (retried after its
 	// key's later rows: DeadLetterSkip).
-	q, err := pool.Query(context.Background(), `SELECT pos, usr FROM got WHERE pos <> $1 ORDER BY seq`, poison)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[string]int64{}
-	for q.Next() {
-		var p int64
-		var u string
-		if err := q.Scan(&p, &u); err != nil {
-			t.Fatal(err)
-		}
-		if p <= last[u] {
-			t.Fatalf("user %s: row %d applied after %d", u, p, last[u])
-		}
-		last[u] = p
-	}
-	if err := q.Err(); err != nil {
-		t.Fatal(err)
-	}
+	checkKeyOrder(t, pool, poison)
 }

@@ -3,7 +3,6 @@ package weft
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -22,17 +21,8 @@ import (
 // its rows are applied from the cursor in the row.
 func TestGroupBatchFencedInSQL(t *testing.T) {
 	ctx := context.Background()
-	db, rds := testenv.NewDatabase(t), testenv.StartRedis(t)
-	n, err := Open(ctx, Config{Name: "w", DatabaseURL: db, RedisURL: rds.URL(), Insecure: true, AnnounceInterval: 100 * time.Millisecond,
-		Streams: []Stream{{Name: "notices"}}, Writes: []string{"notices"}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
 	// The effects committed (a batch may apply rows and roll back).
-	if _, err := n.pool.Exec(ctx, `CREATE TABLE fenced (seq serial, usr text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	n := openNotices(t, `CREATE TABLE fenced (seq serial, usr text NOT NULL)`)
 	apply := func(ctx context.Context, tx pgx.Tx, rows []Row) error {
 		for _, r := range rows {
 			var v struct{ User string }
@@ -57,15 +47,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		return got
 	}
 	const parts = 4
-	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.conn.close)
-	var renewed time.Time
-	if _, err := g.step(ctx, &renewed); err != nil {
-		t.Fatal(err)
-	}
+	g, renewed := soleMailer(t, n, parts, apply)
 	if got := g.m.Owned(); len(got) != parts {
 		t.Fatalf("the only member owns %v", got)
 	}
@@ -76,15 +58,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 			users[grp.Partition(u, parts)] = u
 		}
 	}
-	var last int64
-	for _, u := range users {
-		ids, err := n.Append(ctx, "notices", map[string]string{"user": u})
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = ids[0]
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return g.st.gen.ComputedUpto() >= last }, "persisted-upto behind %d", last)
+	appendUsers(t, g, users)
 	// Another member takes partition 2 while this one does not know.
 	if _, err := n.pool.Exec(ctx, `UPDATE weft_group_partitions SET owner = 'other', epoch = epoch + 1 WHERE name = 'mailer' AND partition = 2`); err != nil {
 		t.Fatal(err)
@@ -105,7 +79,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatalf("the member still owns %v", got)
 	}
 	// "other" has no lease: the member takes it back, at a new epoch.
-	if _, err := g.step(ctx, &renewed); err != nil {
+	if _, err := g.step(ctx, renewed); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.batch(ctx, g.m.Batch(), g.st.gen.ComputedUpto()); err != nil {
@@ -127,14 +101,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatalf("the member's progress record as it knows it: %+v; want one of its %d partitions", prog, parts)
 	}
 	reached := g.st.gen.ComputedUpto()
-	for _, u := range users {
-		ids, err := n.Append(ctx, "notices", map[string]string{"user": u})
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = ids[0]
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return g.st.gen.ComputedUpto() >= last }, "persisted-upto behind %d", last)
+	appendUsers(t, g, users)
 	if _, err := n.pool.Exec(ctx, `UPDATE weft_group_members SET lease_until = now() - interval '1 second' WHERE member = $1`, g.id); err != nil {
 		t.Fatal(err)
 	}

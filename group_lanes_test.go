@@ -3,7 +3,6 @@ package weft_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -47,14 +46,10 @@ func TestGroupLanesHoldBackOnlyTheirPartition(t *testing.T) {
 		}
 		return nil
 	}
-	var ms []*weft.Node
-	for i := range 2 {
-		cfg := wefttest.Config(fmt.Sprintf("m%d", i), db, rds)
-		cfg.Streams = []weft.Stream{notices}
-		cfg.LeaseTTL = 10 * time.Second // the blocked transaction outlives the test's waits
-		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "lanes", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 50, MaxInFlight: 4}}
-		ms = append(ms, wefttest.Open(t, cfg))
-	}
+	// The lease (10 s) outlives the test's waits on the blocked transaction.
+	ms := openGroup(t, 2, func(name string) weft.Config {
+		return noticesGroup(name, db, rds, 10*time.Second, weft.Consumer{Name: "lanes", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 50, MaxInFlight: 4})
+	})
 	t.Cleanup(func() {
 		select {
 		case <-release:
@@ -62,29 +57,15 @@ func TestGroupLanesHoldBackOnlyTheirPartition(t *testing.T) {
 			close(release) // a stop waits for the blocked partition
 		}
 	})
-	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(ms[0].Status(), 2) }, "not balanced: %+v", ms[0].Status().Groups)
 	appendNotices(t, w, 0, rows, users)
 
 	all := wefttest.Rows(t, db, notices)
+	ns := noticesOf(t, all)
 	hungPart, poisonPart := grp.Partition("u5", parts), grp.Partition("u23", parts)
-	var hung, poison int64
+	hung, poison := positionOf(t, all, ns, hangN), positionOf(t, all, ns, poisonN)
 	var others, afterHung []int64
-	for _, r := range all {
-		var n notice
-		if err := r.Decode(&n); err != nil {
-			t.Fatal(err)
-		}
-		switch n.N {
-		case hangN:
-			hung = r.Pos
-		case poisonN:
-			poison = r.Pos
-		}
-	}
-	for _, r := range all {
-		var n notice
-		_ = r.Decode(&n)
-		switch p := grp.Partition(n.User, parts); {
+	for i, r := range all {
+		switch p := grp.Partition(ns[i].User, parts); {
 		case p == hungPart && r.Pos >= hung:
 			afterHung = append(afterHung, r.Pos)
 		case p == hungPart:
@@ -95,16 +76,7 @@ func TestGroupLanesHoldBackOnlyTheirPartition(t *testing.T) {
 			others = append(others, r.Pos)
 		}
 	}
-	applied := func(ps []int64) bool {
-		got := gotPositions(t, pool)
-		for _, p := range ps {
-			if !got[p] {
-				return false
-			}
-		}
-		return true
-	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return applied(others) },
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, others) },
 		"the other partitions' rows not all applied while one is blocked: %d of %d", len(gotPositions(t, pool)), len(others))
 	got := gotPositions(t, pool)
 	if slices.ContainsFunc(afterHung, func(p int64) bool { return got[p] }) {
@@ -115,27 +87,9 @@ func TestGroupLanesHoldBackOnlyTheirPartition(t *testing.T) {
 		t.Fatalf("dead letters %+v, %v; want row %d of partition %d", dls, err, poison, poisonPart)
 	}
 	close(release)
-	wefttest.Eventually(t, 30*time.Second, func() bool { return applied(afterHung) }, "the blocked partition's rows not applied once let go")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, afterHung) }, "the blocked partition's rows not applied once let go")
 	if got := gotPositions(t, pool); len(got) != len(all)-1 {
 		t.Fatalf("%d rows applied, want %d", len(got), len(all)-1)
 	}
-	q, err := pool.Query(context.Background(), `SELECT pos, usr FROM got ORDER BY seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[string]int64{}
-	for q.Next() {
-		var p int64
-		var u string
-		if err := q.Scan(&p, &u); err != nil {
-			t.Fatal(err)
-		}
-		if p <= last[u] {
-			t.Fatalf("user %s: row %d applied after %d", u, p, last[u])
-		}
-		last[u] = p
-	}
-	if err := q.Err(); err != nil {
-		t.Fatal(err)
-	}
+	checkKeyOrder(t, pool, 0)
 }

@@ -137,6 +137,23 @@ func (r *liveRig) member(id string) *liveMember {
 	return m
 }
 
+// pair runs members a-member and b-member, and returns them once they
+// share the partitions and a watches b's liveness lock.
+func (r *liveRig) pair() (a, b *liveMember) {
+	r.t.Helper()
+	a, b = r.member("a-member"), r.member("b-member")
+	testenv.Eventually(r.t, 30*time.Second, r.balanced, "not balanced: %v", r.owners())
+	testenv.Eventually(r.t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 }, "a never saw b's liveness lock")
+	return a, b
+}
+
+// balanced: a-member and b-member own every partition between them, each
+// some.
+func (r *liveRig) balanced() bool {
+	o := r.owners()
+	return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
+}
+
 // owners is how many partitions each member owns, as stored.
 func (r *liveRig) owners() map[string]int {
 	rows, err := r.n.pool.Query(r.ctx, `SELECT coalesce(owner, '') FROM weft_group_partitions WHERE name = 'mailer'`)
@@ -181,12 +198,7 @@ func (r *liveRig) check() {
 // second, not its lease (a minute here); every row is applied once.
 func TestDeadMemberTakenOverByItsLivenessLock(t *testing.T) {
 	r := newLiveRig(t, time.Minute)
-	a, b := r.member("a-member"), r.member("b-member")
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		o := r.owners()
-		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
-	}, "not balanced: %v", r.owners())
-	testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 }, "a never saw b's liveness lock")
+	_, b := r.pair()
 	b.stopLoops()
 	b.stopLiveness()
 	died := time.Now()
@@ -208,12 +220,7 @@ func TestDeadMemberTakenOverByItsLivenessLock(t *testing.T) {
 func TestFrozenMemberIsLeftToItsLease(t *testing.T) {
 	const lease = 3 * time.Second
 	r := newLiveRig(t, lease)
-	a, b := r.member("a-member"), r.member("b-member")
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		o := r.owners()
-		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
-	}, "not balanced: %v", r.owners())
-	testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 }, "a never saw b's liveness lock")
+	_, b := r.pair()
 	bOwned := r.owners()["b-member"]
 	b.stopLoops() // frozen: no more rounds nor batches, its session open
 	var until time.Time
@@ -249,12 +256,7 @@ func TestFrozenMemberIsLeftToItsLease(t *testing.T) {
 // back, and the group is balanced again.
 func TestLivenessSessionCutWhileTheMemberRuns(t *testing.T) {
 	r := newLiveRig(t, 10*time.Second)
-	a, b := r.member("a-member"), r.member("b-member")
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		o := r.owners()
-		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
-	}, "not balanced: %v", r.owners())
-	testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 }, "a never saw b's liveness lock")
+	a, b := r.pair()
 	key := memberKeySQL("'notices'", "'mailer'", "'b-member'")
 	// keep queues a shared request for b's lock (a session of the
 	// test's), then ends b's liveness session: the lock goes to the
@@ -318,11 +320,7 @@ func TestDatabaseRestartTakesNoMemberForDead(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	r := newLiveRigOn(t, pg.NewDatabase(t), 10*time.Second)
 	a, b := r.member("a-member"), r.member("b-member")
-	balanced := func() bool {
-		o := r.owners()
-		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
-	}
-	testenv.Eventually(t, 30*time.Second, balanced, "not balanced: %v", r.owners())
+	testenv.Eventually(t, 30*time.Second, r.balanced, "not balanced: %v", r.owners())
 	testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 && b.g.live.watched.Load() == 1 }, "the members never saw each other's liveness locks")
 	epochs := func() (sum int64) {
 		_ = r.n.pool.QueryRow(r.ctx, `SELECT sum(epoch) FROM weft_group_partitions WHERE name = 'mailer'`).Scan(&sum)
@@ -337,7 +335,7 @@ func TestDatabaseRestartTakesNoMemberForDead(t *testing.T) {
 			return a.g.live.held.Load() && b.g.live.held.Load() && a.g.live.watched.Load() == 1 && b.g.live.watched.Load() == 1
 		}, "the members never took their locks again, or never saw each other's")
 	}
-	testenv.Eventually(t, 30*time.Second, balanced, "not balanced after the restarts: %v", r.owners())
+	testenv.Eventually(t, 30*time.Second, r.balanced, "not balanced after the restarts: %v", r.owners())
 	wrote := r.wrote.Load()
 	testenv.Eventually(t, 30*time.Second, func() bool { return r.wrote.Load() > wrote+200 }, "the writes did not go on after the restarts")
 	if n := r.logs.count("its liveness session is gone"); n > 0 || epochs() != before {
@@ -353,11 +351,7 @@ func TestDatabaseRestartTakesNoMemberForDead(t *testing.T) {
 func TestLivenessSessionEndedBriefly(t *testing.T) {
 	r := newLiveRig(t, 10*time.Second)
 	a, b := r.member("a-member"), r.member("b-member")
-	balanced := func() bool {
-		o := r.owners()
-		return o["a-member"] > 0 && o["b-member"] > 0 && o[""] == 0
-	}
-	testenv.Eventually(t, 30*time.Second, balanced, "not balanced: %v", r.owners())
+	testenv.Eventually(t, 30*time.Second, r.balanced, "not balanced: %v", r.owners())
 	for round := range 5 {
 		testenv.Eventually(t, 10*time.Second, func() bool { return a.g.live.watched.Load() == 1 }, "round %d: a does not see b's liveness lock", round)
 		var pid int
@@ -373,7 +367,7 @@ func TestLivenessSessionEndedBriefly(t *testing.T) {
 			return back && b.g.live.held.Load()
 		}, "round %d: b never took its lock again", round)
 	}
-	testenv.Eventually(t, 30*time.Second, balanced, "not balanced after the resets: %v", r.owners())
+	testenv.Eventually(t, 30*time.Second, r.balanced, "not balanced after the resets: %v", r.owners())
 	t.Logf("b taken for dead %d times in 5 resets", r.logs.count("its liveness session is gone"))
 	r.check()
 }

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/weft-dev/weft"
 	grp "github.com/weft-dev/weft/internal/group"
 	"github.com/weft-dev/weft/wefttest"
@@ -40,21 +38,12 @@ func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 	w := wefttest.Open(t, writerConfig(db, rds, notices))
 	const users, rows, poisonN, parts = 20, 200, 103, 16 // user u3
 	var fixed atomic.Bool
-	apply := func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
-		for _, r := range rows {
-			var n notice
-			if err := r.Decode(&n); err != nil {
-				return err
-			}
-			if n.N == poisonN && !fixed.Load() {
-				return weft.Permanent(errors.New("notice 103 is malformed"))
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO got (pos, usr, n) VALUES ($1, $2, $3)`, r.Pos, n.User, n.N); err != nil {
-				return err
-			}
+	apply := intoGot(func(n notice) error {
+		if n.N == poisonN && !fixed.Load() {
+			return weft.Permanent(errors.New("notice 103 is malformed"))
 		}
 		return nil
-	}
+	})
 	// delivered records a row's effect outside any transaction, at least
 	// once (a second delivery of a row records nothing).
 	delivered := func(ctx context.Context, r weft.Row) error {
@@ -69,54 +58,32 @@ func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 		return err
 	}
 	cfgOf := func(name string) weft.Config {
-		cfg := wefttest.Config(name, db, rds)
-		cfg.Streams = []weft.Stream{notices}
-		cfg.LeaseTTL = 2 * time.Second
-		cfg.Consumers = []weft.Consumer{{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 20, MaxInFlight: maxInFlight,
-			OnDeadLetter: weft.DeadLetterPark, Retry: weft.RetryPolicy{MaxAttempts: 2, Initial: 10 * time.Millisecond}}}
+		cfg := noticesGroup(name, db, rds, 2*time.Second, weft.Consumer{Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 20, MaxInFlight: maxInFlight,
+			OnDeadLetter: weft.DeadLetterPark, Retry: weft.RetryPolicy{MaxAttempts: 2, Initial: 10 * time.Millisecond}})
 		if deliver {
 			cfg.Consumers[0].Apply, cfg.Consumers[0].Deliver = nil, delivered
 		}
 		return cfg
 	}
-	ms := []*weft.Node{wefttest.Open(t, cfgOf("m0")), wefttest.Open(t, cfgOf("m1"))}
-	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(ms[0].Status(), 2) }, "not balanced: %+v", ms[0].Status().Groups)
+	ms := openGroup(t, 2, cfgOf)
 	appendNotices(t, w, 0, rows, users)
 
 	// split is the rows of the stream: the poison's position, u3's rows
 	// after it, and every other row (u3's before it included).
 	split := func() (poison int64, parked, others []int64) {
 		all := wefttest.Rows(t, db, notices)
-		for _, r := range all {
-			var n notice
-			if err := r.Decode(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n.N == poisonN {
-				poison = r.Pos
-			}
-		}
-		for _, r := range all {
-			var n notice
-			_ = r.Decode(&n)
+		ns := noticesOf(t, all)
+		poison = positionOf(t, all, ns, poisonN)
+		for i, r := range all {
 			switch {
 			case r.Pos == poison:
-			case n.User == "u3" && r.Pos > poison:
+			case ns[i].User == "u3" && r.Pos > poison:
 				parked = append(parked, r.Pos)
 			default:
 				others = append(others, r.Pos)
 			}
 		}
 		return poison, parked, others
-	}
-	appliedAll := func(ps []int64) bool {
-		got := gotPositions(t, pool)
-		for _, p := range ps {
-			if !got[p] {
-				return false
-			}
-		}
-		return true
 	}
 	noneApplied := func(ps []int64) {
 		t.Helper()
@@ -153,7 +120,7 @@ func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 	if len(parked) == 0 {
 		t.Fatal("no row of u3 after the poison: the test shows nothing")
 	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(others) }, "the other keys' rows not all applied")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, others) }, "the other keys' rows not all applied")
 	letters(poison, 1+len(parked))
 	noneApplied(append(parked, poison))
 
@@ -176,7 +143,7 @@ func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 	ms[owner] = wefttest.Open(t, cfgOf(fmt.Sprintf("m%d", owner)))
 	appendNotices(t, w, rows, 100, users)
 	poison, parked, others = split()
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(others) }, "the other keys' rows not all applied after the restart")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, others) }, "the other keys' rows not all applied after the restart")
 	letters(poison, 1+len(parked))
 	noneApplied(append(parked, poison))
 
@@ -207,28 +174,13 @@ func testGroupPark(t *testing.T, maxInFlight int, discard, deliver bool) {
 	if err := ms[0].RetryDeadLetter(context.Background(), "notices", "mailer", want[0]); err != nil {
 		t.Fatal(err)
 	}
-	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(want) }, "the parked key's rows not applied after the retry")
+	wefttest.Eventually(t, 30*time.Second, func() bool { return appliedAll(t, pool, want) }, "the parked key's rows not applied after the retry")
 	letters(poison, 0)
 	if got, all := gotPositions(t, pool), wefttest.Rows(t, db, notices); len(got) != len(all)-1-len(parked)+len(want) {
 		t.Fatalf("%d rows applied of %d", len(got), len(all))
 	}
 	// Every key's rows in position order, the parked key's included.
-	q, err := pool.Query(context.Background(), `SELECT pos, usr FROM got ORDER BY seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := map[string]int64{}
-	var pos int64
-	var usr string
-	if _, err := pgx.ForEachRow(q, []any{&pos, &usr}, func() error {
-		if pos <= last[usr] {
-			return fmt.Errorf("user %s: row %d applied after %d", usr, pos, last[usr])
-		}
-		last[usr] = pos
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	checkKeyOrder(t, pool, 0)
 	// The key goes on: a new row of it is applied.
 	appendNotices(t, w, 300, 20, users)
 	all := wefttest.Rows(t, db, notices)

@@ -17,16 +17,7 @@ import (
 // finds the record's gen moved, settles, and runs from the true cursor.
 func TestGroupBatchAfterLostCommitAnswer(t *testing.T) {
 	ctx := context.Background()
-	db, rds := testenv.NewDatabase(t), testenv.StartRedis(t)
-	n, err := Open(ctx, Config{Name: "w", DatabaseURL: db, RedisURL: rds.URL(), Insecure: true, AnnounceInterval: 100 * time.Millisecond,
-		Streams: []Stream{{Name: "notices"}}, Writes: []string{"notices"}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	if _, err := n.pool.Exec(ctx, `CREATE TABLE effects (pos bigint NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	n := openNotices(t, `CREATE TABLE effects (pos bigint NOT NULL)`)
 	apply := func(ctx context.Context, tx pgx.Tx, rows []Row) error {
 		for _, r := range rows {
 			if _, err := tx.Exec(ctx, `INSERT INTO effects (pos) VALUES ($1)`, r.Pos); err != nil {
@@ -36,15 +27,7 @@ func TestGroupBatchAfterLostCommitAnswer(t *testing.T) {
 		return nil
 	}
 	const parts = 8
-	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.conn.close)
-	var renewed time.Time
-	if _, err := g.step(ctx, &renewed); err != nil {
-		t.Fatal(err)
-	}
+	g, _ := soleMailer(t, n, parts, apply)
 	appendUsers := func(from, count int) {
 		t.Helper()
 		var last int64
@@ -90,4 +73,57 @@ func TestGroupBatchAfterLostCommitAnswer(t *testing.T) {
 	if want := 20 + 5 + 5 + 10 + 3; rows != want+dup || dup != 0 {
 		t.Fatalf("%d effects, %d of them again; want %d once each", rows, dup, want)
 	}
+}
+
+// openNotices opens a writer of notices on a fresh database and Redis,
+// closed when the test ends, and runs ddl (the effects table) in it.
+func openNotices(t *testing.T, ddl string) *Node {
+	t.Helper()
+	ctx := context.Background()
+	db, rds := testenv.NewDatabase(t), testenv.StartRedis(t)
+	n, err := Open(ctx, Config{Name: "w", DatabaseURL: db, RedisURL: rds.URL(), Insecure: true, AnnounceInterval: 100 * time.Millisecond,
+		Streams: []Stream{{Name: "notices"}}, Writes: []string{"notices"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	if _, err := n.pool.Exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// appendUsers appends a notice for each of users, waits until g's
+// persisted-upto covers them, and returns the last one's position.
+func appendUsers(t *testing.T, g *group, users []string) int64 {
+	t.Helper()
+	var last int64
+	for _, u := range users {
+		ids, err := g.n.Append(context.Background(), "notices", map[string]string{"user": u})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ids[0]
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return g.st.gen.ComputedUpto() >= last }, "persisted-upto behind %d", last)
+	return last
+}
+
+// soleMailer is n's member of group mailer over notices, its parts
+// partitions keyed by user, after its first round: the only member, it
+// owns them all. It returns the member and the renewal time its rounds
+// keep.
+func soleMailer(t *testing.T, n *Node, parts int, apply ConsumerFunc) (*group, *time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	g, err := n.newGroup(ctx, 0, Consumer{Stream: "notices", Name: "mailer", Key: "user", Partitions: parts, Apply: apply, MaxBatch: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.conn.close)
+	renewed := new(time.Time)
+	if _, err := g.step(ctx, renewed); err != nil {
+		t.Fatal(err)
+	}
+	return g, renewed
 }

@@ -81,6 +81,88 @@ func appendNotices(t *testing.T, w *weft.Node, from, count, users int) {
 	appendRows(t, w, "notices", from, count, 4, func(i int) any { return notice{User: fmt.Sprintf("u%d", i%users), N: i} })
 }
 
+// noticesGroup is member name's config of a group consuming notices as c
+// (its Stream filled in), with lease as its LeaseTTL.
+func noticesGroup(name, db, rds string, lease time.Duration, c weft.Consumer) weft.Config {
+	cfg := wefttest.Config(name, db, rds)
+	cfg.Streams = []weft.Stream{notices}
+	cfg.LeaseTTL = lease
+	c.Stream = notices.Name
+	cfg.Consumers = []weft.Consumer{c}
+	return cfg
+}
+
+// openGroup opens members m0 to m<n-1> with the configs of cfgOf, and
+// waits until they share the partitions.
+func openGroup(t *testing.T, n int, cfgOf func(name string) weft.Config) []*weft.Node {
+	t.Helper()
+	var ms []*weft.Node
+	for i := range n {
+		ms = append(ms, wefttest.Open(t, cfgOf(fmt.Sprintf("m%d", i))))
+	}
+	wefttest.Eventually(t, 10*time.Second, func() bool { return balanced(ms[0].Status(), n) }, "not balanced: %+v", ms[0].Status().Groups)
+	return ms
+}
+
+// noticesOf decodes all, failing t on a row that is not a notice.
+func noticesOf(t *testing.T, all []weft.Row) []notice {
+	t.Helper()
+	ns := make([]notice, len(all))
+	for i, r := range all {
+		if err := r.Decode(&ns[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ns
+}
+
+// positionOf is the position of notice number n among all (decoded as
+// ns); t fails if there is none.
+func positionOf(t *testing.T, all []weft.Row, ns []notice, n int) int64 {
+	t.Helper()
+	for i, x := range ns {
+		if x.N == n {
+			return all[i].Pos
+		}
+	}
+	t.Fatalf("no notice %d among %d rows", n, len(all))
+	return 0
+}
+
+// appliedAll reports whether every position of ps is in got.
+func appliedAll(t *testing.T, pool *pgxpool.Pool, ps []int64) bool {
+	t.Helper()
+	got := gotPositions(t, pool)
+	for _, p := range ps {
+		if !got[p] {
+			return false
+		}
+	}
+	return true
+}
+
+// checkKeyOrder fails t unless got holds each user's rows, but the one at
+// skip (0: none), in position order.
+func checkKeyOrder(t *testing.T, pool *pgxpool.Pool, skip int64) {
+	t.Helper()
+	q, err := pool.Query(context.Background(), `SELECT pos, usr FROM got WHERE pos <> $1 ORDER BY seq`, skip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]int64{}
+	var pos int64
+	var usr string
+	if _, err := pgx.ForEachRow(q, []any{&pos, &usr}, func() error {
+		if pos <= last[usr] {
+			return fmt.Errorf("user %s: row %d applied after %d", usr, pos, last[usr])
+		}
+		last[usr] = pos
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Three members of a group split a stream by user: every row's effect
 // once, each user's in order, every member doing some of the work, and
 // /status lists the members and what each owns.

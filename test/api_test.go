@@ -11,19 +11,13 @@ import (
 	"time"
 
 	"github.com/weft-dev/weft/internal/roomsapi"
-	"github.com/weft-dev/weft/internal/testenv"
 )
 
 // Every bad request to the client API answers 400 (or 413) with a JSON
 // error naming the field; the instance keeps serving.
 func TestBadRequestsNameTheField(t *testing.T) {
 	timed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
-	c.waitReady(p1, p2)
+	_, _, master, _ := newFleet(t, nil, "persister1", "persister2")
 	big := `{"sender":"@a:x","txn_id":"1","body":"` + strings.Repeat("x", 70<<10) + `"}`
 	cases := []struct {
 		method, path, body string
@@ -79,12 +73,8 @@ func TestBadRequestsNameTheField(t *testing.T) {
 // (so nobody waits for its lease) and exits 0 within the shutdown bound.
 func TestSigtermSealsAndExitsZero(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1 := c.start("worker", "persister1")
-	c.waitReady(p1)
+	_, c, master, ws := newFleet(t, nil, "persister1")
+	p1 := ws[0]
 	cmd := p1.cmd
 	start := time.Now()
 	c.stop(p1, syscall.SIGTERM)

@@ -89,6 +89,31 @@ func newCluster(t *testing.T, redisURL, dbURL string, env ...string) *cluster {
 	return c
 }
 
+// newFleet starts a private Redis and database and a cluster on them,
+// with env, then startFleet.
+func newFleet(t *testing.T, env []string, workers ...string) (*testenv.Redis, *cluster, *proc, []*proc) {
+	t.Helper()
+	rds := testenv.StartRedis(t)
+	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), env...)
+	master, ws := c.startFleet(workers...)
+	return rds, c, master, ws
+}
+
+// startFleet starts the master, ready before any worker starts (a worker
+// waits for the schema the master migrates), then the named workers,
+// returned in order once every one is ready.
+func (c *cluster) startFleet(workers ...string) (*proc, []*proc) {
+	c.t.Helper()
+	master := c.start("master", "master")
+	c.waitReady(master)
+	ws := make([]*proc, len(workers))
+	for i, name := range workers {
+		ws[i] = c.start("worker", name)
+	}
+	c.waitReady(ws...)
+	return master, ws
+}
+
 // start runs bin (master or worker) named name on a free port.
 func (c *cluster) start(bin, name string, extra ...string) *proc {
 	c.t.Helper()

@@ -62,12 +62,8 @@ func peersOf(p *proc) (map[string]bool, error) {
 // readers drop the killed typing writer's typing state.
 func TestKilledInstancesAreForgotten(t *testing.T) {
 	timed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_HEARTBEAT_INTERVAL="+heartbeat.String())
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, s1, s2 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1"), c.start("worker", "sync2")
-	c.waitReady(p1, p2, s1, s2)
+	_, c, master, ws := newFleet(t, []string{"WEFT_HEARTBEAT_INTERVAL=" + heartbeat.String()}, "persister1", "persister2", "sync1", "sync2")
+	p1, p2, s1, s2 := ws[0], ws[1], ws[2], ws[3]
 	survivors := []*proc{p1, p2, s1}
 	room := "!typing:test"
 	if _, err := roomsapi.Call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape(room)+"/typing/@u:test",
@@ -143,8 +139,7 @@ func TestHungWriterFallsBackToPostgres(t *testing.T) {
 	for i := range 20 {
 		txn := fmt.Sprintf("hung-%d", i)
 		var ack writeAck
-		if _, err := roomsapi.Call(ctx, "POST", p2.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
-			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, &ack); err != nil {
+		if _, err := postTxn(ctx, p2.url, room, txn, &ack); err != nil {
 			t.Fatal(err)
 		}
 		txns = append(txns, txn)
@@ -251,8 +246,7 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 	for i := 0; i < 60 || replays.Load() < 60; i++ {
 		via := []*proc{master, p2, s1}[i%3]
 		txn := fmt.Sprintf("after-restart-%d", i)
-		if _, err := roomsapi.Call(context.Background(), "POST", via.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
-			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, nil); err != nil {
+		if _, err := postTxn(context.Background(), via.url, room, txn, nil); err != nil {
 			failed++
 			t.Logf("write through %s: %v", via.name, err)
 		}
@@ -285,12 +279,8 @@ func TestStaleHelloAfterWriterRestart(t *testing.T) {
 // through any instance keeps working.
 func TestTwoMasters(t *testing.T) {
 	timed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	m1 := c.start("master", "master")
-	c.waitReady(m1)
-	p1, p2, s1, s2 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1"), c.start("worker", "sync2")
-	c.waitReady(p1, p2, s1, s2)
+	_, c, m1, ws := newFleet(t, nil, "persister1", "persister2", "sync1", "sync2")
+	p1, p2, s1, s2 := ws[0], ws[1], ws[2], ws[3]
 	first := instanceOf(t, m1)
 	if _, err := roomsapi.Call(context.Background(), "PUT", s1.url+"/v1/rooms/"+url.PathEscape("!two0:test")+"/typing/@u0:test",
 		map[string]any{"typing": true, "timeout_ms": 60000}, nil); err != nil {

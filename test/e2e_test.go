@@ -59,12 +59,8 @@ func TestEndToEnd(t *testing.T) {
 	rds := testenv.StartRedis(t)
 	pg := testenv.StartPostgres(t)
 	c := newCluster(t, rds.URL(), pg.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	procs := []*proc{master,
-		c.start("worker", "persister1"), c.start("worker", "persister2"),
-		c.start("worker", "sync1"), c.start("worker", "sync2")}
-	c.waitReady(procs...)
+	master, ws := c.startFleet("persister1", "persister2", "sync1", "sync2")
+	procs := append([]*proc{master}, ws...)
 
 	ctx := context.Background()
 	const messages, rooms = 2000, 50
@@ -85,7 +81,7 @@ func TestEndToEnd(t *testing.T) {
 					SyncToken string `json:"sync_token"`
 				}
 				body := map[string]string{"sender": fmt.Sprintf("@u%d:test", g), "body": fmt.Sprintf("message %d", i), "txn_id": txn}
-				if _, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &resp); err != nil {
+				if _, err := roomsapi.Call(ctx, "POST", messagesURL(p.url, room), body, &resp); err != nil {
 					return err
 				}
 				mu.Lock()

@@ -3,7 +3,6 @@ package test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,12 +23,8 @@ import (
 // named ghost started.
 func TestForceAddOfANameNobodyRuns(t *testing.T) {
 	timed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
-	c.waitReady(p1, p2)
+	_, c, master, ws := newFleet(t, nil, "persister1", "persister2")
+	p1, p2 := ws[0], ws[1]
 	procs := []*proc{master, p1, p2}
 
 	with := []string{"persister1", "persister2", "ghost"}
@@ -49,7 +44,7 @@ func TestForceAddOfANameNobodyRuns(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		start := time.Now()
-		code, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
+		code, err := roomsapi.Call(ctx, "POST", messagesURL(p.url, room),
 			map[string]string{"sender": "@a:x", "body": "hi", "txn_id": fmt.Sprint("t", n)}, nil)
 		return code, time.Since(start), err
 	}

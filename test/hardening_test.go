@@ -24,10 +24,7 @@ import (
 // Redis that is down: the BYE of a master stopped during a second outage.
 func TestRedisLibraryLogsAreJSON(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
-	master := c.start("master", "master")
-	c.waitReady(master)
+	rds, c, master, _ := newFleet(t, jsonLogs)
 
 	rds.Kill(t)
 	c.awaitLog(t, "master", "subscription lost", 30*time.Second)

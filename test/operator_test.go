@@ -44,11 +44,8 @@ func countLevel(lines []logLine, level, msg string) int {
 // about its lines: once per 10 s and reason, while hundreds are refused.
 func TestOperatorWrongSecret(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
 	// Heartbeats every 200 ms: many lines to refuse.
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LOG_FORMAT=json", "WEFT_HEARTBEAT_INTERVAL=200ms")
-	master := c.start("master", "master")
-	c.waitReady(master)
+	_, c, master, _ := newFleet(t, []string{"WEFT_LOG_FORMAT=json", "WEFT_HEARTBEAT_INTERVAL=200ms"})
 	masterID := instanceOf(t, master)
 	stranger := c.startWith("worker", "stranger", []string{"WEFT_SECRET=another-secret-0123456789"})
 	const refused = "not signed with this instance's secret"
@@ -104,10 +101,7 @@ func TestOperatorWrongSecret(t *testing.T) {
 // ERROR, not as a 503 to retry (issue 48, deliverable 5).
 func TestWrongSecretWriteIsAMisconfiguration(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LOG_FORMAT=json", "WEFT_EVENT_WRITERS=persister1")
-	master := c.start("master", "master")
-	c.waitReady(master)
+	_, c, _, _ := newFleet(t, []string{"WEFT_LOG_FORMAT=json", "WEFT_EVENT_WRITERS=persister1"})
 	p1 := c.start("worker", "persister1", "--event-writer")
 	c.waitReady(p1)
 	stranger := c.startWith("worker", "stranger", []string{"WEFT_SECRET=another-secret-0123456789"})
@@ -263,12 +257,8 @@ func TestOperatorMissingDatabase(t *testing.T) {
 // saying at WARN who holds the name; SIGTERM ends the wait with status 0.
 func TestOperatorHeldWriterName(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
-	master := c.start("master", "master")
-	c.waitReady(master)
-	first := c.start("worker", "persister1")
-	c.waitReady(first)
+	_, c, _, ws := newFleet(t, jsonLogs, "persister1")
+	first := ws[0]
 	holder := instanceOf(t, first)
 
 	second := c.startNamed("worker", "persister1-again", "persister1", nil)
@@ -399,10 +389,7 @@ func TestVersion(t *testing.T) {
 		t.Errorf("built in a git checkout at %s, but the revision is %s", head, revision)
 	}
 
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
-	master := c.start("master", "master")
-	c.waitReady(master)
+	_, c, master, _ := newFleet(t, jsonLogs)
 	var st struct {
 		Version  string `json:"version"`
 		Revision string `json:"revision"`

@@ -25,11 +25,7 @@ import (
 func TestPrometheusScrapesInstance(t *testing.T) {
 	untimed(t)
 	bin := testenv.RequireTool(t, "prometheus", "prometheus")
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	c.waitReady(c.start("worker", "persister1"), c.start("worker", "persister2"))
+	_, _, master, _ := newFleet(t, nil, "persister1", "persister2")
 
 	// One persisted event, so persisted-upto has somewhere to move to.
 	var sent struct {

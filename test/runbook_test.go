@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,17 +29,13 @@ import (
 // writer wakes, the same write retried with the same txn_id succeeds, once.
 func TestRunbookStalledWriterAnswers503(t *testing.T) {
 	timed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_LEASE_TTL=60s")
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
-	c.waitReady(p1, p2)
+	_, _, master, ws := newFleet(t, []string{"WEFT_LEASE_TTL=60s"}, "persister1", "persister2")
+	p1, p2 := ws[0], ws[1]
 	ctx := context.Background()
 	room := roomOf(t, "persister1")
-	u := p2.url + "/v1/rooms/" + url.PathEscape(room) + "/messages"
+	u := messagesURL(p2.url, room)
 	body := map[string]string{"sender": "@a:test", "body": "stalled-1", "txn_id": "stalled-1"}
-	if _, err := roomsapi.Call(ctx, "POST", u, map[string]string{"sender": "@a:test", "body": "warm", "txn_id": "warm"}, nil); err != nil {
+	if _, err := postTxn(ctx, p2.url, room, "warm", nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -60,15 +55,7 @@ func TestRunbookStalledWriterAnswers503(t *testing.T) {
 	// The fix: the writer wakes (or its supervisor restarts it once it is
 	// sealed); the client retries with the same txn_id.
 	_ = p1.cmd.Process.Signal(syscall.SIGCONT)
-	var first writeAck
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		_, err := roomsapi.Call(ctx, "POST", u, body, &first)
-		return err
-	})
-	var again writeAck
-	if _, err := roomsapi.Call(ctx, "POST", master.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &again); err != nil || again.EventID != first.EventID {
-		t.Fatalf("the retry through another instance: %+v %v; want the same event %s", again, err, first.EventID)
-	}
+	retryLandsOnce(ctx, t, u, messagesURL(master.url, room), body)
 	n := 0
 	for _, e := range history(ctx, t, master.url)[room] {
 		if roomsapi.TxnOf(e) == "stalled-1" {
@@ -92,20 +79,15 @@ func TestRunbookStalledWriterAnswers503(t *testing.T) {
 func TestRunbookRedisDownWriteLatency(t *testing.T) {
 	timed(t)
 	const announce = 5 * time.Second
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), "WEFT_ANNOUNCE_INTERVAL=5s")
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
-	c.waitReady(p1, p2)
+	rds, _, _, ws := newFleet(t, []string{"WEFT_ANNOUNCE_INTERVAL=5s"}, "persister1", "persister2")
+	p1, p2 := ws[0], ws[1]
 	ctx := context.Background()
 	room := roomOf(t, "persister1")
 	write := func(p *proc, i int) time.Duration {
 		t.Helper()
 		txn := fmt.Sprintf("%s-%d", p.name, i)
 		start := time.Now()
-		if _, err := roomsapi.Call(ctx, "POST", p.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
-			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, nil); err != nil {
+		if _, err := postTxn(ctx, p.url, room, txn, nil); err != nil {
 			t.Fatalf("write %s with Redis down: %v", txn, err)
 		}
 		return time.Since(start)
@@ -144,18 +126,13 @@ func TestRunbookRedisDownWriteLatency(t *testing.T) {
 // hole.
 func TestRunbookSequenceSetBack(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
-	c.waitReady(p1, p2)
+	_, c, master, ws := newFleet(t, jsonLogs, "persister1", "persister2")
+	p1 := ws[0]
 	ctx := context.Background()
 	room := roomOf(t, "persister1")
 	post := func(txn string) (int, writeAck, error) {
 		var ack writeAck
-		code, err := roomsapi.Call(ctx, "POST", master.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
-			map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, &ack)
+		code, err := postTxn(ctx, master.url, room, txn, &ack)
 		return code, ack, err
 	}
 	var last int64
@@ -250,20 +227,15 @@ func TestRunbookSequenceSetBack(t *testing.T) {
 // degraded returns to 0, and a write is seen by every instance.
 func TestRunbookRedisKilled(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, s1 := c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, s1)
-	all := []*proc{master, p1, p2, s1}
+	rds, _, master, ws := newFleet(t, nil, "persister1", "persister2", "sync1")
+	s1 := ws[2]
+	all := append([]*proc{master}, ws...)
 	ctx := context.Background()
 	room := roomOf(t, "persister1")
 	write := func(txn string) {
 		t.Helper()
 		testenv.WaitFor(t, 30*time.Second, func() error {
-			_, err := roomsapi.Call(ctx, "POST", s1.url+"/v1/rooms/"+url.PathEscape(room)+"/messages",
-				map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, nil)
+			_, err := postTxn(ctx, s1.url, room, txn, nil)
 			return err
 		})
 	}
@@ -325,15 +297,11 @@ func TestRunbookRedisKilled(t *testing.T) {
 // retried with the same txn_id lands once.
 func TestRunbookWriterCrashed(t *testing.T) {
 	untimed(t)
-	rds := testenv.StartRedis(t)
-	c := newCluster(t, rds.URL(), testenv.NewDatabase(t), jsonLogs...)
-	master := c.start("master", "master")
-	c.waitReady(master)
-	p1, p2 := c.start("worker", "persister1"), c.start("worker", "persister2")
-	c.waitReady(p1, p2)
+	_, c, master, ws := newFleet(t, jsonLogs, "persister1", "persister2")
+	p1, p2 := ws[0], ws[1]
 	ctx := context.Background()
 	room := roomOf(t, "persister1")
-	u := p2.url + "/v1/rooms/" + url.PathEscape(room) + "/messages"
+	u := messagesURL(p2.url, room)
 	body := map[string]string{"sender": "@a:test", "body": "crashed-1", "txn_id": "crashed-1"}
 
 	c.stop(p1, syscall.SIGKILL)
@@ -345,15 +313,24 @@ func TestRunbookWriterCrashed(t *testing.T) {
 
 	c.launch(p1)
 	c.waitReady(p1)
+	first := retryLandsOnce(ctx, t, u, messagesURL(master.url, room), body)
+	if first.Writer != "persister1" {
+		t.Errorf("the write after the restart landed on %s, want persister1 (the restarted writer took its name)", first.Writer)
+	}
+}
+
+// retryLandsOnce retries body at u until it is answered, then sends it
+// once more at other, another instance: the same txn_id must answer the
+// same event there. It returns the first answer.
+func retryLandsOnce(ctx context.Context, t *testing.T, u, other string, body map[string]string) writeAck {
+	t.Helper()
 	var first, again writeAck
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		_, err := roomsapi.Call(ctx, "POST", u, body, &first)
 		return err
 	})
-	if _, err := roomsapi.Call(ctx, "POST", master.url+"/v1/rooms/"+url.PathEscape(room)+"/messages", body, &again); err != nil || again.EventID != first.EventID {
+	if _, err := roomsapi.Call(ctx, "POST", other, body, &again); err != nil || again.EventID != first.EventID {
 		t.Fatalf("the retry through another instance: %+v %v; want the same event %s", again, err, first.EventID)
 	}
-	if first.Writer != "persister1" {
-		t.Errorf("the write after the restart landed on %s, want persister1 (the restarted writer took its name)", first.Writer)
-	}
+	return first
 }

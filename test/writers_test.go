@@ -24,6 +24,18 @@ type writeAck struct {
 	SyncToken string `json:"sync_token"`
 }
 
+// messagesURL is where a message to room is posted through base.
+func messagesURL(base, room string) string {
+	return base + "/v1/rooms/" + url.PathEscape(room) + "/messages"
+}
+
+// postTxn posts a message whose body is its txn_id to room through base,
+// decoding the answer into out (nil: discarded).
+func postTxn(ctx context.Context, base, room, txn string, out any) (int, error) {
+	return roomsapi.Call(ctx, "POST", messagesURL(base, room),
+		map[string]string{"sender": "@a:test", "body": txn, "txn_id": txn}, out)
+}
+
 // smallCluster starts a master, two event writers and a worker on a
 // private Redis and a fresh database, and waits until all are ready.
 func smallCluster(t *testing.T) (c *cluster, master, p1, p2, sync1 *proc) {
@@ -35,11 +47,8 @@ func smallCluster(t *testing.T) (c *cluster, master, p1, p2, sync1 *proc) {
 func smallClusterOn(t *testing.T, rds *testenv.Redis) (c *cluster, master, p1, p2, sync1 *proc) {
 	t.Helper()
 	c = newCluster(t, rds.URL(), testenv.NewDatabase(t))
-	master = c.start("master", "master")
-	c.waitReady(master)
-	p1, p2, sync1 = c.start("worker", "persister1"), c.start("worker", "persister2"), c.start("worker", "sync1")
-	c.waitReady(p1, p2, sync1)
-	return c, master, p1, p2, sync1
+	master, ws := c.startFleet("persister1", "persister2", "sync1")
+	return c, master, ws[0], ws[1], ws[2]
 }
 
 // A write forwarded through an instance is visible on that instance as

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -78,27 +79,16 @@ func measureCatchup(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		return time.Since(start), err
 	}
 
-	srv, err := catchup.NewServer(catchup.ServerConfig{Secret: benchSecret, Sources: map[string]catchup.Source{"events": src}, Logger: e.log})
+	url, stopServing, err := serveCatchup(src, e.log)
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	hs := catchup.NewHTTPServer(l.Addr().String(), srv)
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(l) }()
-	defer func() {
-		_ = hs.Close()
-		<-served
-	}()
+	defer stopServing()
 	client, err := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret, Limit: catchupPage})
 	if err != nil {
 		return nil, err
 	}
 	defer client.Close()
-	url := "http://" + l.Addr().String()
 	weft := func() (time.Duration, error) {
 		start := time.Now()
 		rows, err := client.Updates(ctx, url, "events", "w1", 0, catchupRows)
@@ -135,4 +125,24 @@ func measureCatchup(ctx context.Context, e *benchEnv) ([]Sample, error) {
 		Name: "100,000 rows over HTTP (catchup.Client, pages of 10,000)",
 		Weft: weftSecs, Raw: rawSecs, HasRaw: true, Goal: &Goal{Kind: GoalRatioAtMost, Value: 1.3},
 		Note: "raw: one range read of the rows plus the JSON encoding of the same pages"}}, nil
+}
+
+// serveCatchup serves the events stream from src over HTTP on a free
+// local port until the returned stop is called, and returns its base URL.
+func serveCatchup(src catchup.Source, log *slog.Logger) (base string, stop func(), err error) {
+	srv, err := catchup.NewServer(catchup.ServerConfig{Secret: benchSecret, Sources: map[string]catchup.Source{"events": src}, Logger: log})
+	if err != nil {
+		return "", nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := catchup.NewHTTPServer(l.Addr().String(), srv)
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(l) }()
+	return "http://" + l.Addr().String(), func() {
+		_ = hs.Close()
+		<-served
+	}, nil
 }

@@ -2,16 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
-
-	"github.com/weft-dev/weft/internal/catchup"
-	"github.com/weft-dev/weft/internal/fabric"
-	"github.com/weft-dev/weft/internal/fabric/core"
-	"github.com/weft-dev/weft/internal/instance"
-	"github.com/weft-dev/weft/internal/streams"
 )
 
 // The persisted-upto lag measurement: 4 writers that follow the stream
@@ -59,66 +51,15 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 	}
 	defer stopWriters(ws)
 
-	gen, err := streams.Open(ctx, db.Pool, eventsCfg, "")
+	r, err := startLagReader(ctx, db.Pool, e.redisURL, cluster, "lagreader", interval, e.nodeLog, len(ws), 20*time.Second)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	id, err := instance.NewID("lagreader")
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	fetcher, err := catchup.NewClient(catchup.ClientConfig{Secret: benchSecret,
-		Fallback: map[string]catchup.Source{eventsCfg.Name: sqlSource(db.Pool)}})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	node, err := fabric.New(fabric.Config{Instance: id, Cluster: cluster, RedisURL: e.redisURL, Secret: benchSecret,
-		Hello: fabricHello("lagreader"), Streams: []core.StreamSpec{{Name: eventsCfg.Name, Start: gen.StoredUpto()}},
-		Generators: []*streams.Generator{gen}, Handler: nopHandler{}, AnnounceInterval: interval,
-		ReplicateWait: 200 * time.Millisecond, Logger: e.nodeLog, Fetcher: fetcher})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	stop := runNode(ctx, node)
-	defer stop()
-	deadline := time.Now().Add(20 * time.Second)
-	for !node.Status().Ready || len(node.Status().Views) < len(ws) {
-		if time.Now().After(deadline) {
-			return 0, 0, 0, errors.New("lag reader not ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	defer r.stop()
 
 	// The busy writer commits; the sampler watches the reader's
-	// persisted-upto every millisecond.
-	type commit struct {
-		id int64
-		at time.Time
-	}
-	var mu sync.Mutex
-	var pending []commit
-	var lags []float64
-	sampleCtx, stopSampling := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-sampleCtx.Done():
-				return
-			case now := <-t.C:
-				pu := gen.StoredUpto()
-				mu.Lock()
-				i := 0
-				for ; i < len(pending) && pending[i].id <= pu; i++ {
-					lags = append(lags, float64(now.Sub(pending[i].at))/1e6)
-				}
-				pending = pending[i:]
-				mu.Unlock()
-			}
-		}
-	})
+	// persisted-upto.
+	sampler := startLagSampler(ctx, r.gen)
 	d := 6 * time.Second
 	if e.quick {
 		d = 3 * time.Second
@@ -126,38 +67,11 @@ func lagAt(ctx context.Context, e *benchEnv, interval time.Duration) (p50, p99, 
 	if interval >= time.Second {
 		d *= 2
 	}
-	n := int(d.Seconds() * lagRate)
-	var seq int64
-	err = paced(ctx, n, lagRate, 1, func(ctx context.Context, _ int, sent int64) error {
-		seq++
-		id, err := ws[0].write(ctx, makeRow(seq, sent))
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		pending = append(pending, commit{id, time.Now()})
-		mu.Unlock()
-		return nil
-	})
+	_, err = sampler.writePaced(ctx, ws[0], int(d.Seconds()*lagRate), lagRate)
 	if err == nil {
-		// Wait for the last rows to be covered.
-		deadline := time.Now().Add(3*interval + 5*time.Second)
-		for {
-			mu.Lock()
-			left := len(pending)
-			mu.Unlock()
-			if left == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				err = fmt.Errorf("%d rows never covered by persisted-upto (%d)", left, gen.StoredUpto())
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		err = sampler.drain(3*interval + 5*time.Second) // the last rows
 	}
-	stopSampling()
-	wg.Wait()
+	lags := sampler.finish()
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -183,7 +183,13 @@ func idleLongPolls(ctx context.Context, base string, n int) (stop func() int64, 
 // awaitGoroutines polls an instance's goroutine count until ok holds, for
 // at most a minute, and returns the last count.
 func awaitGoroutines(ctx context.Context, hc *http.Client, base string, ok func(int) bool) (int, error) {
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	return pollGoroutines(ctx, hc, base, time.Minute, 50*time.Millisecond, ok)
+}
+
+// pollGoroutines polls base's goroutine count every interval until ok
+// holds, for at most d, and returns the last count.
+func pollGoroutines(ctx context.Context, hc *http.Client, base string, d, every time.Duration, ok func(int) bool) (int, error) {
+	for deadline := time.Now().Add(d); ; {
 		g, err := goroutines(ctx, hc, base)
 		if err != nil {
 			return 0, err
@@ -192,12 +198,12 @@ func awaitGoroutines(ctx context.Context, hc *http.Client, base string, ok func(
 			return g, nil
 		}
 		if time.Now().After(deadline) {
-			return g, fmt.Errorf("still %d goroutines after a minute", g)
+			return g, fmt.Errorf("still %d goroutines after %v", g, d)
 		}
 		select {
 		case <-ctx.Done():
 			return g, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(every):
 		}
 	}
 }

@@ -139,6 +139,41 @@ func (e *benchEnv) cluster(what string) string {
 	return fmt.Sprintf("bench-%s-%d-%d", what, os.Getpid(), e.run)
 }
 
+// reportPaths is where a run writes its reports: paths, or for a trial
+// run (quick, smoke) their base names in a new temporary directory named
+// after prefix, so that it never replaces the committed reports.
+func reportPaths(trial bool, prefix string, paths ...string) ([]string, error) {
+	if !trial {
+		return paths, nil
+	}
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return nil, err
+	}
+	ps := make([]string, len(paths))
+	for i, p := range paths {
+		ps[i] = filepath.Join(dir, filepath.Base(p))
+	}
+	return ps, nil
+}
+
+// startCPUProfile profiles this process's CPU into the file at path until
+// the returned stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
 func run(ctx context.Context, o options, log *slog.Logger) error {
 	if o.Render != "" {
 		return render(o)
@@ -151,15 +186,11 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		}
 	}
 	if o.CPUProfile != "" {
-		f, err := os.Create(o.CPUProfile)
+		stop, err := startCPUProfile(o.CPUProfile)
 		if err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
+			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	ms, err := selected(o.Only)
 	if err != nil {
@@ -205,15 +236,11 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		Seconds: time.Since(started).Seconds(), Machine: machine, Figures: aggregate(runs), Failures: failures}
 	fmt.Println()
 	fmt.Print(renderTable(res))
-	jsonPath, mdPath, chartPath := o.JSON, o.Markdown, o.Chart
-	if o.Quick {
-		// A quick run never replaces the committed reports.
-		out, err := os.MkdirTemp("", "weft-bench-quick-")
-		if err != nil {
-			return err
-		}
-		jsonPath, mdPath, chartPath = filepath.Join(out, "results.json"), filepath.Join(out, "BENCHMARKS.md"), filepath.Join(out, "chart.png")
+	ps, err := reportPaths(o.Quick, "weft-bench-quick-", o.JSON, o.Markdown, o.Chart)
+	if err != nil {
+		return err
 	}
+	jsonPath, mdPath, chartPath := ps[0], ps[1], ps[2]
 	if err := writeReports(res, reports{JSON: jsonPath, Markdown: mdPath, Chart: chartPath, Peers: o.Peers}); err != nil {
 		return err
 	}
@@ -304,15 +331,23 @@ func nodeLog(verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// render regenerates the reports from a results file, unchanged figures.
-func render(o options) error {
-	b, err := os.ReadFile(o.Render)
+// readJSON decodes the JSON file at path into v.
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// render regenerates the reports from a results file, unchanged figures.
+func render(o options) error {
 	var res Results
-	if err := json.Unmarshal(b, &res); err != nil {
-		return fmt.Errorf("%s: %w", o.Render, err)
+	if err := readJSON(o.Render, &res); err != nil {
+		return err
 	}
 	if err := writeReports(res, reports{JSON: o.JSON, Markdown: o.Markdown, Chart: o.Chart, Peers: o.Peers}); err != nil {
 		return err

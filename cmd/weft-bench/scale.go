@@ -25,7 +25,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -129,13 +128,9 @@ func scaleMain(ctx context.Context, args []string) error {
 		return err
 	}
 	if o.render != "" {
-		b, err := os.ReadFile(o.render)
-		if err != nil {
-			return err
-		}
 		var res ScaleResults
-		if err := json.Unmarshal(b, &res); err != nil {
-			return fmt.Errorf("%s: %w", o.render, err)
+		if err := readJSON(o.render, &res); err != nil {
+			return err
 		}
 		return writeScaleDoc(res, o.doc, o.charts)
 	}
@@ -150,15 +145,11 @@ func runScale(ctx context.Context, o scaleOptions) error {
 	}
 	raiseFileLimit()
 	if o.cpuProfile != "" {
-		f, err := os.Create(o.cpuProfile)
+		stop, err := startCPUProfile(o.cpuProfile)
 		if err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
+			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.verbose {
@@ -221,14 +212,11 @@ func runScale(ctx context.Context, o scaleOptions) error {
 	}
 	res.Seconds = time.Since(started).Seconds()
 	res.LoadEnd = loadAvg()
-	jsonPath, docPath, chartDir := o.json, o.doc, o.charts
-	if o.smoke {
-		out, err := os.MkdirTemp("", "weft-scale-smoke-")
-		if err != nil {
-			return err
-		}
-		jsonPath, docPath, chartDir = filepath.Join(out, "scale.json"), filepath.Join(out, "SCALING.md"), filepath.Join(out, "scaling")
+	ps, err := reportPaths(o.smoke, "weft-scale-smoke-", o.json, o.doc, o.charts)
+	if err != nil {
+		return err
 	}
+	jsonPath, docPath, chartDir := ps[0], ps[1], ps[2]
 	if o.only != "" && !o.smoke {
 		// A partial run keeps the other curves of the committed results.
 		res = mergeScale(jsonPath, res)
@@ -253,12 +241,8 @@ func runScale(ctx context.Context, o scaleOptions) error {
 // mergeScale puts res's curves in place of the same curves of the results
 // at path, keeping the others.
 func mergeScale(path string, res ScaleResults) ScaleResults {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return res
-	}
 	var old ScaleResults
-	if json.Unmarshal(b, &old) != nil {
+	if readJSON(path, &old) != nil {
 		return res
 	}
 	fresh := map[string]Curve{}

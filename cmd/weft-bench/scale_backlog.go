@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -62,21 +61,11 @@ func scaleBacklog(ctx context.Context, s *scaleEnv, x float64) (map[string]float
 	}
 	s.log.Info("backlog loaded", "rows", n, "s", time.Since(loadBegan).Seconds())
 
-	srv, err := catchup.NewServer(catchup.ServerConfig{Secret: benchSecret, Sources: map[string]catchup.Source{"events": sqlSource(db.Pool)}, Logger: s.log})
+	base, stopServing, err := serveCatchup(sqlSource(db.Pool), s.log)
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	hs := catchup.NewHTTPServer(l.Addr().String(), srv)
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(l) }()
-	defer func() {
-		_ = hs.Close()
-		<-served
-	}()
+	defer stopServing()
 	out := map[string]float64{}
 	// Bare first (it warms the cache for the others), then each side;
 	// pg10k is pg with pages of 10,000 (the server's cap) instead of the
@@ -85,7 +74,7 @@ func scaleBacklog(ctx context.Context, s *scaleEnv, x float64) (map[string]float
 		side, mode string
 		limit      int
 	}{{"raw", "bare", 0}, {"pg", "pg", 0}, {"pg10k", "pg", 10000}, {"peer", "peer", 0}, {"raw", "bare", 0}} {
-		r, err := runCatchupChild(ctx, db.URL, run.mode, "http://"+l.Addr().String(), n, run.limit)
+		r, err := runCatchupChild(ctx, db.URL, run.mode, base, n, run.limit)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", run.side, err)
 		}

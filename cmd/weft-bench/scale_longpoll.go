@@ -65,7 +65,9 @@ func scaleLongPolls(ctx context.Context, s *scaleEnv, x float64) (map[string]flo
 		return nil, err
 	}
 	defer polls.stop()
-	if _, err := awaitGoroutinesFor(ctx, hc, owner.URL, 3*time.Minute, func(g int) bool { return g >= g0+n }); err != nil {
+	// Three minutes: 50,000 connections take a while to be accepted on 2
+	// busy cores.
+	if _, err := pollGoroutines(ctx, hc, owner.URL, 3*time.Minute, 200*time.Millisecond, func(g int) bool { return g >= g0+n }); err != nil {
 		return nil, fmt.Errorf("%d long-polls (%d goroutines before, %d failed): %w", n, g0, polls.failed.Load(), err)
 	}
 	rss1, err := procMemKB(pid, "VmRSS")
@@ -265,44 +267,16 @@ func writeToAnswer(ctx context.Context, base, room string, n, run int, tag strin
 		}
 	}
 	// The last answers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if left := awaitNone(10*time.Second, func() int {
 		mu.Lock()
-		left := len(sentAt)
-		mu.Unlock()
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%d of %d messages never answered a long-poll", left, n)
-		}
-		time.Sleep(5 * time.Millisecond)
+		defer mu.Unlock()
+		return len(sentAt)
+	}); left > 0 {
+		return nil, fmt.Errorf("%d of %d messages never answered a long-poll", left, n)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	return lat, nil
-}
-
-// awaitGoroutinesFor is awaitGoroutines with a longer bound: 50,000
-// connections take a while to be accepted on 2 busy cores.
-func awaitGoroutinesFor(ctx context.Context, hc *http.Client, base string, d time.Duration, ok func(int) bool) (int, error) {
-	for deadline := time.Now().Add(d); ; {
-		g, err := goroutines(ctx, hc, base)
-		if err != nil {
-			return 0, err
-		}
-		if ok(g) {
-			return g, nil
-		}
-		if time.Now().After(deadline) {
-			return g, fmt.Errorf("still %d goroutines after %v", g, d)
-		}
-		select {
-		case <-ctx.Done():
-			return g, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // goMem is what an instance's Go runtime holds in use, from /metrics:

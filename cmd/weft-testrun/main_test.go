@@ -103,11 +103,7 @@ func TestUnfinished(t *testing.T) {
 {"Action":"output","Package":"github.com/weft-dev/weft/hang","Test":"TestHang","Output":"panic: test timed out after 30m0s\n"}
 {"Action":"fail","Package":"github.com/weft-dev/weft/hang","Elapsed":1800}
 `
-	var out bytes.Buffer
-	if err := run([]string{"failures"}, strings.NewReader(stream), &out); !errors.Is(err, errFailed) {
-		t.Fatalf("failures returned %v, want errFailed", err)
-	}
-	if got := out.String(); !strings.Contains(got, "DID NOT FINISH ./hang TestHang") || !strings.Contains(got, "timed out") {
+	if got := failures(t, stream); !strings.Contains(got, "DID NOT FINISH ./hang TestHang") || !strings.Contains(got, "timed out") {
 		t.Errorf("the hung test is not reported with its output:\n%s", got)
 	}
 }
@@ -124,11 +120,7 @@ func TestRepeatedRuns(t *testing.T) {
 {"Action":"pass","Package":"github.com/weft-dev/weft/rep","Test":"TestX","Elapsed":1}
 {"Action":"fail","Package":"github.com/weft-dev/weft/rep","Elapsed":4.1}
 `
-	var out bytes.Buffer
-	if err := run([]string{"failures"}, strings.NewReader(stream), &out); !errors.Is(err, errFailed) {
-		t.Fatalf("failures returned %v, want errFailed", err)
-	}
-	got := out.String()
+	got := failures(t, stream)
 	if !strings.Contains(got, "=== FAIL ./rep TestX#2") || !strings.Contains(got, "second time unlucky") || strings.Count(got, "=== FAIL") != 1 {
 		t.Errorf("the failed second run is not reported alone:\n%s", got)
 	}
@@ -162,11 +154,18 @@ func TestTwoProcessesOfOnePackage(t *testing.T) {
 	if want := "| `./test` | 301.0 | 3 | `TestTimed` 300.0 s | 1/1 |"; !strings.Contains(out.String(), want) {
 		t.Errorf("times output lacks %q:\n%s", want, out.String())
 	}
-	out.Reset()
-	if err := run([]string{"failures"}, strings.NewReader(e2e), &out); !errors.Is(err, errFailed) {
-		t.Fatalf("failures returned %v, want errFailed", err)
-	}
-	if got := out.String(); !strings.Contains(got, "TestUntimed") || !strings.Contains(got, "no answer") || strings.Contains(got, "#2") {
+	if got := failures(t, e2e); !strings.Contains(got, "TestUntimed") || !strings.Contains(got, "no answer") || strings.Contains(got, "#2") {
 		t.Errorf("failures output:\n%s", got)
 	}
+}
+
+// failures runs the failures command on stream, which must report a
+// failure, and returns what it printed.
+func failures(t *testing.T, stream string) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := run([]string{"failures"}, strings.NewReader(stream), &out); !errors.Is(err, errFailed) {
+		t.Fatalf("failures returned %v, want errFailed", err)
+	}
+	return out.String()
 }

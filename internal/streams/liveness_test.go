@@ -218,18 +218,15 @@ func TestLivenessSessionTerminatedWhileTheProcessWrites(t *testing.T) {
 	t.Logf("sealed while alive (its session not back within the grace), and stopped saying why:\n%s", c.out)
 }
 
-// A false signal made to last: a holder's liveness session ends and it
-// cannot connect again. A survivor seals it; its writes and heartbeat are
-// refused from the seal on, Run says why, and no write of the sealed
-// epoch commits after the seal. It recovers by claiming the name again.
-func TestFalseDeathIsFenced(t *testing.T) {
-	_, url := leaseSetup(t)
-	ctx := context.Background()
+// refusablePool is a pool on url (keeping minConns open) whose new
+// connections fail while refuse is set: a process cut from the database.
+func refusablePool(t *testing.T, url string, minConns int32) (pool *pgxpool.Pool, refuse *atomic.Bool) {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var refuse atomic.Bool
+	refuse = new(atomic.Bool)
 	dialer := &net.Dialer{}
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if refuse.Load() {
@@ -237,11 +234,22 @@ func TestFalseDeathIsFenced(t *testing.T) {
 		}
 		return dialer.DialContext(ctx, network, addr)
 	}
-	cfg.MinConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	cfg.MinConns = minConns
+	pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pool, refuse
+}
+
+// A false signal made to last: a holder's liveness session ends and it
+// cannot connect again. A survivor seals it; its writes and heartbeat are
+// refused from the seal on, Run says why, and no write of the sealed
+// epoch commits after the seal. It recovers by claiming the name again.
+func TestFalseDeathIsFenced(t *testing.T) {
+	_, url := leaseSetup(t)
+	ctx := context.Background()
+	pool, refuse := refusablePool(t, url, 4)
 	defer pool.Close()
 	watcher, _ := leasePool(t, url)
 	if _, err := pool.Exec(ctx, `CREATE TABLE epochs (id bigint PRIMARY KEY, epoch bigint NOT NULL)`); err != nil {
@@ -290,7 +298,7 @@ func TestFalseDeathIsFenced(t *testing.T) {
 		t.Fatalf("%d writes of the sealed epoch above its final position %d (%v)", above, s.Final["ledger"], err)
 	}
 	refuse.Store(false)
-	err = recvWithin(t, ran, 30*time.Second, "Run goes on after the seal")
+	err := recvWithin(t, ran, 30*time.Second, "Run goes on after the seal")
 	if !errors.Is(err, streams.ErrSealed) || !strings.Contains(err.Error(), "liveness session ended") {
 		t.Fatalf("Run = %v, want ErrSealed saying the liveness session ended", err)
 	}
@@ -329,22 +337,7 @@ func TestDatabaseRestartSealsNobodyAsDead(t *testing.T) {
 	if _, err := watcher.Exec(ctx, ledgerDDL); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var refuse atomic.Bool
-	dialer := &net.Dialer{}
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if refuse.Load() {
-			return nil, errors.New("test: connections refused")
-		}
-		return dialer.DialContext(ctx, network, addr)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, refuse := refusablePool(t, url, 0)
 	defer pool.Close()
 	l := claim(t, pool, "persister1", "inst-a", streams.LeaseConfig{TTL: time.Minute})
 	runCtx, stop := context.WithCancel(ctx)

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alecthomas/kong"
-
 	"github.com/weft-dev/weft/internal/keys"
 	"github.com/weft-dev/weft/internal/testenv"
 )
@@ -19,45 +17,96 @@ import (
 // until the test ends, and returns its --http-addr base URL once ready.
 func runInstance(t *testing.T, args ...string) string {
 	t.Helper()
-	cfg := parse(t, append([]string{"--database-url=" + testenv.NewDatabase(t), "--redis-url=" + testenv.SharedRedisURL(t),
-		fmt.Sprintf("--cluster=admin-%d", time.Now().UnixNano()), "--http-addr=127.0.0.1:0", "--name=master",
-		"--event-writers=master", "--announce-interval=100ms", "--log-level=warn"}, args...)...)
+	cfg := parse(t, append(instanceArgs(testenv.NewDatabase(t), testenv.SharedRedisURL(t),
+		fmt.Sprintf("admin-%d", time.Now().UnixNano()), "127.0.0.1:0", "master"), args...)...)
+	base := "http://" + serve(t, cfg, RoleMaster)
+	awaitReady(t, http.DefaultClient, base)
+	return base
+}
+
+// instanceArgs are the flags of a test instance named name: the master
+// writes every room, and announces often so that the others see it soon.
+func instanceArgs(db, redisURL, cluster, httpAddr, name string) []string {
+	return []string{"--database-url=" + db, "--redis-url=" + redisURL, "--cluster=" + cluster, "--http-addr=" + httpAddr,
+		"--name=" + name, "--event-writers=master", "--announce-interval=100ms", "--log-level=warn"}
+}
+
+// serve runs cfg as role until the test ends, and returns the address it
+// listens on; cfg must be valid, and Run must end without an error.
+func serve(t *testing.T, cfg Config, role string) string {
+	t.Helper()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, RoleMaster, func(a string) { addr <- a }) }()
+	go func() { done <- Run(ctx, cfg, role, func(a string) { addr <- a }) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
+			t.Errorf("Run %s: %v", cfg.Name, err)
 		}
 	})
-	base := "http://" + <-addr
-	testenv.Eventually(t, 30*time.Second, func() bool { c, _ := call(t, "GET", base+"/readyz", ""); return c == 200 }, "never ready")
-	return base
+	return <-addr
 }
 
-// call sends a request with the bearer derived from secret (none if
-// empty) and returns the code and body; 0 when it fails.
-func call(t *testing.T, method, url, secret string) (int, string) {
+// awaitReady waits until every base answers /readyz 200 through c.
+func awaitReady(t *testing.T, c *http.Client, bases ...string) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
+	for _, base := range bases {
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			code, _, _ := request(c, "GET", base+"/readyz", "", "")
+			return code == http.StatusOK
+		}, "%s never ready", base)
+	}
+}
+
+// writeThenSync writes a message saying text through base, and waits
+// until a sync from the start on base returns it.
+func writeThenSync(t *testing.T, c *http.Client, base, text string) {
+	t.Helper()
+	code, body, err := request(c, "POST", base+"/v1/rooms/!r:x/messages", "", `{"sender":"@a:x","body":"`+text+`","txn_id":"1"}`)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("a write through %s: %d %s %v", base, code, body, err)
+	}
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		code, body, err := request(c, "GET", base+"/v1/sync?since=m0&timeout_ms=0", "", "")
+		if err != nil || code != http.StatusOK || !strings.Contains(body, text) {
+			return fmt.Errorf("sync on %s: %d %.300s %v", base, code, body, err)
+		}
+		return nil
+	})
+}
+
+// request sends body through c with the bearer derived from secret (none
+// if empty), and returns the code and body.
+func request(c *http.Client, method, url, secret, body string) (int, string, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", err
 	}
 	if secret != "" {
 		req.Header.Set("Authorization", "Bearer "+keys.Bearer(secret))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
-		return 0, err.Error()
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), nil
+}
+
+// call is request through the default client, with no body; the code is
+// 0 and the body the error when it fails.
+func call(t *testing.T, method, url, secret string) (int, string) {
+	t.Helper()
+	code, body, err := request(http.DefaultClient, method, url, secret, "")
+	if err != nil {
+		return 0, err.Error()
+	}
+	return code, body
 }
 
 const testSecret = "s3cret-s3cret-s3cret" // parse's
@@ -140,53 +189,15 @@ func TestSecretRotationWithoutAStop(t *testing.T) {
 	const oldS, newS = "old-s3cret-old-s3cret", "new-s3cret-new-s3cret"
 	db, redisURL, cluster := testenv.NewDatabase(t), testenv.SharedRedisURL(t), fmt.Sprintf("rotate-%d", time.Now().UnixNano())
 	start := func(name, role, secret, previous string) string {
-		var c flags
-		p, err := kong.New(&c, kong.Vars{"default_name": "worker"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.Parse([]string{"--secret=" + secret, "--secret-previous=" + previous, "--database-url=" + db, "--redis-url=" + redisURL,
-			"--cluster=" + cluster, fmt.Sprintf("--http-addr=127.0.0.1:%d", testenv.FreePort(t)), "--name=" + name, "--event-writers=master", "--announce-interval=100ms", "--log-level=warn"}); err != nil {
-			t.Fatal(err)
-		}
-		cfg := Config(c)
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		addr := make(chan string, 1)
-		done := make(chan error, 1)
-		go func() { done <- Run(ctx, cfg, role, func(a string) { addr <- a }) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run %s: %v", name, err)
-			}
-		})
-		return "http://" + <-addr
+		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		cfg := parseBare(t, append(instanceArgs(db, redisURL, cluster, addr, name), "--secret="+secret, "--secret-previous="+previous)...)
+		return "http://" + serve(t, cfg, role)
 	}
 	master := start("master", RoleMaster, oldS, newS)
 	reader := start("sync1", RoleWorker, newS, oldS)
-	for _, base := range []string{master, reader} {
-		testenv.Eventually(t, 30*time.Second, func() bool { c, _ := call(t, "GET", base+"/readyz", ""); return c == 200 }, "%s never ready", base)
-	}
-	req, _ := http.NewRequest("POST", reader+"/v1/rooms/!r:x/messages", strings.NewReader(`{"sender":"@a:x","body":"rotated","txn_id":"1"}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("a write through the reader, forwarded with the new secret to the master: %d %s", resp.StatusCode, body)
-	}
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		code, body := call(t, "GET", reader+"/v1/sync?since=m0&timeout_ms=0", "")
-		if code != 200 || !strings.Contains(body, "rotated") {
-			return fmt.Errorf("sync on the reader: %d %.300s", code, body)
-		}
-		return nil
-	})
+	awaitReady(t, http.DefaultClient, master, reader)
+	// The reader forwards the write to the master with the new secret.
+	writeThenSync(t, http.DefaultClient, reader, "rotated")
 	// Both bearers open the master's /_weft/ routes; no other does.
 	for bearer, want := range map[string]int{oldS: 200, newS: 200, "other-s3cret-other": 401} {
 		if code, _ := call(t, "GET", master+"/_weft/v1/writers", bearer); code != want {

@@ -15,15 +15,23 @@ import (
 // call Validate itself.
 type flags Config
 
-// parse reads args and the environment into a Config as cmd/* does.
+// parse reads args and the environment into a Config as cmd/* does,
+// with testSecret.
 func parse(t *testing.T, args ...string) Config {
+	t.Helper()
+	return parseBare(t, append([]string{"--secret=" + testSecret}, args...)...)
+}
+
+// parseBare is parse without the secret, for the tests of the secret
+// itself.
+func parseBare(t *testing.T, args ...string) Config {
 	t.Helper()
 	var c flags
 	p, err := kong.New(&c, kong.Vars{"default_name": "worker"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Parse(append([]string{"--secret=s3cret-s3cret-s3cret"}, args...)); err != nil {
+	if _, err := p.Parse(args); err != nil {
 		t.Fatal(err)
 	}
 	return Config(c)
@@ -109,15 +117,7 @@ func TestSecretMustFitAHeader(t *testing.T) {
 			var c Config
 			if fromEnv {
 				t.Setenv("WEFT_SECRET", tc.secret)
-				var f flags
-				p, err := kong.New(&f, kong.Vars{"default_name": "worker"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := p.Parse(nil); err != nil {
-					t.Fatal(err)
-				}
-				c = Config(f)
+				c = parseBare(t)
 			} else {
 				c = parse(t, "--secret="+tc.secret)
 			}
@@ -190,15 +190,7 @@ func TestSecretFile(t *testing.T) {
 		return p
 	}
 	load := func(args ...string) (Config, error) {
-		var f flags
-		p, err := kong.New(&f, kong.Vars{"default_name": "worker"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		c := Config(f)
+		c := parseBare(t, args...)
 		return c, c.Validate()
 	}
 	good := file("good", "s3cret-s3cret-s3cret\n")
@@ -250,15 +242,7 @@ func TestAdminFlags(t *testing.T) {
 			t.Errorf("%v: %v, want a ConfigError naming --%s", tc.args, err, tc.flag)
 		}
 	}
-	var c flags
-	p, err := kong.New(&c, kong.Vars{"default_name": "worker"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Parse([]string{"--insecure", "--status-auth"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config(c)
+	cfg := parseBare(t, "--insecure", "--status-auth")
 	var ce *ConfigError
 	if err := cfg.Validate(); !errors.As(err, &ce) || ce.Flag != "status-auth" {
 		t.Errorf("--status-auth --insecure: %v, want a ConfigError naming --status-auth", err)

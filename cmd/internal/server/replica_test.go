@@ -1,10 +1,8 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,37 +18,14 @@ func TestRunWithReadReplica(t *testing.T) {
 	pg := testenv.StartPostgres(t)
 	u := pg.NewDatabase(t)
 	rep := testenv.StartReplica(t, pg, 0)
-	cfg := parse(t, "--database-url="+u, "--database-read-url="+rep.URL(testenv.DatabaseName(u)),
-		"--redis-url="+testenv.SharedRedisURL(t), fmt.Sprintf("--cluster=replica-%d", time.Now().UnixNano()),
-		"--http-addr=127.0.0.1:0", "--name=master", "--event-writers=master", "--announce-interval=100ms", "--log-level=warn")
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, RoleMaster, func(a string) { addr <- a }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	base := "http://" + <-addr
-	get := func(path string) (int, string) {
-		resp, err := http.Get(base + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	testenv.Eventually(t, 30*time.Second, func() bool { c, _ := get("/readyz"); return c == 200 }, "never ready")
-	resp, err := http.Post(base+"/v1/rooms/!r:x/messages", "application/json", strings.NewReader(`{"sender":"@a:x","body":"hi","txn_id":"1"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("post: %d", resp.StatusCode)
+	cfg := parse(t, append(instanceArgs(u, testenv.SharedRedisURL(t), fmt.Sprintf("replica-%d", time.Now().UnixNano()), "127.0.0.1:0", "master"),
+		"--database-read-url="+rep.URL(testenv.DatabaseName(u)))...)
+	base := "http://" + serve(t, cfg, RoleMaster)
+	get := func(path string) (int, string) { return call(t, "GET", base+path, "") }
+	awaitReady(t, http.DefaultClient, base)
+	code, body, err := request(http.DefaultClient, "POST", base+"/v1/rooms/!r:x/messages", "", `{"sender":"@a:x","body":"hi","txn_id":"1"}`)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("post: %d %s %v", code, body, err)
 	}
 	// Every sync from the start returns the message; once the replica
 	// holds it, from the replica.

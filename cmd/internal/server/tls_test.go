@@ -1,11 +1,9 @@
 package server
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -57,23 +55,10 @@ func TestTLSBetweenInstances(t *testing.T) {
 		"--tls-ca-cert-file", pki.CA, "--tls-auth-clients", "no")
 	db, redisURL, cluster := testenv.NewDatabase(t), fmt.Sprintf("rediss://127.0.0.1:%d/0", tlsPort), fmt.Sprintf("tls-%d", time.Now().UnixNano())
 	start := func(name, role string) string {
-		cfg := parse(t, "--database-url="+db, "--redis-url="+redisURL, "--cluster="+cluster, "--http-addr=127.0.0.1:"+fmt.Sprint(testenv.FreePort(t)),
-			"--name="+name, "--event-writers=master", "--announce-interval=100ms", "--log-level=warn",
-			"--tls-cert="+pki.Cert, "--tls-key="+pki.Key, "--tls-client-ca="+pki.CA, "--tls-ca="+pki.CA)
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		addr := make(chan string, 1)
-		done := make(chan error, 1)
-		go func() { done <- Run(ctx, cfg, role, func(a string) { addr <- a }) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run %s: %v", name, err)
-			}
-		})
-		return "https://" + <-addr
+		addr := "127.0.0.1:" + fmt.Sprint(testenv.FreePort(t))
+		cfg := parse(t, append(instanceArgs(db, redisURL, cluster, addr, name),
+			"--tls-cert="+pki.Cert, "--tls-key="+pki.Key, "--tls-client-ca="+pki.CA, "--tls-ca="+pki.CA)...)
+		return "https://" + serve(t, cfg, role)
 	}
 	ca, err := readPool(pki.CA)
 	if err != nil {
@@ -87,36 +72,15 @@ func TestTLSBetweenInstances(t *testing.T) {
 		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca, Certificates: certs}}}
 	}
 	good := client(cert)
-	do := func(c *http.Client, method, url, body string) (int, string, error) {
-		req, _ := http.NewRequest(method, url, strings.NewReader(body))
-		resp, err := c.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), nil
-	}
 	master := start("master", RoleMaster)
 	reader := start("sync1", RoleWorker)
-	for _, base := range []string{master, reader} {
-		testenv.Eventually(t, 30*time.Second, func() bool { c, _, _ := do(good, "GET", base+"/readyz", ""); return c == 200 }, "%s never ready", base)
-	}
-	if code, _, err := do(http.DefaultClient, "GET", "http"+strings.TrimPrefix(master, "https")+"/readyz", ""); err == nil && code == 200 {
+	awaitReady(t, good, master, reader)
+	if code, _, err := request(http.DefaultClient, "GET", "http"+strings.TrimPrefix(master, "https")+"/readyz", "", ""); err == nil && code == 200 {
 		t.Error("plain HTTP was served")
 	}
-	if _, _, err := do(client(), "GET", master+"/readyz", ""); err == nil {
+	if _, _, err := request(client(), "GET", master+"/readyz", "", ""); err == nil {
 		t.Error("a client without a certificate was served")
 	}
-	code, body, err := do(good, "POST", reader+"/v1/rooms/!r:x/messages", `{"sender":"@a:x","body":"over tls","txn_id":"1"}`)
-	if err != nil || code != 200 {
-		t.Fatalf("a write through the reader (forwarded to the master): %d %s %v", code, body, err)
-	}
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		code, body, err := do(good, "GET", reader+"/v1/sync?since=m0&timeout_ms=0", "")
-		if err != nil || code != 200 || !strings.Contains(body, "over tls") {
-			return fmt.Errorf("sync on the reader: %d %.300s %v", code, body, err)
-		}
-		return nil
-	})
+	// The reader forwards the write to the master, its owner.
+	writeThenSync(t, good, reader, "over tls")
 }
