@@ -80,6 +80,13 @@ type Config struct {
 	// ["http://" + Listen when Listen names a host]. Empty: they read
 	// what they miss from PostgreSQL instead.
 	Advertise string
+	// StatusSections adds the application's own sections to /status:
+	// each key of the map it returns is served at the top level of the
+	// document beside weft's own (Status), which win a clash. It is
+	// called once per request with the request's context; nil adds
+	// nothing. The binaries put their role, build, shard map and queues
+	// there.
+	StatusSections func(ctx context.Context) map[string]any
 	// HTTPClient calls the other processes' catch-up endpoint (their
 	// Advertise URLs): set one whose transport trusts their certificates
 	// (and presents this process's, if they ask) when they serve HTTPS.

@@ -1,8 +1,12 @@
 package weft
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -42,21 +46,61 @@ func (n *Node) handler(catchup http.Handler) http.Handler {
 	if n.gather != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(n.gather, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(n.Status())
-	})
+	mux.HandleFunc("GET /status", n.serveStatus)
 	return mux
 }
 
-// Status is a summary of the process, as /status serves it.
+// serveStatus writes Status with Config.StatusSections spliced in at the
+// top level: one document, weft's fields first, the application's after
+// them in key order.
+func (n *Node) serveStatus(w http.ResponseWriter, r *http.Request) {
+	doc, err := json.MarshalIndent(n.Status(), "", "  ")
+	if err != nil {
+		http.Error(w, "weft: status: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var own map[string]json.RawMessage
+	_ = json.Unmarshal(doc, &own)
+	var extra map[string]any
+	if n.cfg.StatusSections != nil {
+		extra = n.cfg.StatusSections(r.Context())
+	}
+	doc = bytes.TrimSuffix(doc, []byte("\n}"))
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		if _, ok := own[k]; ok {
+			continue
+		}
+		v, err := json.MarshalIndent(extra[k], "  ", "  ")
+		if err != nil {
+			http.Error(w, fmt.Sprintf("weft: status section %q: %v", k, err), http.StatusInternalServerError)
+			return
+		}
+		name, _ := json.Marshal(k)
+		doc = append(append(append(append(doc, ",\n  "...), name...), ": "...), v...)
+	}
+	doc = append(doc, "\n}\n"...)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(doc)
+}
+
+// Status is a summary of the process, as /status serves it (with
+// Config.StatusSections beside it).
 type Status struct {
-	Instance  string           `json:"instance"`
-	Name      string           `json:"name"`
-	Ready     bool             `json:"ready"`
-	NotReady  string           `json:"not_ready,omitempty"`
+	Instance string `json:"instance"`
+	Name     string `json:"name"`
+	Ready    bool   `json:"ready"`
+	NotReady string `json:"not_ready,omitempty"`
+	// Established: the process has subscribed on Redis, asked every
+	// writer for its position and caught up with the answers at least
+	// once since it started.
+	Established bool `json:"established"`
+	// Degraded: Redis is unreachable now (or being subscribed to again);
+	// positions are followed from PostgreSQL, and Ready says whether that
+	// keeps the process fresh.
+	Degraded bool `json:"degraded"`
+	// Deaf: lines of other processes arrive and none can be opened (their
+	// Secret differs from this one's): not ready.
+	Deaf      bool             `json:"deaf"`
 	Streams   []StreamStatus   `json:"streams"`
 	Consumers []ConsumerStatus `json:"consumers,omitempty"`
 	Groups    []GroupStatus    `json:"groups,omitempty"`
@@ -73,6 +117,22 @@ type StreamStatus struct {
 	PersistedUpto int64 `json:"persisted_upto"`
 	// Writes: this process writes the stream.
 	Writes bool `json:"writes"`
+	// Writers are the stream's writers this process follows, by name.
+	Writers []StreamWriter `json:"writers,omitempty"`
+}
+
+// StreamWriter is one writer of a stream as this process follows it.
+type StreamWriter struct {
+	Writer string `json:"writer"`
+	// Instance is the writer's instance last heard ("" before any).
+	Instance string `json:"instance,omitempty"`
+	// Position: this process has seen every row of the writer up to it.
+	Position int64 `json:"position"`
+	// Announced is the highest position the writer said it reached;
+	// Lag is Announced - Position.
+	Announced  int64 `json:"announced"`
+	Lag        int64 `json:"lag"`
+	CatchingUp bool  `json:"catching_up"`
 }
 
 // ConsumerStatus is one consumer's progress.
@@ -102,14 +162,20 @@ type ConsumerStatus struct {
 
 // Status summarises the process now.
 func (n *Node) Status() Status {
-	s := Status{Instance: n.inst, Name: n.cfg.Name}
+	fs := n.fab.Status()
+	s := Status{Instance: n.inst, Name: n.cfg.Name, Established: fs.Established, Degraded: fs.Degraded, Deaf: fs.Deaf}
 	if err := n.Ready(); err != nil {
 		s.NotReady = err.Error()
 	} else {
 		s.Ready = true
 	}
+	writers := map[string][]StreamWriter{}
+	for _, v := range fs.Views {
+		writers[v.Key.Stream] = append(writers[v.Key.Stream], StreamWriter{Writer: v.Key.Writer, Instance: v.Instance,
+			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, CatchingUp: v.Catching})
+	}
 	for _, st := range n.sorted() {
-		ss := StreamStatus{Name: st.Name, Writes: st.w != nil || st.eph != nil}
+		ss := StreamStatus{Name: st.Name, Writes: st.w != nil || st.eph != nil, Writers: writers[st.Name]}
 		if st.gen != nil {
 			ss.PersistedUpto = st.gen.StoredUpto()
 		}

@@ -139,7 +139,7 @@ func (ch *chaos) killAfterCommit(name string, px *faultproxy.PGProxy) {
 			if err := get(ctx, 2*time.Second, p.url+"/status", &st); err != nil {
 				continue
 			}
-			for _, s := range st.Streams {
+			for _, s := range views(st.Streams) {
 				if s.Stream == "events" && s.Writer == name {
 					high = max(high, s.Position)
 				}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
@@ -205,12 +206,24 @@ type statusDoc struct {
 	ShardMap    *struct {
 		Epoch int64 `json:"epoch"`
 	} `json:"shard_map"`
-	Streams []struct {
-		Stream   string `json:"stream"`
-		Writer   string `json:"writer"`
-		Position int64  `json:"position"`
-		Catching bool   `json:"catching_up"`
-	} `json:"streams"`
+	Streams []weft.StreamStatus `json:"streams"`
+}
+
+// writerView is one writer of one stream in a /status document.
+type writerView struct {
+	Stream string
+	weft.StreamWriter
+}
+
+// views flattens /status's streams to one entry per writer followed.
+func views(streams []weft.StreamStatus) []writerView {
+	var out []writerView
+	for _, st := range streams {
+		for _, w := range st.Writers {
+			out = append(out, writerView{st.Name, w})
+		}
+	}
+	return out
 }
 
 // sampleLoop reads p's /status every 100 ms: persisted-upto must never
@@ -248,7 +261,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 			v.readySamples++
 			cutoff := began.Add(-readySlack)
 			pos := map[string]int64{}
-			for _, s := range st.Streams {
+			for _, s := range views(st.Streams) {
 				if s.Stream == "events" {
 					pos[s.Writer] = s.Position
 				}

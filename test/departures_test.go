@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/internal/faultproxy"
 	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/shard"
@@ -298,12 +299,10 @@ func TestTwoMasters(t *testing.T) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				var st struct {
-					Streams []struct {
-						Stream, Writer, Instance string
-					} `json:"streams"`
+					Streams []weft.StreamStatus `json:"streams"`
 				}
 				if get(ctx, 2*time.Second, p.url+"/status", &st) == nil {
-					for _, v := range st.Streams {
+					for _, v := range views(st.Streams) {
 						if v.Stream == "typing" && v.Instance != "" {
 							mu.Lock()
 							if n := len(followed[i]); n == 0 || followed[i][n-1] != v.Instance {

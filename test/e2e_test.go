@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/internal/roomsapi"
 	"github.com/weft-dev/weft/internal/testenv"
 )
@@ -173,11 +174,8 @@ func TestEndToEnd(t *testing.T) {
 		}
 		var st struct {
 			Peers   map[string]struct{ Name string } `json:"peers"`
-			Streams []struct {
-				Writer string `json:"writer"`
-				Lag    int64  `json:"lag"`
-			} `json:"streams"`
-			Writers []struct{ Name string } `json:"writers"`
+			Streams []weft.StreamStatus              `json:"streams"`
+			Writers []struct{ Name string }          `json:"writers"`
 		}
 		if json.Unmarshal(out, &st) != nil {
 			return false
@@ -187,7 +185,7 @@ func TestEndToEnd(t *testing.T) {
 			names[p.Name] = true
 		}
 		writers := map[string]bool{}
-		for _, s := range st.Streams {
+		for _, s := range views(st.Streams) {
 			if s.Lag != 0 {
 				return false
 			}
@@ -198,15 +196,13 @@ func TestEndToEnd(t *testing.T) {
 	for _, p := range procs {
 		testenv.Eventually(t, 10*time.Second, func() bool {
 			var st struct {
-				Ready   bool `json:"ready"`
-				Streams []struct {
-					Lag int64 `json:"lag"`
-				} `json:"streams"`
+				Ready   bool                `json:"ready"`
+				Streams []weft.StreamStatus `json:"streams"`
 			}
 			if _, err := roomsapi.Call(ctx, "GET", p.url+"/status", nil, &st); err != nil || !st.Ready {
 				return false
 			}
-			for _, s := range st.Streams {
+			for _, s := range views(st.Streams) {
 				if s.Lag != 0 {
 					return false
 				}

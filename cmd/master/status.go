@@ -251,8 +251,8 @@ func printCluster(out io.Writer, asked string, st server.Status, peers map[strin
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "views of %s:\n", st.Instance)
 	fmt.Fprintln(w, "STREAM\tWRITER\tINSTANCE\tPOSITION\tANNOUNCED\tLAG\tCATCHING UP")
-	for _, v := range st.Streams {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", v.Stream, v.Writer, v.Instance, v.Position, v.Announced, v.Lag, yesNo(v.Catching))
+	for _, v := range st.Views() {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", v.Stream, v.Writer, v.Instance, v.Position, v.Announced, v.Lag, yesNo(v.CatchingUp))
 	}
 	if len(st.Writers) > 0 {
 		fmt.Fprintln(w)
@@ -283,7 +283,7 @@ func mapEpoch(s server.Status) string {
 
 func maxLag(s server.Status) int64 {
 	var m int64
-	for _, v := range s.Streams {
+	for _, v := range s.Views() {
 		m = max(m, v.Lag)
 	}
 	return m

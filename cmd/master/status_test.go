@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/cmd/internal/server"
 	"github.com/weft-dev/weft/internal/fabric"
 	"github.com/weft-dev/weft/internal/keys"
@@ -33,9 +34,10 @@ func TestDefaultStatusURL(t *testing.T) {
 // The table has a row per instance: the asked one and each peer as it
 // reports itself, or why it could not be asked.
 func TestPrintCluster(t *testing.T) {
-	st := server.Status{Instance: "master-aaaaaaaa", Name: "master", Role: "master", Ready: true, Version: "v1", URL: "http://m",
+	st := server.Status{Status: weft.Status{Instance: "master-aaaaaaaa", Name: "master", Ready: true,
+		Streams: []weft.StreamStatus{{Name: "events", Writers: []weft.StreamWriter{{Writer: "persister1", Instance: "persister1-bbbbbbbb", Position: 7, Announced: 9, Lag: 2, CatchingUp: true}}}}},
+		Role: "master", Version: "v1", URL: "http://m",
 		ShardMap:   &server.ShardMapStatus{Epoch: 3, Writers: []string{"persister1", "persister2"}, Settled: 3},
-		Streams:    []server.StreamView{{Stream: "events", Writer: "persister1", Instance: "persister1-bbbbbbbb", Position: 7, Announced: 9, Lag: 2, Catching: true}},
 		QueueDepth: map[string]int{"typing": 1},
 		Peers: map[string]fabric.Peer{
 			"persister1-bbbbbbbb": {Name: "persister1", Role: "worker", URL: "http://p1"},
@@ -43,8 +45,8 @@ func TestPrintCluster(t *testing.T) {
 			"odd-dddddddd":        {Name: "odd", Role: "worker"},
 		}}
 	peers := map[string]peerStatus{
-		"persister1-bbbbbbbb": {st: server.Status{Instance: "persister1-bbbbbbbb", Name: "persister1", Role: "worker", Degraded: true,
-			Streams: []server.StreamView{{Lag: 4}}, QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1",
+		"persister1-bbbbbbbb": {st: server.Status{Status: weft.Status{Instance: "persister1-bbbbbbbb", Name: "persister1", Degraded: true,
+			Streams: []weft.StreamStatus{{Name: "events", Writers: []weft.StreamWriter{{Lag: 4}}}}}, Role: "worker", QueueDepth: map[string]int{"events": 3}, PersistedUpto: 5, Version: "v1", URL: "http://p1",
 			ShardMap: &server.ShardMapStatus{Epoch: 3, Writers: []string{"persister1", "persister2"}, Settled: 2}}},
 		"sync1-cccccccc": {err: errors.New("Get: dial: connection refused")},
 	}

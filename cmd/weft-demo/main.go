@@ -36,6 +36,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/cmd/internal/binproc"
 )
 
@@ -269,16 +270,14 @@ func run(ctx context.Context, bin, adminURL, redisURL string, dur time.Duration,
 func lags(ctx context.Context, procs []*binproc.Instance) string {
 	var b bytes.Buffer
 	for _, p := range procs {
-		var st struct {
-			Streams []struct {
-				Lag int64 `json:"lag"`
-			} `json:"streams"`
-		}
+		var st weft.Status
 		lag := int64(-1)
 		if call(ctx, "GET", p.URL+"/status", nil, &st) == nil {
 			lag = 0
 			for _, s := range st.Streams {
-				lag = max(lag, s.Lag)
+				for _, w := range s.Writers {
+					lag = max(lag, w.Lag)
+				}
 			}
 		}
 		fmt.Fprintf(&b, "%s=%d ", p.Name, lag)

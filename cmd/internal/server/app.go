@@ -200,7 +200,15 @@ func (r *runner) run(ctx context.Context) error {
 	// Open waits for the writer name while a live instance holds it (in a
 	// rolling update the successor waits here, and takes the name as soon
 	// as its predecessor seals it); the waiting page says who holds it.
-	node, err := weft.Open(ctx, r.weftConfig(pool, reg, live, writesEvents))
+	var status atomic.Pointer[statusPage] // /status's sections, once they are known
+	wcfg := r.weftConfig(pool, reg, live, writesEvents)
+	wcfg.StatusSections = func(ctx context.Context) map[string]any {
+		if p := status.Load(); p != nil {
+			return p.sections(ctx)
+		}
+		return nil
+	}
+	node, err := weft.Open(ctx, wcfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("stopped while waiting for the writer name", "err", err)
@@ -286,8 +294,9 @@ func (r *runner) run(ctx context.Context) error {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "weft", Subsystem: "rooms", Name: "long_polls_rejected_total",
 			Help: "Syncs and state reads answered 503 because --max-long-polls were in progress already."}, func() float64 { return float64(svc.LongPolls().Rejected) }))
 
-	status := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: eng.Fabric, pool: pool, gen: events,
+	page := &statusPage{cfg: cfg, inst: node.Instance(), role: r.role, node: eng.Fabric, pool: pool, gen: events,
 		queues: map[string]*shard.Queue{"events": eventsQ, "typing": typingQ}, shards: follower}
+	status.Store(page)
 	// The client API on --http-addr; the operator's routes, and /_weft/
 	// with --admin-weft, on --admin-addr when it is set.
 	client, admin := http.NewServeMux(), http.NewServeMux()
@@ -304,7 +313,7 @@ func (r *runner) run(ctx context.Context) error {
 	peers.Handle("/_weft/v1/streams/", node.Handler()) // catch-up, served by weft
 	peers.Handle("/_weft/v1/ping", node.Handler())
 	peers.Handle("POST /_weft/v1/shard/{key}", shardDispatch{events: eventsSrv, typing: typingSrv})
-	var metrics, statusH http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), http.HandlerFunc(status.serve)
+	var metrics, statusH http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), node.Handler() // weft's /status and the sections above
 	if cfg.StatusAuth {
 		metrics, statusH = requireBearer(secret, metrics), requireBearer(secret, statusH)
 	}
@@ -312,7 +321,7 @@ func (r *runner) run(ctx context.Context) error {
 	admin.Handle("GET /status", statusH)
 	for _, mux := range uniqueMuxes(client, admin) {
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		mux.HandleFunc("GET /readyz", status.readyz)
+		mux.HandleFunc("GET /readyz", page.readyz)
 	}
 	if r.role == RoleMaster {
 		(&writersAPI{store: members, secret: secret, log: log}).routes(admin)

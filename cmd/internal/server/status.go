@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/weft-dev/weft"
 	"github.com/weft-dev/weft/internal/fabric"
 	"github.com/weft-dev/weft/internal/membership"
 	"github.com/weft-dev/weft/internal/shard"
@@ -41,33 +42,20 @@ func (s *statusPage) readyz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ready\n"))
 }
 
-// Status is the /status document.
+// Status is the binaries' /status document: the library's (weft.Status,
+// served by weft.Node.Handler) with the binaries' sections beside it
+// (sections). The waiting page serves the same shape.
 type Status struct {
-	// Instance is the instance ID; empty while the process waits for its
-	// writer name (weft.Open makes the ID and returns it with the node).
-	Instance    string `json:"instance"`
-	Name        string `json:"name"`
-	Role        string `json:"role"`
-	Version     string `json:"version"`
-	Revision    string `json:"revision"` // with Version: which build answers (BuildInfo)
-	URL         string `json:"url"`
-	Ready       bool   `json:"ready"`
-	Established bool   `json:"established"`
-	// Degraded: Redis is unreachable (or the connection is being
-	// established again); positions are followed from PostgreSQL, and
-	// Ready says whether that keeps this instance fresh.
-	Degraded bool `json:"degraded"`
-	// Deaf: every line of the other instances is refused unopened (its
-	// --secret differs from theirs): not ready.
-	Deaf bool `json:"deaf"`
-	// NotReady says why Ready is false, for an operator.
-	NotReady string `json:"not_ready,omitempty"`
+	weft.Status
+	Role     string `json:"role"`
+	Version  string `json:"version"`
+	Revision string `json:"revision"` // with Version: which build answers (BuildInfo)
+	URL      string `json:"url"`
 	// PersistedUpto is the events stream's, as stored: never below one
 	// any instance handed out before the request (a predecessor still
 	// running beside this one included).
 	PersistedUpto int64                  `json:"persisted_upto"`
 	Token         string                 `json:"token"`
-	Streams       []StreamView           `json:"streams"`
 	Peers         map[string]fabric.Peer `json:"peers"`
 	Writers       []WriterStatus         `json:"writers,omitempty"`
 	QueueDepth    map[string]int         `json:"queue_depth"`
@@ -75,6 +63,18 @@ type Status struct {
 	ShardMap *ShardMapStatus `json:"shard_map,omitempty"`
 	// Waiting is set while the instance waits for its writer name.
 	Waiting *WaitingStatus `json:"waiting,omitempty"`
+}
+
+// Views lists every writer of every stream the instance follows, in the
+// stream's order.
+func (s Status) Views() []StreamView {
+	var out []StreamView
+	for _, st := range s.Streams {
+		for _, w := range st.Writers {
+			out = append(out, StreamView{Stream: st.Name, StreamWriter: w})
+		}
+	}
+	return out
 }
 
 // ShardMapStatus is the shard map as one instance follows it.
@@ -88,13 +88,8 @@ type ShardMapStatus struct {
 
 // StreamView is one writer of one stream as this instance sees it.
 type StreamView struct {
-	Stream    string `json:"stream"`
-	Writer    string `json:"writer"`
-	Instance  string `json:"instance,omitempty"`
-	Position  int64  `json:"position"`
-	Announced int64  `json:"announced"`
-	Lag       int64  `json:"lag"`
-	Catching  bool   `json:"catching_up"`
+	Stream string
+	weft.StreamWriter
 }
 
 // WriterStatus is a writer name's registration.
@@ -116,35 +111,36 @@ func notReady(ns fabric.Status) string {
 	return ns.NotReady
 }
 
-func (s *statusPage) serve(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+// sections are the binaries' part of /status (weft.Config.StatusSections).
+func (s *statusPage) sections(ctx context.Context) map[string]any {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ns := s.node.Status()
 	// Read, not this instance's copy: another instance may have handed out
 	// more since this one last stored (a read that fails gives the copy).
 	puto, _ := s.gen.LoadPersisted(ctx)
-	st := Status{Instance: s.inst, Name: s.cfg.Name, Role: s.role, Version: Version, Revision: Build().Revision, URL: s.cfg.Advertise(),
-		Ready: ns.Ready, Established: ns.Established, Degraded: ns.Degraded, Deaf: ns.Deaf, NotReady: notReady(ns), PersistedUpto: puto, Token: s.gen.Token().String(),
-		Peers: ns.Peers, QueueDepth: map[string]int{}}
+	out := map[string]any{"role": s.role, "version": Version, "revision": Build().Revision, "url": s.cfg.Advertise(),
+		"persisted_upto": puto, "token": s.gen.Token().String(), "peers": s.node.Status().Peers}
 	if s.shards != nil {
 		v := s.shards.Version()
-		st.ShardMap = &ShardMapStatus{Epoch: v.Epoch, Writers: v.Writers, Settled: s.shards.Settled()}
-	}
-	for _, v := range ns.Views {
-		st.Streams = append(st.Streams, StreamView{Stream: v.Key.Stream, Writer: v.Key.Writer, Instance: v.Instance,
-			Position: v.Pos, Announced: v.Announced, Lag: v.Announced - v.Pos, Catching: v.Catching})
+		out["shard_map"] = ShardMapStatus{Epoch: v.Epoch, Writers: v.Writers, Settled: s.shards.Settled()}
 	}
 	if rows, err := streams.Writers(ctx, s.pool); err == nil {
+		var ws []WriterStatus
 		for _, row := range rows {
-			st.Writers = append(st.Writers, WriterStatus{Name: row.Name, Instance: row.Instance, URL: row.URL, LeaseUntil: row.LeaseUntil, Sealed: row.Sealed, Epoch: row.Epoch})
+			ws = append(ws, WriterStatus{Name: row.Name, Instance: row.Instance, URL: row.URL, LeaseUntil: row.LeaseUntil, Sealed: row.Sealed, Epoch: row.Epoch})
+		}
+		if len(ws) > 0 {
+			out["writers"] = ws
 		}
 	}
+	depth := map[string]int{}
 	for name, q := range s.queues {
 		if q != nil {
-			st.QueueDepth[name] = q.Depth()
+			depth[name] = q.Depth()
 		}
 	}
-	writeStatus(w, http.StatusOK, st)
+	out["queue_depth"] = depth
+	return out
 }
 
 func writeStatus(w http.ResponseWriter, code int, st Status) {
@@ -215,7 +211,7 @@ func (p *waitingPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if ws := p.get(); ws != nil {
 			inst = ws.Instance // the instance that waits, named before it serves
 		}
-		writeStatus(w, http.StatusOK, Status{Instance: inst, Name: p.cfg.Name, Role: p.role, Version: Version, Revision: Build().Revision,
+		writeStatus(w, http.StatusOK, Status{Status: weft.Status{Instance: inst, Name: p.cfg.Name}, Role: p.role, Version: Version, Revision: Build().Revision,
 			URL: p.cfg.Advertise(), Waiting: p.get(), Peers: map[string]fabric.Peer{}, QueueDepth: map[string]int{}})
 	default:
 		w.Header().Set("Content-Type", "application/json")
