@@ -256,8 +256,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, by name. Open calls it.
-func (c Config) Validate() error {
+// validate reports the first invalid field, by name: Open fails with it.
+func (c Config) validate() error {
 	c.setDefaults()
 	fail := func(field, format string, args ...any) error {
 		return fmt.Errorf("weft: Config.%s: %s", field, fmt.Sprintf(format, args...))

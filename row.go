@@ -28,8 +28,10 @@ func (r Row) Decode(v any) error { return json.Unmarshal(r.Data, v) }
 // delivery loop: keep it short. An error rejects the row: it is given
 // again after a growing delay, and the writer's later rows wait.
 //
-// A Handler that also implements Resetter is told when a stream's rows
-// start again (see Resetter).
+// A Handler with a method Reset(stream, writer string) is told when a
+// writer's rows start again from the beginning, to drop the state it
+// keeps of them: when a writer of an ephemeral stream (Stream.Ephemeral)
+// restarts; never for a durable stream.
 type Handler interface {
 	Handle(ctx context.Context, r Row) error
 }
@@ -40,10 +42,7 @@ type HandlerFunc func(ctx context.Context, r Row) error
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, r Row) error { return f(ctx, r) }
 
-// Resetter is implemented by a Handler that keeps state of a writer's
-// rows which must be dropped when the writer's rows start again from the
-// beginning: when a writer of an ephemeral stream (Stream.Ephemeral)
-// restarts; never for a durable stream.
-type Resetter interface {
+// resetter is a Handler with Reset (see Handler).
+type resetter interface {
 	Reset(stream, writer string)
 }

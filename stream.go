@@ -51,7 +51,7 @@ type Stream struct {
 	// Ephemeral: the stream lives in its writers' memory, not in a table
 	// (leave the table's fields unset). A process that writes it (Writes)
 	// does so with Node.Put and Node.Remove; one that restarts writes it again from
-	// nothing, and its followers' Resetter is told. It has no consumers.
+	// nothing, and its followers' Handlers' Reset is called. It has no consumers.
 	Ephemeral bool
 }
 

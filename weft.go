@@ -141,7 +141,7 @@ type stream struct {
 // while another live process holds it), connects to Redis, starts the
 // consumers and serves Listen. The process runs until Close.
 func Open(ctx context.Context, cfg Config) (*Node, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()
@@ -747,7 +747,7 @@ func (st *stream) handle(ctx context.Context, r Row) error {
 func (d dispatch) Reset(k core.Key) {
 	if st := d.n.streams[k.Stream]; st != nil {
 		for _, h := range st.followers {
-			if r, ok := h.(Resetter); ok {
+			if r, ok := h.(resetter); ok {
 				r.Reset(k.Stream, k.Writer)
 			}
 		}

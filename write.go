@@ -40,7 +40,7 @@ func (n *Node) Write(ctx context.Context, stream string, count int, fn func(ctx 
 // replacing what the key held, and returns the change's position once
 // the process has it: followers get the rows (each value marshalled to
 // JSON, together one JSON array) and, after a restart of this process,
-// the keys it puts again (their Resetter is told). At least one row.
+// the keys it puts again (their Handler's Reset is called). At least one row.
 func (n *Node) Put(ctx context.Context, stream, key string, rows ...any) (int64, error) {
 	return n.change(ctx, "Put", stream, key, rows, false)
 }
