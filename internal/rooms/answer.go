@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/weft-dev/weft/internal/streams"
@@ -26,7 +28,8 @@ const (
 	// DefaultMaxAnswerBytes (64 MiB) are held for answers.
 	DefaultMaxAnswers = 64
 	// DefaultWriteTimeout is Config.WriteTimeout's default: how long a
-	// client may take to read an answer before it is disconnected.
+	// client may take to read each 64 KiB of an answer before it is
+	// disconnected.
 	DefaultWriteTimeout = 15 * time.Second
 )
 
@@ -45,21 +48,42 @@ func (g answerGate) acquire(ctx context.Context) bool {
 
 func (g answerGate) release() { <-g.slots }
 
+// answerChunk is how much of an answer goes out under one write
+// deadline: a client must read at least this much every WriteTimeout.
+const answerChunk = 64 << 10
+
 // writeAnswer writes v as an answer of a read route: without HTML
 // escaping (a JSON body, never HTML; escaping made each "<" six bytes),
-// within the write timeout, so that a client that stops reading is
-// disconnected rather than holding the answer. The deadline is lifted
-// once the answer is out: a keep-alive connection's next request is not
-// bound by it.
+// in chunks of answerChunk, each of which must be read within the write
+// timeout. A client that stops reading is disconnected rather than
+// holding the answer; one that reads slowly (a phone on a poor link, a
+// process starved of CPU) is not, however long the whole answer takes.
+// The deadline is lifted once the answer is out: a keep-alive
+// connection's next request is not bound by it.
 func (s *Service) writeAnswer(w http.ResponseWriter, v any) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Length", strconv.Itoa(b.Len()))
+	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	// Not supported only by a writer that is not a connection's (a test's
-	// recorder): nothing to bound there.
-	_ = rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
-	writeJSON(w, http.StatusOK, v)
-	if rc.Flush() == nil {
-		_ = rc.SetWriteDeadline(time.Time{})
+	for p := b.Bytes(); len(p) > 0; {
+		n := min(len(p), answerChunk)
+		// Not supported only by a writer that is not a connection's (a
+		// test's recorder): nothing to bound there.
+		_ = rc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+		if _, err := w.Write(p[:n]); err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return
+		}
+		p = p[n:]
 	}
+	_ = rc.SetWriteDeadline(time.Time{})
 }
 
 // The sizes of the parts of a sync answer as writeJSON writes it (room

@@ -206,7 +206,55 @@ func TestSyncAnswersAreBoundedInBytes(t *testing.T) {
 			sizes[i], errs[i] = len(b), err
 		})
 	}
+	// A client that reads, slowly: 64 KiB every
+	// quarter second, so that the whole answer (16 such reads) takes
+	// longer than the write timeout while no 64 KiB does. It is not
+	// disconnected.
+	var slow struct {
+		size int64
+		took time.Duration
+		err  error
+	}
+	wg.Go(func() {
+		start := time.Now()
+		tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			// From slowClientIP: the server's send buffer is small. The
+			// reader's own is the system's (one smaller than a loopback
+			// segment stalls the sender on zero-window probes).
+			return (&net.Dialer{LocalAddr: &net.TCPAddr{IP: slowClientIP}}).DialContext(ctx, network, addr)
+		}}
+		defer tr.CloseIdleConnections()
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.url()+query, nil)
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			slow.err = err
+			return
+		}
+		defer resp.Body.Close()
+		buf := make([]byte, 64<<10)
+		for k := 0; ; {
+			n, err := resp.Body.Read(buf[k:])
+			slow.size, k = slow.size+int64(n), k+n
+			if err == io.EOF {
+				break // the whole answer (a cut one ends in io.ErrUnexpectedEOF)
+			}
+			if err != nil {
+				slow.err = err
+				return
+			}
+			if k == len(buf) {
+				k = 0
+				time.Sleep(250 * time.Millisecond) // the slow client's pace (what is tested), not a wait for a condition
+			}
+		}
+		slow.took = time.Since(start)
+	})
 	wg.Wait()
+	if slow.err != nil || slow.size > int64(budget) {
+		t.Errorf("the slow reader got %d bytes (%v): %v", slow.size, slow.took, slow.err)
+	} else if slow.took <= 2*time.Second {
+		t.Errorf("the slow reader took %v, not longer than the write timeout: it tested nothing", slow.took)
+	}
 	for i := range sizes {
 		if errs[i] != nil {
 			t.Errorf("sync %d: %v", i, errs[i])

@@ -116,8 +116,9 @@ type Config struct {
 	// MaxAnswers caps the answers read from the database and written at
 	// once; more wait for a slot [DefaultMaxAnswers].
 	MaxAnswers int
-	// WriteTimeout bounds writing one answer of a read route: a client
-	// that does not read it by then is disconnected [DefaultWriteTimeout].
+	// WriteTimeout bounds each 64 KiB of an answer of a read route: a
+	// client that reads none of it by then is disconnected; one that
+	// reads slowly is not [DefaultWriteTimeout].
 	WriteTimeout time.Duration
 	// ForwardTimeout bounds a write (a message, a state event, typing, a
 	// recompute) from its arrival to its owner's answer, queueing and a

@@ -55,7 +55,7 @@ type Config struct {
 	MaxLongPolls      int           `name:"max-long-polls" help:"Syncs and room state reads in progress at once on this instance, waiting or not (1..1000000); beyond, one answers 503 with Retry-After." env:"WEFT_MAX_LONG_POLLS" default:"10000"`
 	MaxAnswerBytes    int           `name:"max-answer-bytes" help:"Bytes of one sync answer or room state page (65536..67108864); it stops there with a token to go on." env:"WEFT_MAX_ANSWER_BYTES" default:"1048576"`
 	MaxAnswers        int           `name:"max-answers" help:"Sync answers and state pages read and written at once (1..10000); more wait for a slot." env:"WEFT_MAX_ANSWERS" default:"64"`
-	WriteTimeout      time.Duration `name:"write-timeout" help:"How long a client may take to read a sync answer or state page before it is disconnected (1s..10m)." env:"WEFT_WRITE_TIMEOUT" default:"15s"`
+	WriteTimeout      time.Duration `name:"write-timeout" help:"How long a client may take to read each 64 KiB of a sync answer or state page before it is disconnected (1s..10m)." env:"WEFT_WRITE_TIMEOUT" default:"15s"`
 
 	secretFrom string // the SecretFile Secret was read from
 	prevFrom   string // the SecretPrevFile SecretPrevious was read from
