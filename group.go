@@ -135,7 +135,7 @@ func (n *Node) newGroup(ctx context.Context, i int, c Consumer) (*group, error) 
 		return nil, fmt.Errorf("%s.Partitions: %d, but group %s of %s was created with %d (a group's partitions never change; 0 takes them)", field, c.Partitions, c.Name, c.Stream, *stored)
 	}
 	g := &group{n: n, cfg: c, st: st, id: n.inst, parts: *stored, wake: make(chan struct{}, 1),
-		m:        grp.NewMember(n.inst, c.Stream+"/"+c.Name, *stored),
+		m:        grp.NewMember(n.inst, c.Stream+"/"+c.Name, *stored, nil),
 		rows:     n.m.rows.WithLabelValues(c.Stream, c.Name),
 		fails:    n.m.fails.WithLabelValues(c.Stream, c.Name),
 		handover: n.m.handovers.MustCurryWith(prometheus.Labels{"stream": c.Stream, "consumer": c.Name}),

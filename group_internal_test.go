@@ -110,7 +110,7 @@ func TestGroupBatchFencedInSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(o.conn.close)
-	o.id, o.m = "other", grp.NewMember("other", "notices/mailer", parts)
+	o.id, o.m = "other", grp.NewMember("other", "notices/mailer", parts, nil)
 	var oRenewed time.Time
 	if _, err := o.step(ctx, &oRenewed); err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func (r *liveRig) member(id string) *liveMember {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	g.id, g.m = id, grp.NewMember(id, "notices/mailer", g.parts)
+	g.id, g.m = id, grp.NewMember(id, "notices/mailer", g.parts, nil)
 	m := &liveMember{g: g, stopLiveness: g.runLiveness(r.ctx)}
 	lctx, cancel := context.WithCancel(r.ctx)
 	var wg sync.WaitGroup

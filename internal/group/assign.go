@@ -6,16 +6,26 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/weft-dev/weft/internal/shard"
+	"github.com/weft-dev/weft/internal/rendezvous"
 )
 
-// Assign maps each of n partitions of the group named label to one of
+// Strategy assigns each of n partitions of the group named label to one
+// of members; the result is indexed by partition ("" for none, only when
+// members is empty). Every member computes the assignment on its own, so
+// a Strategy must depend only on the set of members (not their order or
+// duplicates) and be the same on every member of a group. Rendezvous is
+// the default; a change of strategy is a change of the group's protocol:
+// roll it out with every member stopped, or the members disagree on who
+// owns what (they still fence each other, but partitions flap).
+type Strategy func(label string, n int, members []string) []string
+
+// Rendezvous maps each of n partitions of the group named label to one of
 // members (every member gets at most ceil(n/len(members))): it is
-// rendezvous hashing (shard.Score, the writers' shard map's scores) with
+// rendezvous hashing (rendezvous.Score, the hash of the writers' shard map) with
 // bounded loads. Every (partition, member) pair is scored; pairs are taken
 // from the highest score down, a pair assigning its partition when the
 // partition has no member yet and the member has room. Without the bound,
-// this is shard.Owner of each partition; with it, a member that would
+// this is rendezvous.Owner of each partition; with it, a member that would
 // score high on too many partitions gives the lowest-scored of them to
 // their next choice, so that the busiest member has ceil(n/len(members))
 // partitions (plain rendezvous hashing gives the busiest of 8 members
@@ -26,7 +36,7 @@ import (
 // one member joins or leaves, about 1/len(members) of the partitions move
 // (slightly more than plain rendezvous hashing: the bound shifts a few).
 // The result is indexed by partition; with no members every entry is "".
-func Assign(label string, n int, members []string) []string {
+func Rendezvous(label string, n int, members []string) []string {
 	members = slices.Compact(slices.Sorted(slices.Values(members)))
 	out := make([]string, n)
 	if len(members) == 0 {
@@ -40,7 +50,7 @@ func Assign(label string, n int, members []string) []string {
 	for p := range n {
 		key := label + "/" + strconv.Itoa(p)
 		for m, name := range members {
-			pairs = append(pairs, pair{shard.Score(key, name), p, m})
+			pairs = append(pairs, pair{rendezvous.Score(key, name), p, m})
 		}
 	}
 	slices.SortFunc(pairs, func(a, b pair) int {

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/weft-dev/weft/internal/shard"
+	"github.com/weft-dev/weft/internal/rendezvous"
 )
 
 func members(n int) []string {
@@ -22,10 +22,10 @@ func TestAssignBalanced(t *testing.T) {
 	for _, n := range []int{1, 7, 64, 256} {
 		for k := 1; k <= 10; k++ {
 			ms := members(k)
-			got := Assign("jobs/mailer", n, ms)
+			got := Rendezvous("jobs/mailer", n, ms)
 			rev := slices.Clone(ms)
 			slices.Reverse(rev)
-			if !slices.Equal(got, Assign("jobs/mailer", n, append(rev, ms[0]))) {
+			if !slices.Equal(got, Rendezvous("jobs/mailer", n, append(rev, ms[0]))) {
 				t.Fatalf("%d partitions over %d members: the assignment depends on the list's order or duplicates", n, k)
 			}
 			load := map[string]int{}
@@ -42,7 +42,7 @@ func TestAssignBalanced(t *testing.T) {
 			}
 		}
 	}
-	if got := Assign("x", 3, nil); !slices.Equal(got, []string{"", "", ""}) {
+	if got := Rendezvous("x", 3, nil); !slices.Equal(got, []string{"", "", ""}) {
 		t.Fatalf("no members: %q", got)
 	}
 }
@@ -53,7 +53,7 @@ func TestAssignIsRendezvous(t *testing.T) {
 	for k := 1; k <= 8; k++ {
 		for g := range 50 {
 			label := fmt.Sprintf("s/g%d", g)
-			if got, want := Assign(label, 1, members(k))[0], shard.Owner(label+"/0", members(k)); got != want {
+			if got, want := Rendezvous(label, 1, members(k))[0], rendezvous.Owner(label+"/0", members(k)); got != want {
 				t.Fatalf("%s over %d members: %s, shard.Owner says %s", label, k, got, want)
 			}
 		}
@@ -70,7 +70,7 @@ func TestAssignMovesLittle(t *testing.T) {
 		joined, left := 0, 0
 		for g := range groups {
 			label := fmt.Sprintf("s/g%d", g)
-			before, after, without := Assign(label, n, ms[:k]), Assign(label, n, ms), Assign(label, n, ms[1:])
+			before, after, without := Rendezvous(label, n, ms[:k]), Rendezvous(label, n, ms), Rendezvous(label, n, ms[1:])
 			for p := range n {
 				if before[p] != after[p] {
 					joined++

@@ -8,7 +8,7 @@
 // partition has a row in the database: its cursor, its owner and an epoch
 // that every take raises. Members register with a lease (by the database
 // clock) and each one, on its own, reads the group (a [View]), assigns the
-// partitions over the live members ([Assign]: rendezvous hashing with
+// partitions over the live members ([Rendezvous], the default [Strategy]: rendezvous hashing with
 // bounded loads, the same answer on every member for the same members),
 // takes the partitions assigned to it that nobody owns or whose owner's
 // lease expired, and releases those no longer assigned to it, after its

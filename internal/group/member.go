@@ -52,8 +52,9 @@ type Cursor struct {
 type Member struct {
 	self, label string
 	n           int
+	strategy    Strategy
 	live        []string // sorted
-	assigned    []string // Assign over live
+	assigned    []string // the strategy over live
 	owned       map[int]int64
 	held        map[int]time.Time // partitions held back from batches until then
 	pos         []int64           // the highest cursor seen of each partition since the last seek
@@ -76,9 +77,13 @@ const (
 
 // NewMember returns the state of member self of the group named label
 // (the assignment's salt: groups with the same members split differently)
-// with n partitions. It owns nothing and knows no view yet.
-func NewMember(self, label string, n int) *Member {
-	return &Member{self: self, label: label, n: n, owned: map[int]int64{}, held: map[int]time.Time{}, pos: make([]int64, n)}
+// with n partitions, assigned by s (nil: Rendezvous). It owns nothing and
+// knows no view yet.
+func NewMember(self, label string, n int, s Strategy) *Member {
+	if s == nil {
+		s = Rendezvous
+	}
+	return &Member{self: self, label: label, n: n, strategy: s, owned: map[int]int64{}, held: map[int]time.Time{}, pos: make([]int64, n)}
 }
 
 // Self is the member's ID.
@@ -96,7 +101,7 @@ func (m *Member) Self() string { return m.self }
 func (m *Member) Observe(v View) (lost []int) {
 	live := slices.Compact(slices.Sorted(slices.Values(v.Live)))
 	if m.assigned == nil || !slices.Equal(live, m.live) {
-		m.live, m.assigned = live, Assign(m.label, m.n, live)
+		m.live, m.assigned = live, m.strategy(m.label, m.n, live)
 	}
 	parts := v.Partitions[:min(len(v.Partitions), m.n)]
 	if v.Seeks > m.seeks && len(parts) == m.n {

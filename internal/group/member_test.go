@@ -20,7 +20,7 @@ func view(live []string, owners ...string) View {
 // it releases what is now assigned to the other, which takes it only once
 // it is released.
 func TestMemberTakesAndReleases(t *testing.T) {
-	a, b := NewMember("a", "s/g", 4), NewMember("b", "s/g", 4)
+	a, b := NewMember("a", "s/g", 4, nil), NewMember("b", "s/g", 4, nil)
 	a.Observe(view([]string{"a"}, "", "", "", ""))
 	take, release := a.Plan()
 	if !slices.Equal(take, []int{0, 1, 2, 3}) || len(release) != 0 {
@@ -30,7 +30,7 @@ func TestMemberTakesAndReleases(t *testing.T) {
 		a.Took(p, 2, 10, 0)
 	}
 	both := []string{"a", "b"}
-	assigned := Assign("s/g", 4, both)
+	assigned := Rendezvous("s/g", 4, both)
 	a.Observe(view(both, "a", "a", "a", "a"))
 	_, release = a.Plan()
 	b.Observe(view(both, "a", "a", "a", "a"))
@@ -64,7 +64,7 @@ func TestMemberTakesAndReleases(t *testing.T) {
 
 // A partition whose owner's lease expired is taken by its assignee.
 func TestMemberTakesFromExpiredOwner(t *testing.T) {
-	b := NewMember("b", "s/g", 4)
+	b := NewMember("b", "s/g", 4, nil)
 	b.Observe(view([]string{"b"}, "a", "a", "", "a"))
 	if take, _ := b.Plan(); !slices.Equal(take, []int{0, 1, 2, 3}) {
 		t.Fatalf("take %v; want every partition (a is not live)", take)
@@ -75,7 +75,7 @@ func TestMemberTakesFromExpiredOwner(t *testing.T) {
 // locked cursor; a partition taken by another or released is lost, one
 // the member took after the batch began waits for the next batch.
 func TestMemberFence(t *testing.T) {
-	m := NewMember("a", "s/g", 4)
+	m := NewMember("a", "s/g", 4, nil)
 	m.Observe(view([]string{"a"}, "", "", "", ""))
 	for p := range 3 {
 		m.Took(p, 2, 10, 0)
@@ -102,7 +102,7 @@ func TestMemberFence(t *testing.T) {
 // shows the member holding a partition it does not know of (a take whose
 // answer was lost) adopts it; a newer epoch loses it.
 func TestMemberObserveEpochs(t *testing.T) {
-	m := NewMember("a", "s/g", 2)
+	m := NewMember("a", "s/g", 2, nil)
 	m.Observe(view([]string{"a"}, "", ""))
 	m.Took(0, 5, 10, 0)
 	v := view([]string{"a"}, "b", "a")
@@ -123,7 +123,7 @@ func TestMemberObserveEpochs(t *testing.T) {
 // A member that is not live by its own lease is assigned nothing, and so
 // releases everything.
 func TestMemberNotLiveReleases(t *testing.T) {
-	m := NewMember("a", "s/g", 2)
+	m := NewMember("a", "s/g", 2, nil)
 	m.Observe(view([]string{"a"}, "", ""))
 	m.Took(0, 2, 0, 0)
 	m.Took(1, 2, 0, 0)
@@ -141,7 +141,7 @@ func TestMemberNotLiveReleases(t *testing.T) {
 // seek (an older view, a take's answer, a batch that read its rows
 // before) raises them again.
 func TestMemberSeek(t *testing.T) {
-	m := NewMember("a", "s/g", 2)
+	m := NewMember("a", "s/g", 2, nil)
 	m.Observe(view([]string{"a"}, "", ""))
 	m.Took(0, 2, 10, 0)
 	m.Took(1, 2, 10, 0)
@@ -182,7 +182,7 @@ func TestMemberSeek(t *testing.T) {
 // earliest time one is free again is the batch loop's wake-up; losing or
 // releasing a partition forgets its hold.
 func TestMemberHoldsBackAPartition(t *testing.T) {
-	m := NewMember("a", "s/g", 3)
+	m := NewMember("a", "s/g", 3, nil)
 	m.Observe(view([]string{"a"}, "", "", ""))
 	for p := range 3 {
 		m.Took(p, 2, 10, 0)
@@ -219,5 +219,29 @@ func TestMemberHoldsBackAPartition(t *testing.T) {
 	m.Hold(7, t0.Add(time.Hour)) // not the member's: ignored
 	if got := m.HeldBack(t0); len(got) != 0 {
 		t.Fatalf("held back %v, want none", got)
+	}
+}
+
+// A member plans by its Strategy: with one that gives the even
+// partitions to the first member and the odd ones to the second, each
+// takes exactly those, and the other nothing of them.
+func TestMemberPlansByItsStrategy(t *testing.T) {
+	evenOdd := func(_ string, n int, members []string) []string {
+		ms := slices.Compact(slices.Sorted(slices.Values(members)))
+		out := make([]string, n)
+		for p := range out {
+			if len(ms) > 0 {
+				out[p] = ms[p%len(ms)]
+			}
+		}
+		return out
+	}
+	both := []string{"b", "a"}
+	for self, want := range map[string][]int{"a": {0, 2, 4}, "b": {1, 3, 5}} {
+		m := NewMember(self, "s/g", 6, evenOdd)
+		m.Observe(view(both, "", "", "", "", "", ""))
+		if take, release := m.Plan(); !slices.Equal(take, want) || len(release) != 0 {
+			t.Errorf("%s takes %v and releases %v, want to take %v", self, take, release, want)
+		}
 	}
 }

@@ -167,7 +167,7 @@ func (s *sim) checkEnd() {
 	for _, m := range s.running() {
 		live = append(live, m.id)
 	}
-	want := Assign(s.label, simPartitions, live)
+	want := Rendezvous(s.label, simPartitions, live)
 	for p, pt := range s.parts {
 		if pt.Owner != want[p] {
 			s.Failf("partition %d is owned by %q at the end; the assignment over %v names %q", p, pt.Owner, live, want[p])

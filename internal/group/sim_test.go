@@ -336,7 +336,7 @@ func (s *sim) restart() {
 func (s *sim) join() {
 	s.names++
 	m := &simMember{id: fmt.Sprintf("m%02d", s.names), running: true, lastRenew: -1, idle: true}
-	m.node = NewMember(m.id, s.label, simPartitions)
+	m.node = NewMember(m.id, s.label, simPartitions, nil)
 	m.node.broken = s.cfg.broken
 	m.watch = NewWatch(livenessGrace * time.Millisecond)
 	m.pool.free = s.poolSize()

@@ -1,4 +1,4 @@
-package shard
+package rendezvous
 
 import (
 	"bytes"
@@ -77,18 +77,6 @@ func TestOwnerVectors(t *testing.T) {
 	for _, v := range ownerVectors {
 		if got := Owner(v.key, v.writers); got != v.want {
 			t.Errorf("%d writers: Owner(%q) = %q, want %q", len(v.writers), v.key, got, v.want)
-		}
-		m, err := NewMap(v.writers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := m.Owner(v.key); got != v.want {
-			t.Errorf("%d writers: Map.Owner(%q) = %q, want %q", len(v.writers), v.key, got, v.want)
-		}
-		for _, w := range v.writers {
-			if got, want := m.Owns(w, v.key), w == v.want; got != want {
-				t.Errorf("%d writers: Owns(%q, %q) = %v, want %v", len(v.writers), w, v.key, got, want)
-			}
 		}
 	}
 }
@@ -247,42 +235,6 @@ func TestOwnerEmptyAndSingle(t *testing.T) {
 	}
 }
 
-func TestNewMapErrors(t *testing.T) {
-	tests := []struct {
-		writers []string
-		wantErr string
-	}{
-		{nil, "at least one writer"},
-		{[]string{}, "at least one writer"},
-		{[]string{"w1", "W2"}, `writer 1: instance: invalid name "W2"`},
-		{[]string{"w1", ""}, "writer 1: instance: invalid name: empty"},
-		{[]string{"w1", "w2", "w1"}, `"w1" listed twice (at 0 and 2)`},
-	}
-	for _, tt := range tests {
-		_, err := NewMap(tt.writers)
-		if err == nil || !strings.HasPrefix(err.Error(), "shard: ") || !strings.Contains(err.Error(), tt.wantErr) {
-			t.Errorf("NewMap(%q) error = %v, want one containing %q", tt.writers, err, tt.wantErr)
-		}
-	}
-}
-
-func TestMapCopiesWriters(t *testing.T) {
-	in := []string{"worker1", "worker2"}
-	m, err := NewMap(in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in[0] = "changed"
-	out := m.Writers()
-	out[1] = "changed"
-	if got := m.Writers(); !slices.Equal(got, []string{"worker1", "worker2"}) {
-		t.Errorf("Writers() = %q after callers modified their slices", got)
-	}
-	if got := m.Owner("!foo:test"); got != "worker1" {
-		t.Errorf("Owner = %q, want worker1", got)
-	}
-}
-
 func TestOwnerDoesNotAllocate(t *testing.T) {
 	ws := writerNames(64)
 	ws[0] = strings.Repeat("w", 64) // the longest valid name
@@ -305,7 +257,7 @@ func TestOwnerDoesNotAllocate(t *testing.T) {
 //	go test -run '^$' -bench '^BenchmarkOwner$' -count 5 ./shard/
 func BenchmarkOwner(b *testing.B) {
 	b.Run("raw=sha256", func(b *testing.B) {
-		in := appendField(appendField(appendField(nil, ownerTag), "w1"), "!room1234:test")
+		in := appendField(appendField(appendField(nil, tag), "w1"), "!room1234:test")
 		b.ReportAllocs()
 		for b.Loop() {
 			_ = sha256.Sum256(in)
