@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -351,6 +354,58 @@ func oracleNode(t *testing.T, name, db, rds string, ttl time.Duration, streams [
 	cfg.Streams = streams
 	cfg.LeaseTTL = ttl
 	cfg.Consumers = consumers
-	cfg.Logger = quiet // the cut-off and frozen ones WARN at every try
+	// The cut-off and frozen ones WARN at every try: kept, and shown
+	// only when the test fails (what each process saw, to read a red run).
+	cfg.Logger = slog.New(lastWarnings(t, name))
 	return wefttest.Open(t, cfg)
 }
+
+// warnRing keeps a process's last WARN and ERROR lines for the test's
+// failure report.
+type warnRing struct {
+	name  string
+	mu    *sync.Mutex
+	lines *[]string
+	attrs []slog.Attr
+}
+
+// lastWarnings is a slog.Handler that keeps name's last 100 warnings
+// and logs them when t fails.
+func lastWarnings(t *testing.T, name string) slog.Handler {
+	h := warnRing{name: name, mu: &sync.Mutex{}, lines: &[]string{}}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, l := range *h.lines {
+			t.Log(l)
+		}
+	})
+	return h
+}
+
+func (h warnRing) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (h warnRing) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %s: %s", r.Time.Format("15:04:05.000"), h.name, r.Level, r.Message)
+	for _, a := range h.attrs {
+		fmt.Fprintf(&b, " %s", a)
+	}
+	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s", a); return true })
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if *h.lines = append(*h.lines, b.String()); len(*h.lines) > 100 {
+		*h.lines = (*h.lines)[1:]
+	}
+	return nil
+}
+
+func (h warnRing) WithAttrs(as []slog.Attr) slog.Handler {
+	h.attrs = append(slices.Clone(h.attrs), as...)
+	return h
+}
+
+func (h warnRing) WithGroup(string) slog.Handler { return h }
