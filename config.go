@@ -13,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weft-dev/weft/internal/fabric/core"
 	"github.com/weft-dev/weft/internal/instance"
+	"github.com/weft-dev/weft/internal/streams"
 )
 
 // Config configures a process. It names the process once; zero values
@@ -231,17 +233,18 @@ func (c *Config) setDefaults() {
 			c.Advertise = "http://" + c.Listen
 		}
 	}
+	// The engine's defaults, defined once there.
 	if c.AnnounceInterval == 0 {
-		c.AnnounceInterval = time.Second
+		c.AnnounceInterval = core.DefaultAnnounceInterval
 	}
 	if c.LeaseTTL == 0 {
-		c.LeaseTTL = 10 * time.Second
+		c.LeaseTTL = streams.DefaultLeaseTTL
 	}
 	if c.SealExpired == 0 {
 		c.SealExpired = c.LeaseTTL / 4
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 5 * time.Second
+		c.HeartbeatInterval = core.DefaultHeartbeatInterval
 	}
 	if c.Role == "" {
 		c.Role = "weft"
