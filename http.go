@@ -162,11 +162,17 @@ type ConsumerStatus struct {
 
 // Status summarises the process now.
 func (n *Node) Status() Status {
+	// Ready is of the moment the views were taken, and still true now
+	// (fabric.Node.Status): a live "ready" beside views from before a
+	// stall would say the process was fresh while they were behind.
 	fs := n.fab.Status()
 	s := Status{Instance: n.inst, Name: n.cfg.Name, Established: fs.Established, Degraded: fs.Degraded, Deaf: fs.Deaf}
-	if err := n.Ready(); err != nil {
-		s.NotReady = err.Error()
-	} else {
+	switch err := n.Err(); {
+	case err != nil:
+		s.NotReady = fmt.Sprintf("weft: not ready: the process failed: %v", err)
+	case !fs.Ready:
+		s.NotReady = "weft: not ready: " + fs.NotReady
+	default:
 		s.Ready = true
 	}
 	writers := map[string][]StreamWriter{}
