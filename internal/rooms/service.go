@@ -452,6 +452,11 @@ func (s *Service) persist(w http.ResponseWriter, r *http.Request, room string, r
 	if !s.visibleAt(w, r, core.Key{Stream: EventsStream, Writer: ans.Writer}, ans.StreamPos) {
 		return
 	}
+	if err := s.listWriter(r.Context(), ans.Writer, ans.StreamPos); err != nil {
+		s.log.Warn("reading the writer registry after a write", "room", room, "writer", ans.Writer, "err", err)
+		unavailable(w, "the write succeeded but this instance could not read its writer registry; retry with the same txn_id")
+		return
+	}
 	tok, err := s.writeToken(r.Context(), ans.Writer)
 	if err != nil {
 		s.log.Warn("reading the sync token after a write", "room", room, "err", err)
@@ -459,6 +464,24 @@ func (s *Service) persist(w http.ResponseWriter, r *http.Request, room string, r
 		return
 	}
 	writeJSON(w, http.StatusOK, writeResp{EventID: ans.EventID, StreamPos: ans.StreamPos, Writer: ans.Writer, SyncToken: tok.String()})
+}
+
+// listWriter makes sure this instance's registry lists writer, which
+// wrote at pos: a sync reads the writers its registry lists, and a writer
+// that registered since the last read of it (one started a moment ago,
+// the refresh behind on a loaded host) would be left out of the syncs
+// after a write this instance has just answered as visible.
+func (s *Service) listWriter(ctx context.Context, writer string, pos int64) error {
+	id, err := s.events.WriterID(ctx, writer)
+	if err != nil {
+		return err
+	}
+	if s.events.Registry().Lists(id) {
+		return nil
+	}
+	// Not listed: it registered after the last read, so above its cap
+	// (a Registry's contract), and pos lies above ComputedUpto.
+	return s.events.RaiseCap(ctx, pos)
 }
 
 // writeToken is currentToken after a write by writer, which it covers

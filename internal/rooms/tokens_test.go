@@ -276,3 +276,41 @@ func mustParse(t *testing.T, s string) streams.Token {
 	}
 	return tk
 }
+
+// A write answered by an instance whose registry was read before the
+// room's writer registered is in that instance's next sync from a token
+// before it (read your writes): the answer waits until the registry
+// lists the writer. The E2E TestBadInputDecisions, at load 30, got an
+// empty sync right after six writes were answered on a worker started a
+// moment after the writers.
+func TestWriteOfANewWriterIsInTheLaggingInstancesNextSync(t *testing.T) {
+	e := newLagEnv(t)
+	e.seen(t, e.post(t, "!a:x"))
+	_, before := syncOn(t, e.lagging, "timeout_ms=0")
+	p3Rows := e.joinP3(t)
+	asP3 := func(ctx context.Context, room string, tasks []shard.Task) []shard.Result {
+		pos := e.writeAs(t, e.p3, room)
+		if err := e.p3.SavePosition(ctx); err != nil {
+			return []shard.Result{{Err: err}}
+		}
+		ans, _ := json.Marshal(persistAns{EventID: fmt.Sprint("$e", pos), StreamPos: pos, Writer: "p3"})
+		return []shard.Result{{Value: ans}}
+	}
+	svc := NewService(Config{Pool: e.pool, Events: e.lagGen, Node: e.node, Live: e.live,
+		EventsForwarder: localOwner{asP3}, TypingWriter: "master"})
+	if e.lagGen.Registry().Lists(e.p3.SelfID()) {
+		t.Fatal("the lagging instance's registry lists p3 already: the test proves nothing")
+	}
+	mux := http.NewServeMux()
+	svc.Routes(mux)
+	w := do(mux, "POST", "/v1/rooms/!b:x/messages", `{"sender":"@a:x","body":"hi","txn_id":"t1"}`)
+	var ans writeResp
+	if err := json.Unmarshal(w.Body.Bytes(), &ans); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("POST answered %d %s", w.Code, w.Body)
+	}
+	got, _ := drain(t, svc, before)
+	got = slices.DeleteFunc(got, func(e ev) bool { return e.writer != "p3" })
+	if want := evs("p3", append(p3Rows, ans.StreamPos)...); !slices.Equal(got, want) {
+		t.Errorf("after the write was answered, from %s the same instance delivered of p3 %v; want %v", before, got, want)
+	}
+}

@@ -45,6 +45,12 @@ func (r Registry) Cap() int64 { return r.cap }
 // Len is the number of writers listed.
 func (r Registry) Len() int { return len(r.writers) }
 
+// Lists reports whether the registry lists writer id.
+func (r Registry) Lists(id WriterID) bool {
+	_, listed := slices.BinarySearchFunc(r.writers, id, func(w RegisteredWriter, id WriterID) int { return cmp.Compare(w.ID, id) })
+	return listed
+}
+
 // All yields the writers listed, in ID order.
 func (r Registry) All() iter.Seq[RegisteredWriter] {
 	return func(yield func(RegisteredWriter) bool) {
