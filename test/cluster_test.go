@@ -59,8 +59,19 @@ func untimed(t *testing.T) {
 	if e2eGroup == "timed" {
 		t.Skip("bounds no time: run with WEFT_E2E_GROUP=untimed")
 	}
+	untimedTests.Store(t, true)
 	t.Parallel()
 }
+
+// untimedTests holds the tests that called untimed. Their clusters run
+// with the default lease (10 s) instead of the timed tests' 3 s: they
+// bound no time, and E2E_PARALLEL clusters side by side on a loaded host
+// let a 3 s lease lapse during start-up (a clean-clone CI run at load
+// about 30, 2026-12-07: TestWriterKilledMidLoad's and
+// TestRunbookWriterCrashed's writers sealed for their lease right after
+// "instance started"). A test
+// that needs another lease sets WEFT_LEASE_TTL in its cluster's env.
+var untimedTests sync.Map
 
 // cluster is a set of weft processes sharing one Redis and one database.
 type cluster struct {
@@ -131,7 +142,7 @@ func (c *cluster) launch(p *proc) {
 	cmd := exec.Command(filepath.Join(binDir, p.bin), p.args...)
 	cmd.Env = append(os.Environ(),
 		"WEFT_REDIS_URL="+c.redisURL, "WEFT_DATABASE_URL="+c.dbURL, "WEFT_SECRET="+secret,
-		"WEFT_CLUSTER=e2e", "WEFT_ANNOUNCE_INTERVAL=100ms", "WEFT_LEASE_TTL=3s", "WEFT_LOG_LEVEL=debug")
+		"WEFT_CLUSTER=e2e", "WEFT_ANNOUNCE_INTERVAL=100ms", "WEFT_LEASE_TTL="+c.leaseTTL(), "WEFT_LOG_LEVEL=debug")
 	cmd.Env = append(cmd.Env, c.env...)
 	cmd.Env = append(cmd.Env, p.env...)
 	log, err := os.OpenFile(filepath.Join(c.dir, p.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -145,6 +156,15 @@ func (c *cluster) launch(p *proc) {
 	}
 	p.cmd, p.log, p.done = cmd, log, make(chan struct{})
 	go func() { _ = cmd.Wait(); close(p.done) }()
+}
+
+// leaseTTL is the writers' lease unless the test's env sets one: 3 s
+// for a timed test, the default for an untimed one (untimedTests).
+func (c *cluster) leaseTTL() string {
+	if _, ok := untimedTests.Load(c.t); ok {
+		return "10s"
+	}
+	return "3s"
 }
 
 // stop sends sig and waits for the process to exit.

@@ -200,7 +200,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	c.stop(p1, syscall.SIGKILL)
 	killed := time.Now()
 	// The master seals it: persisted-upto on sync1 moves on within the
-	// lease (3 s) plus a few announce intervals.
+	// lease (10 s: untimedTests) plus a few announce intervals.
 	var st struct {
 		PersistedUpto int64 `json:"persisted_upto"`
 		Writers       []struct {
@@ -222,7 +222,7 @@ func TestWriterKilledMidLoad(t *testing.T) {
 	sealedAfter := time.Since(killed)
 	// By its liveness session, not its lease (issue 44).
 	if log, err := os.ReadFile(filepath.Join(c.dir, master.name+".log")); err != nil || !strings.Contains(string(log), "sealed a writer whose process ended") {
-		t.Errorf("the master's log (%v) does not say it sealed persister1 for its process ending (sealed %v after the kill, lease 3 s)", err, sealedAfter)
+		t.Errorf("the master's log (%v) does not say it sealed persister1 for its process ending (sealed %v after the kill, lease 10 s)", err, sealedAfter)
 	}
 	var before struct {
 		PersistedUpto int64 `json:"persisted_upto"`
