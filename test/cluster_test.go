@@ -60,6 +60,7 @@ func untimed(t *testing.T) {
 		t.Skip("bounds no time: run with WEFT_E2E_GROUP=untimed")
 	}
 	untimedTests.Store(t, true)
+	t.Cleanup(func() { untimedTests.Delete(t) })
 	t.Parallel()
 }
 
@@ -69,8 +70,8 @@ func untimed(t *testing.T) {
 // let a 3 s lease lapse during start-up (a clean-clone CI run at load
 // about 30, 2026-12-07: TestWriterKilledMidLoad's and
 // TestRunbookWriterCrashed's writers sealed for their lease right after
-// "instance started"). A test
-// that needs another lease sets WEFT_LEASE_TTL in its cluster's env.
+// "instance started"). A test that needs another lease sets
+// WEFT_LEASE_TTL in its cluster's env.
 var untimedTests sync.Map
 
 // cluster is a set of weft processes sharing one Redis and one database.

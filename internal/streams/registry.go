@@ -47,8 +47,13 @@ func (r Registry) Len() int { return len(r.writers) }
 
 // Lists reports whether the registry lists writer id.
 func (r Registry) Lists(id WriterID) bool {
-	_, listed := slices.BinarySearchFunc(r.writers, id, func(w RegisteredWriter, id WriterID) int { return cmp.Compare(w.ID, id) })
+	_, listed := r.find(id)
 	return listed
+}
+
+// find is where id is, or would be, in r's writers.
+func (r Registry) find(id WriterID) (int, bool) {
+	return slices.BinarySearchFunc(r.writers, id, func(w RegisteredWriter, id WriterID) int { return cmp.Compare(w.ID, id) })
 }
 
 // All yields the writers listed, in ID order.
@@ -97,7 +102,7 @@ func (r Registry) learn(seq int64, found map[string]WriterID) Registry {
 	out := Registry{cap: max(r.cap, seq), writers: r.writers}
 	copied := false
 	for name, id := range found {
-		i, listed := slices.BinarySearchFunc(out.writers, id, func(w RegisteredWriter, id WriterID) int { return cmp.Compare(w.ID, id) })
+		i, listed := out.find(id)
 		if listed {
 			continue
 		}
