@@ -49,9 +49,9 @@ const typingPrefix = "typing/"
 // slow phase cannot eat the next one's time (a shared deadline once let
 // long-polls use it all, and the seal was skipped):
 //
-//  1. stop taking requests: the listener closes, every long-poll returns
-//     at once with what it has, requests in flight finish; meanwhile the
-//     queues drain (StopRequests);
+//  1. stop taking requests: the listeners close, then every long-poll
+//     returns at once with what it has, requests in flight finish;
+//     meanwhile the queues drain (StopRequests);
 //  2. the weft node seals this instance's writer, so its successor need
 //     not wait for the lease, and announces it (fabric.Config.SealTimeout,
 //     2 s);
@@ -415,7 +415,21 @@ func (r *runner) stop(svc *rooms.Service, eventsQ, typingQ *shard.Queue) {
 	for _, srv := range r.srvs {
 		srv.SetKeepAlivesEnabled(false)
 	}
-	svc.Close() // long-polls answer now, with what they have
+	// Long-polls answer (with what they have) only once every listener
+	// is closed: their clients ask again at once, and a new connection
+	// must find the port refused (the client tries elsewhere), not land
+	// in a backlog the closing listener resets (the request lost: EOF).
+	// Shutdown closes the listeners before it runs RegisterOnShutdown's
+	// functions.
+	var closed sync.WaitGroup
+	closed.Add(len(r.srvs))
+	for _, srv := range r.srvs {
+		srv.RegisterOnShutdown(closed.Done)
+	}
+	wg.Go(func() {
+		closed.Wait()
+		svc.Close()
+	})
 	for _, srv := range r.srvs {
 		wg.Go(func() {
 			if err := srv.Shutdown(ctx); err != nil {
