@@ -60,20 +60,7 @@ type Member struct {
 	pos         []int64           // the highest cursor seen of each partition since the last seek
 	seeks       int64             // the group's seek count the member knows
 	view        View
-
-	// broken is a deliberately broken member the simulation must catch.
-	// Tests only.
-	broken breakage
 }
-
-// breakage names one way to break a member, for the simulation's tests.
-type breakage int
-
-const (
-	intact           breakage = iota
-	noFence                   // a batch runs every partition it asked for, whoever owns it now
-	cursorFromMemory          // a batch starts from the cursor the member remembers (its takes' and commits'), not the locked row's
-)
 
 // NewMember returns the state of member self of the group named label
 // (the assignment's salt: groups with the same members split differently)
@@ -112,7 +99,7 @@ func (m *Member) Observe(v View) (lost []int) {
 		m.Seeked(v.Seeks, pos)
 	}
 	for p, ps := range parts {
-		if m.broken != cursorFromMemory && v.Seeks == m.seeks {
+		if v.Seeks == m.seeks {
 			m.pos[p] = max(m.pos[p], ps.Pos)
 		}
 		e, held := m.owned[p]
@@ -270,14 +257,9 @@ func (m *Member) Fence(locked []Locked) (run []Cursor, lost []int) {
 		p := l.Partition
 		e, held := m.owned[p]
 		switch {
-		case m.broken == noFence || held && l.Owner == m.self && l.Epoch == e:
-			pos := l.Pos
-			if m.broken == cursorFromMemory {
-				pos = m.pos[p]
-			} else {
-				m.pos[p] = max(m.pos[p], l.Pos)
-			}
-			run = append(run, Cursor{Partition: p, Epoch: l.Epoch, Pos: pos, Seeks: m.seeks})
+		case held && l.Owner == m.self && l.Epoch == e:
+			m.pos[p] = max(m.pos[p], l.Pos)
+			run = append(run, Cursor{Partition: p, Epoch: l.Epoch, Pos: l.Pos, Seeks: m.seeks})
 		case held && (l.Epoch > e || l.Owner != m.self):
 			m.drop(p)
 			lost = append(lost, p)

@@ -337,7 +337,6 @@ func (s *sim) join() {
 	s.names++
 	m := &simMember{id: fmt.Sprintf("m%02d", s.names), running: true, lastRenew: -1, idle: true}
 	m.node = NewMember(m.id, s.label, simPartitions, nil)
-	m.node.broken = s.cfg.broken
 	m.watch = NewWatch(livenessGrace * time.Millisecond)
 	m.pool.free = s.poolSize()
 	s.takeLock(m, s.rtt())
@@ -486,8 +485,46 @@ func (s *sim) view() View {
 }
 
 func (s *sim) observe(m *simMember, v View) {
+	pos, seeks := slices.Clone(m.node.pos), m.node.seeks
 	m.node.Observe(v)
+	if s.cfg.broken == cursorFromMemory && m.node.seeks == seeks {
+		// The cursors the member remembers are its takes' and commits'
+		// only: a view raises none.
+		copy(m.node.pos, pos)
+	}
 	s.wake(m)
+}
+
+// breakage names one way to break a member, which the simulation must
+// catch. The breakages wrap Member's methods here, so that the state
+// machine itself carries no switch for its tests.
+type breakage int
+
+const (
+	intact           breakage = iota
+	noFence                   // a batch runs every partition it asked for, whoever owns it now
+	cursorFromMemory          // a batch starts from the cursor the member remembers (its takes' and commits'), not the locked row's
+)
+
+// fence is the member's Fence, broken as the simulation's config says.
+func (s *sim) fence(m *Member, locked []Locked) (run []Cursor, lost []int) {
+	switch s.cfg.broken {
+	case noFence:
+		for _, l := range locked {
+			m.pos[l.Partition] = max(m.pos[l.Partition], l.Pos)
+			run = append(run, Cursor{Partition: l.Partition, Epoch: l.Epoch, Pos: l.Pos, Seeks: m.seeks})
+		}
+		return run, nil
+	case cursorFromMemory:
+		pos := slices.Clone(m.pos)
+		run, lost = m.Fence(locked)
+		for i, c := range run {
+			run[i].Pos = pos[c.Partition]
+		}
+		copy(m.pos, pos)
+		return run, lost
+	}
+	return m.Fence(locked)
 }
 
 func (s *sim) takeAndRelease(m *simMember, take, release []int, next func()) {
@@ -636,7 +673,7 @@ func (s *sim) rollback(m *simMember, tx *simTx) {
 // their rows above the higher of the locked cursor and the one the rows
 // were read after.
 func (s *sim) fenced(m *simMember, tx *simTx, locked []Locked, cur, untouched []Cursor, rows []simRow, next int64, again func(int64), fail func()) {
-	run, lost := m.node.Fence(locked)
+	run, lost := s.fence(m.node, locked)
 	s.stats.fenced += len(lost)
 	if len(run) == 0 {
 		s.rollback(m, tx)
