@@ -29,6 +29,9 @@ type produced struct {
 	Sent  int     `json:"sent"`
 	Start int64   `json:"start"` // Unix ns of its first send
 	Secs  float64 `json:"secs"`  // from its first send to its last one's return
+	// AckMs are its sends' durations, in ms: the peer's append
+	// acknowledged, the first half of append -> effect committed.
+	AckMs []float64 `json:"ack_ms"`
 }
 
 func produceMain(ctx context.Context, args []string) error {
@@ -57,6 +60,7 @@ func produceMain(ctx context.Context, args []string) error {
 	defer pr.Close()
 	start := time.Now()
 	sent := 0
+	var acks []float64
 	for sent < o.N {
 		end := min(sent+o.Batch, o.N)
 		if o.Rate > 0 {
@@ -82,7 +86,8 @@ func produceMain(ctx context.Context, args []string) error {
 		if err := pr.Send(ctx, jobs); err != nil {
 			return fmt.Errorf("send: %w", err)
 		}
+		acks = append(acks, float64(time.Now().UnixNano()-t)/1e6)
 		sent = end
 	}
-	return json.NewEncoder(os.Stdout).Encode(produced{Sent: sent, Start: start.UnixNano(), Secs: time.Since(start).Seconds()})
+	return json.NewEncoder(os.Stdout).Encode(produced{Sent: sent, Start: start.UnixNano(), Secs: time.Since(start).Seconds(), AckMs: acks})
 }

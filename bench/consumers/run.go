@@ -77,6 +77,10 @@ type result struct {
 	P50         float64 `json:"p50_ms,omitempty"`
 	P99         float64 `json:"p99_ms,omitempty"`
 	P999        float64 `json:"p999_ms,omitempty"`
+	// AckP50 and AckP99: the producers' appends acknowledged (ms), the
+	// part of P50 and P99 before the consumer can see a row.
+	AckP50      float64 `json:"ack_p50_ms,omitempty"`
+	AckP99      float64 `json:"ack_p99_ms,omitempty"`
 	ResumeSecs  float64 `json:"resume_s,omitempty"` // the kill scenario: from the kill to the next effect
 	CPUSelfMs   float64 `json:"cpu_consumer_ms"`
 	CPUPGMs     float64 `json:"cpu_pg_ms"`
@@ -339,6 +343,13 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 			secs = max(secs, pr.Secs)
 		}
 		r.ProducerRPS = float64(r.Rows) / secs
+		if strings.HasPrefix(sc, "latency") {
+			var acks []float64
+			for _, pr := range prod {
+				acks = append(acks, pr.AckMs...)
+			}
+			r.AckP50, r.AckP99 = quantile(acks, 0.5), quantile(acks, 0.99)
+		}
 	}
 	c := cpu1.sub(cpu0)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -346,7 +357,7 @@ func (o runOpts) scenario(ctx context.Context, p peer, sc string) (result, error
 	if r.Applied > 0 {
 		r.CPUUsPerRow = (r.CPUSelfMs + r.CPUPGMs + r.CPURedisMs + r.CPUNATSMs) * 1000 / float64(r.Applied)
 	}
-	slog.Info("scenario", "peer", r.Peer, "scenario", sc, "done", r.Done, "rows_per_s", int(r.RowsPerSec), "p50_ms", r.P50, "holds", r.Holds)
+	slog.Info("scenario", "peer", r.Peer, "scenario", sc, "done", r.Done, "rows_per_s", int(r.RowsPerSec), "p50_ms", r.P50, "ack_p50_ms", r.AckP50, "holds", r.Holds)
 	return r, nil
 }
 
