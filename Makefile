@@ -13,7 +13,7 @@ TESTFLAGS ?=
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: test test-times flake-hunt lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers peers-consumers peers-consumers-smoke gobench fuzz fuzz-ci chaos tidy build demo compose-test
+.PHONY: test test-times test-cpu flake-hunt lint deps bench bench-quick bench-doc bench-scale bench-scale-smoke peers peers-consumers peers-consumers-smoke gobench fuzz fuzz-ci chaos tidy build demo compose-test
 
 # .ci/gotest runs the suite: the binaries the tests run built once and
 # shared by every package (WEFT_TEST_BIN), the private PostgreSQL clusters
@@ -45,6 +45,15 @@ test-times:
 	cat "$$d"/*.json | $(GO) run ./cmd/weft-testrun times; \
 	[ $$s -eq 0 ] || cat "$$d"/*.json | $(GO) run ./cmd/weft-testrun failures; \
 	echo "go test -json in $$d"; exit $$s
+
+# make test with Linux's process accounting on (root, Debian's acct), then
+# the CPU by test binary, each with the processes it started.
+test-cpu:
+	@command -v accton >/dev/null && command -v dump-acct >/dev/null || { echo "make test-cpu: needs accton and dump-acct (apt-get install acct), as root"; exit 1; }
+	f=$$(mktemp /tmp/weft-acct-XXXXXX); accton "$$f" || exit 1; \
+	$(GOTEST) .ci/gotest; s=$$?; accton off; \
+	dump-acct "$$f" | $(GO) run ./cmd/weft-testrun cpu -top 25; \
+	echo "process accounting in $$f"; exit $$s
 
 # The suite FLAKE_N times (3) under as many busy loops as cores, then each
 # failing test with its output (.ci/flake-hunt; PKGS, E2E and NORACE=0

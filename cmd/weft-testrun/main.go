@@ -4,6 +4,7 @@
 //
 //	weft-testrun times [file.json ...]     per-package table, slowest first
 //	weft-testrun failures [file.json ...]  each failed test with its output
+//	weft-testrun cpu [-top N]               CPU by test binary, from dump-acct's lines
 //
 // With no file it reads standard input. Several files (several runs of
 // the suite) are read as one stream: times then sums each package's
@@ -36,12 +37,15 @@ var errFailed = errors.New("tests failed")
 
 func run(args []string, stdin io.Reader, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: weft-testrun times|failures [-top N] [file.json ...]")
+		return errors.New("usage: weft-testrun times|failures [-top N] [file.json ...], or weft-testrun cpu [-top N] < dump-acct's output")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	top := fs.Int("top", 10, "times: how many of the slowest tests to list under the table")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
+	}
+	if args[0] == "cpu" {
+		return writeCPU(out, stdin, *top)
 	}
 	var runs []*runLog
 	if fs.NArg() == 0 {
@@ -73,7 +77,7 @@ func run(args []string, stdin io.Reader, out io.Writer) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("unknown command %q: want times or failures", args[0])
+	return fmt.Errorf("unknown command %q: want times, failures or cpu", args[0])
 }
 
 // event is one line of `go test -json` (cmd/test2json).
