@@ -53,17 +53,13 @@ func TestTimes(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := out.String()
-	for _, want := range []string{
+	lacks(t, "times", got,
 		"| `./slow` | 41.2 | 1 | `TestA` 40.5 s | 0/2 |", // the slowest run; the subtest not counted
 		"| `./flaky` | 1.3 | 1 | `TestB` 1.1 s | 1/2 |",
 		"| `./broken` | 0.2 | 0 |  | 1/2 |",
 		"3 packages, 43 s",
 		"40.5 s  ./slow TestA",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("times output lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	if strings.Index(got, "./slow") > strings.Index(got, "./flaky") {
 		t.Errorf("not slowest first:\n%s", got)
 	}
@@ -79,18 +75,14 @@ func TestFailures(t *testing.T) {
 		t.Fatalf("failures returned %v, want errFailed", err)
 	}
 	got := out.String()
-	for _, want := range []string{
+	lacks(t, "failures", got,
 		"=== FAIL ./flaky TestB (",
 		"after 1 s 3 reads, want at most 2",
 		"=== FAIL ./broken, outside any test (",
 		"syntax error",
 		"2 failure(s) in 2 run(s)",
 		"1/2  ./flaky TestB",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("failures output lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	out.Reset()
 	if err := run([]string{"failures"}, strings.NewReader(run2[:strings.Index(run2, `{"ImportPath"`)]), &out); err != nil {
 		t.Errorf("a green run: %v\n%s", err, out.String())
@@ -168,4 +160,14 @@ func failures(t *testing.T, stream string) string {
 		t.Fatalf("failures returned %v, want errFailed", err)
 	}
 	return out.String()
+}
+
+// lacks fails t for each of wants that cmd's output got does not hold.
+func lacks(t *testing.T, cmd, got string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(got, want) {
+			t.Errorf("%s output lacks %q:\n%s", cmd, want, got)
+		}
+	}
 }
