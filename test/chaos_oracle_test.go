@@ -52,6 +52,7 @@ type instView struct {
 	samples, readySamples, readyBehind int
 	putoBack                           int
 	lastPuto                           int64
+	sampled                            []time.Time // when each /status sample began
 	notReady                           []time.Time // when a /status sample said not ready
 	notReadyWhy                        []string
 }
@@ -248,6 +249,7 @@ func (o *oracle) sampleLoop(ctx context.Context, name string, next func() *proc)
 			return // it left
 		}
 		v.samples++
+		v.sampled = append(v.sampled, began)
 		if st.PersistedUpto < v.lastPuto {
 			v.putoBack++
 			v.Violation("%s: persisted-upto %d after %d", name, st.PersistedUpto, v.lastPuto)
@@ -480,6 +482,22 @@ func (o *oracle) notReadyIn(from, to time.Time) (map[string]int, []string) {
 		}
 	}
 	return out, why
+}
+
+// samplesIn counts, per instance, the /status samples begun between from
+// and to.
+func (o *oracle) samplesIn(from, to time.Time) map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]int{}
+	for name, v := range o.views {
+		for _, at := range v.sampled {
+			if !at.Before(from) && !at.After(to) {
+				out[name]++
+			}
+		}
+	}
+	return out
 }
 
 // visibilityLags is, over the writes acknowledged between from and to,

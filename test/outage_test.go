@@ -97,9 +97,20 @@ func TestRedisOutageDegraded(t *testing.T) {
 				t.Errorf("%s: a write acknowledged during the outage took %v to reach its sync, want <= %v", name, worst, stallBound)
 			}
 		}
+		// Degraded mode is ready while the node follows PostgreSQL within
+		// DegradedFreshness (1 s here). A starved host can hold a busy
+		// writer's poll past it for a moment, and then "not ready" is the
+		// truth (CI at load 30: both persisters for 0.3 s, 4 of about 390
+		// samples); degraded mode broken is not ready in every sample
+		// after the first interval.
 		notReady, why := ch.o.notReadyIn(start.Add(announce), end)
+		samples := ch.o.samplesIn(start.Add(announce), end)
 		for name, k := range notReady {
-			t.Errorf("%s: /readyz not 200 in %d samples during the outage (degraded mode must stay ready)", name, k)
+			if k > samples[name]/20 {
+				t.Errorf("%s: /readyz not 200 in %d of %d samples during the outage, want at most 5%% (degraded mode must stay ready)", name, k, samples[name])
+			} else {
+				t.Logf("%s: /readyz not 200 in %d of %d samples during the outage (a starved host; at most 5%%)", name, k, samples[name])
+			}
 		}
 		for _, w := range why {
 			t.Log("not ready: " + w)
