@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,7 +105,8 @@ func TestRowsOfOnePositionKeepTheirOrder(t *testing.T) {
 	physical := weft.Stream{Name: "multi"}
 	// rev's rows are inserted in reverse of the order its column gives.
 	rev := weft.Stream{Name: "rev", OrderColumn: "seq"}
-	effectsPool(t, db, `CREATE SEQUENCE multi_seq; CREATE SEQUENCE rev_seq;
+	pool := effectsPool(t, db, `CREATE TABLE applied (id bigserial PRIMARY KEY, reader text NOT NULL, stream text NOT NULL, k text NOT NULL, n bigint NOT NULL, i int NOT NULL);
+		CREATE SEQUENCE multi_seq; CREATE SEQUENCE rev_seq;
 		CREATE TABLE multi (id bigint NOT NULL, writer text NOT NULL, data jsonb NOT NULL);
 		CREATE TABLE rev (id bigint NOT NULL, writer text NOT NULL, data jsonb NOT NULL, seq int NOT NULL);
 		CREATE INDEX ON multi (writer, id); CREATE INDEX ON rev (writer, id)`)
@@ -151,19 +153,46 @@ func TestRowsOfOnePositionKeepTheirOrder(t *testing.T) {
 	}
 	var mu sync.Mutex
 	got := map[string][]seen{} // by reader and stream
+	// A consumer's rows are recorded in its transaction, as its effect: a
+	// batch may be run and then rolled back (a group's partition moved),
+	// and only what committed counts.
 	record := func(reader string) weft.ConsumerFunc {
-		return func(_ context.Context, _ pgx.Tx, rows []weft.Row) error {
-			mu.Lock()
-			defer mu.Unlock()
+		return func(ctx context.Context, tx pgx.Tx, rows []weft.Row) error {
 			for _, r := range rows {
 				var s seen
 				if err := r.Decode(&s); err != nil {
 					return err
 				}
-				got[reader+" "+r.Stream] = append(got[reader+" "+r.Stream], s)
+				if _, err := tx.Exec(ctx, `INSERT INTO applied (reader, stream, k, n, i) VALUES ($1, $2, $3, $4, $5)`,
+					reader, r.Stream, s.K, s.N, s.I); err != nil {
+					return err
+				}
 			}
 			return nil
 		}
+	}
+	// committed reads what the consumers committed into got, in the
+	// order they applied it.
+	committed := func() error {
+		rows, err := pool.Query(ctx, `SELECT reader, stream, k, n, i FROM applied ORDER BY id`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for k := range got {
+			if !strings.HasPrefix(k, "follower ") {
+				delete(got, k)
+			}
+		}
+		for rows.Next() {
+			var reader, stream string
+			var x seen
+			if err := rows.Scan(&reader, &stream, &x.K, &x.N, &x.I); err != nil {
+				return err
+			}
+			got[reader+" "+stream] = append(got[reader+" "+stream], x)
+		}
+		return rows.Err()
 	}
 	follow := weft.HandlerFunc(func(_ context.Context, r weft.Row) error {
 		var s seen
@@ -200,6 +229,10 @@ func TestRowsOfOnePositionKeepTheirOrder(t *testing.T) {
 	wefttest.Eventually(t, 60*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
+		if err := committed(); err != nil {
+			t.Log(err)
+			return false
+		}
 		for _, r := range []string{"single", "pair", "alone", "follower"} {
 			for _, s := range []string{"multi", "rev"} {
 				if len(got[r+" "+s]) < want {
@@ -211,6 +244,9 @@ func TestRowsOfOnePositionKeepTheirOrder(t *testing.T) {
 	}, "not every reader read every row")
 	mu.Lock()
 	defer mu.Unlock()
+	if err := committed(); err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range []string{"single", "pair", "alone", "follower"} {
 		for _, s := range []string{"multi", "rev"} {
 			rows := got[r+" "+s]
